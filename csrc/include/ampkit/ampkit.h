@@ -1,0 +1,4 @@
+// ampkit's public C++ API: include this one header.
+#pragma once
+
+#include "ampkit/ops.h"

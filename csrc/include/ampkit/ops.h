@@ -1,0 +1,46 @@
+// Typed C++ entry points of ampkit's Torch ops. Each call goes through the dispatcher (torch.ops.ampkit.*), so
+// it picks the CPU, CUDA or Meta kernel from its arguments exactly as a call from Python does.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/macros/Export.h>
+
+#include "ampkit/export.h"
+
+namespace ampkit {
+
+// Multiplies every gradient by inv_scale in place (no multiply when inv_scale is exactly 1) and sets found_inf
+// to 1.0 if any gradient element is Inf or NaN; found_inf is never cleared (the caller zeroes it). Same
+// semantics as torch._amp_foreach_non_finite_check_and_unscale_, plus BF16 and mixed dtypes on CUDA.
+//
+// Args:
+//   grads:     FP16, BF16, FP32 or FP64 tensors on one device, any strides; mutated.
+//   found_inf: one-element FP32 tensor on the grads' device; mutated (set to 1.0 or left as is).
+//   inv_scale: one-element FP32 tensor on the grads' device.
+AMPKIT_API void unscale_and_check_(at::TensorList grads, const at::Tensor& found_inf, const at::Tensor& inv_scale);
+
+// Sets found_inf to 1.0 if any element of `tensors` is Inf or NaN; reads the tensors only.
+AMPKIT_API void check_finite_(at::TensorList tensors, const at::Tensor& found_inf);
+
+// One step of dynamic loss scaling on the device, identical to torch._amp_update_scale_: if found_inf is
+// nonzero, scale *= backoff_factor and growth_tracker = 0; otherwise growth_tracker += 1 and, when it reaches
+// growth_interval, scale *= growth_factor (unless that overflows FP32) and growth_tracker = 0.
+//
+// Args:
+//   scale:          one-element FP32 tensor; mutated.
+//   growth_tracker: one-element int32 tensor on the same device; mutated.
+//   found_inf:      one-element FP32 tensor on the same device.
+AMPKIT_API void update_scale_(const at::Tensor& scale, const at::Tensor& growth_tracker, const at::Tensor& found_inf,
+                              double growth_factor, double backoff_factor, int64_t growth_interval);
+
+// What this build of ampkit contains: whether its CUDA kernels were compiled, for which architectures, and
+// which instruction set the CPU loops use on this machine.
+struct BuildInfo {
+  bool cuda_compiled;
+  const char* cuda_archs;
+  const char* cpu_isa;
+  const char* torch_version;
+};
+AMPKIT_API BuildInfo build_info();
+
+}  // namespace ampkit

@@ -1,0 +1,48 @@
+// The typed C++ entry points of <ampkit/ops.h>: thin calls through the dispatcher.
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/version.h>
+
+#include "../ops/cpu/amp_cpu_loops.hpp"
+#include "ampkit/ops.h"
+
+namespace ampkit {
+namespace {
+
+template <typename Signature>
+c10::TypedOperatorHandle<Signature> find_op(const char* name) {
+  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Signature>();
+}
+
+}  // namespace
+
+void unscale_and_check_(at::TensorList grads, const at::Tensor& found_inf, const at::Tensor& inv_scale) {
+  static const auto op =
+      find_op<void(at::TensorList, const at::Tensor&, const at::Tensor&)>("ampkit::unscale_and_check_");
+  op.call(grads, found_inf, inv_scale);
+}
+
+void check_finite_(at::TensorList tensors, const at::Tensor& found_inf) {
+  static const auto op = find_op<void(at::TensorList, const at::Tensor&)>("ampkit::check_finite_");
+  op.call(tensors, found_inf);
+}
+
+void update_scale_(const at::Tensor& scale, const at::Tensor& growth_tracker, const at::Tensor& found_inf,
+                   double growth_factor, double backoff_factor, int64_t growth_interval) {
+  static const auto op =
+      find_op<void(const at::Tensor&, const at::Tensor&, const at::Tensor&, double, double, int64_t)>(
+          "ampkit::update_scale_");
+  op.call(scale, growth_tracker, found_inf, growth_factor, backoff_factor, growth_interval);
+}
+
+BuildInfo build_info() {
+#if defined(AMPKIT_WITH_CUDA)
+  constexpr bool kCuda = true;
+  constexpr const char* kArchs = AMPKIT_CUDA_ARCHS_STRING;
+#else
+  constexpr bool kCuda = false;
+  constexpr const char* kArchs = "";
+#endif
+  return BuildInfo{kCuda, kArchs, detail::cpu_loop_isa(), TORCH_VERSION};
+}
+
+}  // namespace ampkit

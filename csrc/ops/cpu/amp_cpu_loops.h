@@ -1,0 +1,107 @@
+// CPU loops of gradient unscaling and the Inf/NaN check: at::vec SIMD over one at::parallel_for that spans
+// every (tensor, chunk) work item of the list. This header is compiled once per instruction set (see
+// amp_cpu_loops_*.cpp), each copy in its own namespace named by AMPKIT_CPU_NS; amp_cpu_dispatch.cpp picks one.
+#pragma once
+
+#include <ATen/Parallel.h>
+#include <ATen/cpu/vec/functional.h>
+#include <ATen/cpu/vec/vec.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <vector>
+
+#include "../../../kernels/amp_functors.h"
+#include "amp_cpu_loops.hpp"
+
+namespace ampkit::detail::AMPKIT_CPU_NS {
+namespace {
+
+using kernels::DType;
+using kernels::TensorRef;
+
+// Checks, and unscales when `write`, elements [0, n) of p. Returns whether an element read was Inf or NaN.
+template <typename T>
+bool unscale_span(T* p, int64_t n, float inv_scale, bool write) {
+  using Vec = at::vec::Vectorized<T>;
+  using opmath = kernels::opmath_t<T>;
+  const kernels::UnscaleOp<opmath> op(inv_scale);
+  write = write && !op.identity;
+  bool bad = false;
+  int64_t i = 0;
+  for (; i + Vec::size() <= n; i += Vec::size()) {
+    const Vec v = Vec::loadu(p + i);
+    if constexpr (std::is_same_v<T, c10::Half> || std::is_same_v<T, c10::BFloat16>) {
+      auto [lo, hi] = at::vec::convert_to_float<T>(v);
+      bad |= lo.has_inf_nan() || hi.has_inf_nan();
+      if (write) {
+        at::vec::convert_from_float<T>(op(lo), op(hi)).store(p + i);
+      }
+    } else {
+      bad |= v.has_inf_nan();
+      if (write) {
+        op(v).store(p + i);
+      }
+    }
+  }
+  for (; i < n; ++i) {
+    const opmath x = static_cast<opmath>(p[i]);
+    bad |= kernels::is_non_finite(x);
+    if (write) {
+      p[i] = static_cast<T>(op(x));
+    }
+  }
+  return bad;
+}
+
+bool unscale_ref(const TensorRef& t, int64_t begin, int64_t end, float inv_scale, bool write) {
+  switch (t.dtype) {
+    case DType::kFloat16:
+      return unscale_span(static_cast<c10::Half*>(t.data) + begin, end - begin, inv_scale, write);
+    case DType::kBFloat16:
+      return unscale_span(static_cast<c10::BFloat16*>(t.data) + begin, end - begin, inv_scale, write);
+    case DType::kFloat32:
+      return unscale_span(static_cast<float*>(t.data) + begin, end - begin, inv_scale, write);
+    case DType::kFloat64:
+      return unscale_span(static_cast<double*>(t.data) + begin, end - begin, inv_scale, write);
+  }
+  return false;
+}
+
+}  // namespace
+
+bool unscale_and_check(const TensorRef* tensors, int64_t n, float inv_scale, bool write) {
+  struct WorkItem {
+    int64_t tensor;
+    int64_t begin;
+    int64_t end;
+  };
+  std::vector<WorkItem> items;
+  int64_t total = 0;
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t b = 0; b < tensors[t].numel; b += kCpuChunk) {
+      items.push_back({t, b, std::min(tensors[t].numel, b + kCpuChunk)});
+    }
+    total += tensors[t].numel;
+  }
+  if (items.empty()) {
+    return false;
+  }
+  // Each work item keeps its own flag; they are reduced after the parallel region (no shared writes).
+  std::vector<uint8_t> flags(items.size(), 0);
+  const int64_t grain = total < kCpuParallelThreshold ? static_cast<int64_t>(items.size()) : 1;
+  at::parallel_for(0, static_cast<int64_t>(items.size()), grain, [&](int64_t begin, int64_t end) {
+    for (int64_t k = begin; k < end; ++k) {
+      const WorkItem& w = items[k];
+      flags[k] = unscale_ref(tensors[w.tensor], w.begin, w.end, inv_scale, write) ? 1 : 0;
+    }
+  });
+  for (const uint8_t f : flags) {
+    if (f != 0) {
+      return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace ampkit::detail::AMPKIT_CPU_NS

@@ -1,0 +1,132 @@
+// CUDA kernels of gradient unscaling, the read-only Inf/NaN check and the loss-scale update, on ampkit's
+// multi-tensor apply. Element types are dispatched per tensor inside the kernel, so one launch takes a list
+// of mixed FP16, BF16, FP32 and FP64 tensors.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "../amp_launch.h"
+#include "multi_tensor_apply.cuh"
+
+namespace ampkit::kernels {
+namespace {
+
+// Loads and stores between a storage type and its opmath type, rounding to nearest-even on the way down.
+template <typename T>
+struct Storage;
+template <>
+struct Storage<__half> {
+  static __device__ AMPKIT_INLINE float load(__half v) { return __half2float(v); }
+  static __device__ AMPKIT_INLINE __half store(float v) { return __float2half_rn(v); }
+};
+template <>
+struct Storage<__nv_bfloat16> {
+  static __device__ AMPKIT_INLINE float load(__nv_bfloat16 v) { return __bfloat162float(v); }
+  static __device__ AMPKIT_INLINE __nv_bfloat16 store(float v) { return __float2bfloat16_rn(v); }
+};
+template <>
+struct Storage<float> {
+  static __device__ AMPKIT_INLINE float load(float v) { return v; }
+  static __device__ AMPKIT_INLINE float store(float v) { return v; }
+};
+template <>
+struct Storage<double> {
+  static __device__ AMPKIT_INLINE double load(double v) { return v; }
+  static __device__ AMPKIT_INLINE double store(double v) { return v; }
+};
+
+template <typename T, int kVec>
+struct alignas(16) Pack {
+  T v[kVec];
+};
+
+// Unscales (when `write`) and checks one chunk; returns whether this thread saw a non-finite element.
+// 16-byte accesses when the chunk is aligned, a scalar loop for the tail and for misaligned tensors.
+template <typename T>
+__device__ bool unscale_chunk(T* p, int64_t n, float inv_scale, bool write) {
+  using opmath = opmath_t<T>;
+  constexpr int kVec = 16 / sizeof(T);
+  const UnscaleOp<opmath> op(inv_scale);
+  write = write && !op.identity;
+  bool bad = false;
+  int64_t scalar_begin = 0;
+  if (reinterpret_cast<uintptr_t>(p) % 16 == 0) {
+    const int64_t n_vec = n / kVec;
+    auto* packs = reinterpret_cast<Pack<T, kVec>*>(p);
+    for (int64_t i = threadIdx.x; i < n_vec; i += blockDim.x) {
+      Pack<T, kVec> pk = packs[i];
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) {
+        const opmath x = Storage<T>::load(pk.v[j]);
+        bad |= is_non_finite(x);
+        pk.v[j] = Storage<T>::store(op(x));
+      }
+      if (write) {
+        packs[i] = pk;
+      }
+    }
+    scalar_begin = n_vec * kVec;
+  }
+  for (int64_t i = scalar_begin + threadIdx.x; i < n; i += blockDim.x) {
+    const opmath x = Storage<T>::load(p[i]);
+    bad |= is_non_finite(x);
+    if (write) {
+      p[i] = Storage<T>::store(op(x));
+    }
+  }
+  return bad;
+}
+
+// The per-chunk functor of both the unscale and the check: `inv_scale == nullptr` means check only.
+struct UnscaleChunkOp {
+  float* found_inf;
+  const float* inv_scale;
+
+  __device__ void operator()(const cuda::MultiTensorArgs<1>& args, int t, int64_t start, int64_t n) const {
+    const float inv = inv_scale != nullptr ? *inv_scale : 1.f;
+    const bool write = inv_scale != nullptr;
+    bool bad = false;
+    switch (args.dtype[0][t]) {
+      case DType::kFloat16:
+        bad = unscale_chunk(static_cast<__half*>(args.data[0][t]) + start, n, inv, write);
+        break;
+      case DType::kBFloat16:
+        bad = unscale_chunk(static_cast<__nv_bfloat16*>(args.data[0][t]) + start, n, inv, write);
+        break;
+      case DType::kFloat32:
+        bad = unscale_chunk(static_cast<float*>(args.data[0][t]) + start, n, inv, write);
+        break;
+      case DType::kFloat64:
+        bad = unscale_chunk(static_cast<double*>(args.data[0][t]) + start, n, inv, write);
+        break;
+    }
+    if (bad) {
+      // A plain store: every writer writes the same value, and found_inf is never cleared here.
+      *found_inf = 1.f;
+    }
+  }
+};
+
+__global__ void update_scale_kernel(float* scale, int32_t* growth_tracker, const float* found_inf, UpdateScaleOp op) {
+  op(scale, growth_tracker, *found_inf);
+}
+
+}  // namespace
+
+cudaError_t launch_unscale_and_check(const TensorRef* grads, int64_t n, float* found_inf, const float* inv_scale,
+                                     cudaStream_t stream) {
+  const TensorRef* lists[1] = {grads};
+  return cuda::multi_tensor_apply<1>(lists, n, UnscaleChunkOp{found_inf, inv_scale}, stream);
+}
+
+cudaError_t launch_check_finite(const TensorRef* tensors, int64_t n, float* found_inf, cudaStream_t stream) {
+  const TensorRef* lists[1] = {tensors};
+  return cuda::multi_tensor_apply<1>(lists, n, UnscaleChunkOp{found_inf, nullptr}, stream);
+}
+
+cudaError_t launch_update_scale(float* scale, int32_t* growth_tracker, const float* found_inf, UpdateScaleOp op,
+                                cudaStream_t stream) {
+  update_scale_kernel<<<1, 1, 0, stream>>>(scale, growth_tracker, found_inf, op);
+  return cudaGetLastError();
+}
+
+}  // namespace ampkit::kernels

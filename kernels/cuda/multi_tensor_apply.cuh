@@ -1,0 +1,110 @@
+// ampkit's multi-tensor apply: one launch walks many tensors, one CUDA block per fixed-size chunk of one tensor.
+// The chunk table travels by value in the kernel's parameters (no device allocation, no host sync, so a launch
+// can be captured in a CUDA graph), tensors of different dtypes share a launch, and sizes are 64-bit.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "../common.h"
+
+namespace ampkit::kernels::cuda {
+
+// Elements of one tensor handled by one block. A multiple of every vector width, so every chunk of a tensor
+// whose base is 16-byte aligned is 16-byte aligned too.
+constexpr int64_t kChunkSize = 65536;
+constexpr int kBlockThreads = 512;
+
+// NOTE [Kernel parameter budget]
+// Since CUDA 12.1 a kernel on Volta or newer may take 32764 bytes of parameters (4 KB before). The chunk table
+// is sized to fill 32000 of them, leaving room for the functor, so that a model of a thousand tensors is one
+// launch instead of the dozens a 4 KB table needs. Lists beyond one table are split across launches.
+constexpr size_t kParamBudget = 32000;
+
+template <int kDepth>
+struct MultiTensorArgs {
+  // Per tensor: kDepth pointers, one numel, kDepth dtype codes. Per block: a tensor index and a chunk index.
+  static constexpr int kTensorBytes = kDepth * (8 + 1) + 8;
+  static constexpr int kMaxTensors = static_cast<int>((kParamBudget / 2) / kTensorBytes) / 8 * 8;
+  static constexpr int kMaxBlocks =
+      static_cast<int>((kParamBudget - static_cast<size_t>(kMaxTensors) * kTensorBytes - 64) / 6) / 8 * 8;
+
+  void* data[kDepth][kMaxTensors];
+  int64_t numel[kMaxTensors];
+  int32_t block_chunk[kMaxBlocks];
+  uint16_t block_tensor[kMaxBlocks];
+  DType dtype[kDepth][kMaxTensors];
+};
+
+static_assert(sizeof(MultiTensorArgs<1>) <= kParamBudget, "chunk table exceeds the kernel parameter budget");
+static_assert(sizeof(MultiTensorArgs<5>) <= kParamBudget, "chunk table exceeds the kernel parameter budget");
+static_assert(MultiTensorArgs<5>::kMaxTensors < 65536, "block_tensor is 16-bit");
+
+// Calls `op(args, tensor, start, n)` for the block's chunk: elements [start, start + n) of tensor `tensor`.
+template <int kDepth, typename Op>
+__global__ void __launch_bounds__(kBlockThreads)
+    multi_tensor_kernel(const __grid_constant__ MultiTensorArgs<kDepth> args, const Op op) {
+  const int tensor = args.block_tensor[blockIdx.x];
+  const int64_t start = static_cast<int64_t>(args.block_chunk[blockIdx.x]) * kChunkSize;
+  const int64_t left = args.numel[tensor] - start;
+  op(args, tensor, start, left < kChunkSize ? left : kChunkSize);
+}
+
+// Launches `op` over `n_tensors` tensors; lists[d][i] is stream d of tensor i (all streams of a tensor have
+// lists[0][i].numel elements). Zero-size tensors are skipped. Returns the first launch error, if any.
+template <int kDepth, typename Op>
+cudaError_t multi_tensor_apply(const TensorRef* const* lists, int64_t n_tensors, const Op& op, cudaStream_t stream) {
+  using Args = MultiTensorArgs<kDepth>;
+  constexpr int64_t kMaxChunks = int64_t{1} << 31;
+  Args args;
+  int tensors = 0;
+  int blocks = 0;
+  auto launch = [&]() -> cudaError_t {
+    multi_tensor_kernel<kDepth, Op><<<blocks, kBlockThreads, 0, stream>>>(args, op);
+    return cudaGetLastError();
+  };
+  for (int64_t i = 0; i < n_tensors; ++i) {
+    const int64_t numel = lists[0][i].numel;
+    if (numel == 0) {
+      continue;
+    }
+    const int64_t chunks = (numel + kChunkSize - 1) / kChunkSize;
+    if (chunks > kMaxChunks) {
+      return cudaErrorInvalidValue;
+    }
+    for (int d = 0; d < kDepth; ++d) {
+      args.data[d][tensors] = lists[d][i].data;
+      args.dtype[d][tensors] = lists[d][i].dtype;
+    }
+    args.numel[tensors] = numel;
+    ++tensors;
+    for (int64_t c = 0; c < chunks; ++c) {
+      args.block_tensor[blocks] = static_cast<uint16_t>(tensors - 1);
+      args.block_chunk[blocks] = static_cast<int32_t>(c);
+      ++blocks;
+      const bool tensors_full = tensors == Args::kMaxTensors && c == chunks - 1;
+      if (blocks == Args::kMaxBlocks || tensors_full) {
+        if (const cudaError_t err = launch(); err != cudaSuccess) {
+          return err;
+        }
+        blocks = 0;
+        if (c == chunks - 1) {
+          tensors = 0;
+        } else {
+          // The tensor continues in the next launch: it becomes that launch's first tensor.
+          for (int d = 0; d < kDepth; ++d) {
+            args.data[d][0] = args.data[d][tensors - 1];
+            args.dtype[d][0] = args.dtype[d][tensors - 1];
+          }
+          args.numel[0] = numel;
+          tensors = 1;
+        }
+      }
+    }
+  }
+  return blocks > 0 ? launch() : cudaSuccess;
+}
+
+}  // namespace ampkit::kernels::cuda

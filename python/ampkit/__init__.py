@@ -1,0 +1,29 @@
+"""ampkit: mixed-precision training for LibTorch and PyTorch.
+
+Importing ampkit loads its C++ core, which registers the ``torch.ops.ampkit`` ops (CPU, CUDA and Meta kernels).
+"""
+from __future__ import annotations
+
+import os as _os
+
+import torch as _torch  # noqa: F401  (loads libtorch before the extension that links it)
+
+from . import _C
+from .ops import check_finite_, unscale_and_check_, update_scale_
+
+#: Folder to pass to CMake as ``CMAKE_PREFIX_PATH`` so that ``find_package(ampkit)`` finds this installation.
+cmake_prefix_path: str = _os.path.dirname(_os.path.abspath(__file__))
+
+
+def build_info() -> dict:
+    """What this build contains: ``cuda_compiled``, ``cuda_archs``, ``cpu_isa``, ``torch_version``."""
+    return dict(_C.build_info())
+
+
+__all__ = [
+    "build_info",
+    "check_finite_",
+    "cmake_prefix_path",
+    "unscale_and_check_",
+    "update_scale_",
+]

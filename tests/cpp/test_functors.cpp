@@ -1,0 +1,152 @@
+// The element-wise functors of kernels/ checked without Torch against independent float64 references: the
+// same arithmetic the CPU loops and the CUDA kernels run.
+#include <catch2/catch.hpp>
+
+#include <cfloat>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+
+#include "kernels/amp_functors.h"
+
+using ampkit::kernels::is_non_finite;
+using ampkit::kernels::UnscaleOp;
+using ampkit::kernels::UpdateScaleOp;
+
+namespace {
+
+template <typename T>
+bool same_bits(T a, T b) {
+  return std::memcmp(&a, &b, sizeof(T)) == 0;
+}
+
+}  // namespace
+
+TEST_CASE("is_non_finite: flags exactly Inf, -Inf and NaN", "[functors][cpu]") {
+  const float fmax = std::numeric_limits<float>::max();
+  const double dmax = std::numeric_limits<double>::max();
+  CHECK(is_non_finite(std::numeric_limits<float>::infinity()));
+  CHECK(is_non_finite(-std::numeric_limits<float>::infinity()));
+  CHECK(is_non_finite(std::numeric_limits<float>::quiet_NaN()));
+  CHECK(is_non_finite(-std::numeric_limits<float>::quiet_NaN()));
+  CHECK(is_non_finite(std::numeric_limits<float>::signaling_NaN()));
+  CHECK_FALSE(is_non_finite(fmax));
+  CHECK_FALSE(is_non_finite(-fmax));
+  CHECK_FALSE(is_non_finite(0.f));
+  CHECK_FALSE(is_non_finite(-0.f));
+  CHECK_FALSE(is_non_finite(std::numeric_limits<float>::denorm_min()));
+  CHECK(is_non_finite(std::numeric_limits<double>::infinity()));
+  CHECK(is_non_finite(std::numeric_limits<double>::quiet_NaN()));
+  CHECK_FALSE(is_non_finite(dmax));
+  CHECK_FALSE(is_non_finite(std::numeric_limits<double>::denorm_min()));
+  // A float that is finite but overflows FP16 is still finite in opmath.
+  CHECK_FALSE(is_non_finite(70000.f));
+
+  std::mt19937 gen(1234);
+  std::uniform_int_distribution<uint32_t> bits32;
+  for (int i = 0; i < 100000; ++i) {
+    const uint32_t b = bits32(gen);
+    float f;
+    std::memcpy(&f, &b, sizeof(f));
+    REQUIRE(is_non_finite(f) == !std::isfinite(static_cast<double>(f)));
+  }
+}
+
+TEST_CASE("UnscaleOp: FP32 product matches the float64 product rounded once", "[functors][cpu]") {
+  std::mt19937 gen(42);
+  std::normal_distribution<float> val(0.f, 1000.f);
+  std::uniform_real_distribution<float> exponent(-20.f, 20.f);
+  for (int i = 0; i < 200000; ++i) {
+    const float x = val(gen);
+    const float inv = std::exp2(exponent(gen)) * 1.2345f;
+    const UnscaleOp<float> op(inv);
+    // Two floats multiply exactly in double (24 + 24 bits < 53), so one rounding to float is the IEEE result.
+    const float expected = static_cast<float>(static_cast<double>(x) * static_cast<double>(inv));
+    REQUIRE(same_bits(op(x), expected));
+  }
+  // Products that overflow FP32 give Inf, as the unscaled value would.
+  CHECK(std::isinf(UnscaleOp<float>(4.f)(FLT_MAX)));
+}
+
+TEST_CASE("UnscaleOp: FP64 grads multiply by the FP32 inv_scale widened to double", "[functors][cpu]") {
+  std::mt19937_64 gen(7);
+  std::normal_distribution<double> val(0.0, 1e3);
+  for (int i = 0; i < 100000; ++i) {
+    const double x = val(gen);
+    const float inv = 1.f / 3.f;
+    const UnscaleOp<double> op(inv);
+    REQUIRE(same_bits(op(x), std::fma(x, static_cast<double>(inv), 0.0)));
+  }
+}
+
+TEST_CASE("UnscaleOp: inv_scale == 1 returns its input bit for bit", "[functors][cpu]") {
+  const UnscaleOp<float> op(1.f);
+  CHECK(op.identity);
+  for (const float x : {-0.f, 0.f, 1.5f, -FLT_MAX, std::numeric_limits<float>::denorm_min(),
+                        std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::infinity()}) {
+    CHECK(same_bits(op(x), x));
+  }
+  CHECK_FALSE(UnscaleOp<float>(0.5f).identity);
+}
+
+namespace {
+
+// An independent statement of torch._amp_update_scale_'s rule, in double.
+struct ReferenceScaler {
+  double scale;
+  int64_t tracker = 0;
+  void step(bool overflow, double growth, double backoff, int64_t interval) {
+    if (overflow) {
+      scale = static_cast<float>(scale * backoff);
+      tracker = 0;
+    } else if (++tracker == interval) {
+      const double grown = scale * growth;
+      if (static_cast<float>(grown) <= FLT_MAX) {
+        scale = static_cast<float>(grown);
+      }
+      tracker = 0;
+    }
+  }
+};
+
+}  // namespace
+
+TEST_CASE("UpdateScaleOp: follows torch's grow/back-off rule over random overflow sequences", "[functors][cpu]") {
+  const int64_t interval = GENERATE(1, 2, 3, 7);
+  const double growth = GENERATE(2.0, 1.5);
+  const double backoff = GENERATE(0.5, 0.25);
+  std::mt19937 gen(static_cast<uint32_t>(interval * 100 + growth * 10 + backoff * 4));
+  std::bernoulli_distribution overflow(0.2);
+  const UpdateScaleOp op{growth, backoff, interval};
+  float scale = 65536.f;
+  int32_t tracker = 0;
+  ReferenceScaler ref{65536.0};
+  for (int i = 0; i < 2000; ++i) {
+    const bool o = overflow(gen);
+    op(&scale, &tracker, o ? 1.f : 0.f);
+    ref.step(o, growth, backoff, interval);
+    REQUIRE(static_cast<double>(scale) == ref.scale);
+    REQUIRE(tracker == ref.tracker);
+  }
+}
+
+TEST_CASE("UpdateScaleOp: never grows past the largest finite float", "[functors][cpu]") {
+  const UpdateScaleOp op{2.0, 0.5, 1};
+  float scale = 0x1p127f;
+  int32_t tracker = 0;
+  op(&scale, &tracker, 0.f);
+  CHECK(scale == 0x1p127f);  // 2^128 is Inf in FP32: kept
+  CHECK(tracker == 0);
+  op(&scale, &tracker, 1.f);
+  CHECK(scale == 0x1p126f);
+}
+
+TEST_CASE("UpdateScaleOp: any nonzero found_inf (NaN included) backs off", "[functors][cpu]") {
+  const UpdateScaleOp op{2.0, 0.5, 2000};
+  float scale = 1024.f;
+  int32_t tracker = 17;
+  op(&scale, &tracker, std::numeric_limits<float>::quiet_NaN());
+  CHECK(scale == 512.f);
+  CHECK(tracker == 0);
+}

@@ -1,0 +1,152 @@
+// The AMP ops on CUDA, compared bit for bit with the CPU kernels (themselves bit-identical to torch's) and with
+// torch's CUDA kernel where it accepts the input. Without a device each test returns early with a WARN.
+#include <catch2/catch.hpp>
+#include <torch/torch.h>
+
+#include <ampkit/ampkit.h>
+
+#include <limits>
+
+#include "test_helpers.h"
+
+using ampkit::test::bits_equal;
+using ampkit::test::random_grad;
+using ampkit::test::reference_unscale;
+
+#define AMPKIT_REQUIRE_CUDA_DEVICE()                            \
+  do {                                                          \
+    if (!torch::cuda::is_available()) {                         \
+      WARN("no CUDA device on this machine: test not run");     \
+      return;                                                   \
+    }                                                           \
+  } while (0)
+
+namespace {
+
+const at::Device kCuda(at::kCUDA, 0);
+
+at::Tensor scalar_f32(float v, const at::Device& d) { return at::full({1}, v, at::TensorOptions(at::kFloat).device(d)); }
+
+// Runs the op on CUDA and on CPU copies; requires identical results.
+void require_cuda_matches_cpu(const std::vector<at::Tensor>& cpu_grads, float inv) {
+  std::vector<at::Tensor> on_gpu;
+  std::vector<at::Tensor> on_cpu;
+  for (const auto& g : cpu_grads) {
+    on_gpu.push_back(g.to(kCuda));
+    on_cpu.push_back(g.clone());
+  }
+  auto found_gpu = scalar_f32(0.f, kCuda);
+  auto found_cpu = scalar_f32(0.f, at::kCPU);
+  ampkit::unscale_and_check_(on_gpu, found_gpu, scalar_f32(inv, kCuda));
+  ampkit::unscale_and_check_(on_cpu, found_cpu, scalar_f32(inv, at::kCPU));
+  REQUIRE(found_gpu.item<float>() == found_cpu.item<float>());
+  for (size_t i = 0; i < cpu_grads.size(); ++i) {
+    INFO("tensor " << i << " dtype " << cpu_grads[i].scalar_type() << " numel " << cpu_grads[i].numel());
+    REQUIRE(bits_equal(on_gpu[i].cpu(), on_cpu[i]));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("unscale_and_check_ (CUDA): every dtype and size matches the CPU and the float64 reference",
+          "[ops][cuda]") {
+  AMPKIT_REQUIRE_CUDA_DEVICE();
+  torch::manual_seed(10);
+  const int64_t n = GENERATE(1, 7, 8, 9, 65535, 65536, 65537, 1000003);
+  const float inv = GENERATE(1.f / 65536.f, 1.f, 3.f);
+  for (const auto dtype : {at::kHalf, at::kBFloat16, at::kFloat, at::kDouble}) {
+    const auto g = random_grad(n, dtype, 1000.0);
+    require_cuda_matches_cpu({g}, inv);
+    auto d = g.to(kCuda);
+    auto found = scalar_f32(0.f, kCuda);
+    ampkit::unscale_and_check_({d}, found, scalar_f32(inv, kCuda));
+    REQUIRE(bits_equal(d.cpu(), reference_unscale(g, inv)));
+  }
+}
+
+TEST_CASE("unscale_and_check_ (CUDA): mixed dtypes, strided, misaligned, zero-size, one launch or many",
+          "[ops][cuda]") {
+  AMPKIT_REQUIRE_CUDA_DEVICE();
+  torch::manual_seed(11);
+  const auto base = at::randn({300, 200}) * 100;
+  require_cuda_matches_cpu({base.t(), base.to(at::kHalf).slice(1, 0, 200, 3),
+                            base.to(at::kBFloat16).flatten().narrow(0, 1, 59999), at::empty({0}),
+                            base.to(at::kDouble).select(1, 5)},
+                           1.f / 1024.f);
+  // More tensors than one chunk table holds, and more chunks than one launch takes.
+  std::vector<at::Tensor> many;
+  for (int i = 0; i < 2500; ++i) {
+    many.push_back(random_grad(1 + (i * 131) % 3000, i % 2 ? at::kHalf : at::kBFloat16, 10.0));
+  }
+  many.back()[-1] = std::numeric_limits<float>::infinity();
+  require_cuda_matches_cpu(many, 0.5f);
+  std::vector<at::Tensor> big;
+  for (int i = 0; i < 1400; ++i) {
+    big.push_back(random_grad(2 * 65536 + 1, at::kHalf, 10.0));
+  }
+  big.back()[-1] = std::numeric_limits<float>::quiet_NaN();
+  require_cuda_matches_cpu(big, 0.5f);
+}
+
+TEST_CASE("unscale_and_check_ (CUDA): agrees with torch's CUDA kernel where torch accepts the input",
+          "[ops][cuda]") {
+  AMPKIT_REQUIRE_CUDA_DEVICE();
+  torch::manual_seed(12);
+  for (const auto dtype : {at::kHalf, at::kFloat, at::kDouble}) {
+    std::vector<at::Tensor> ours = {random_grad(100000, dtype, 1e3, kCuda), random_grad(33, dtype, 1e3, kCuda)};
+    ours.back()[-1] = -std::numeric_limits<float>::infinity();
+    std::vector<at::Tensor> theirs = {ours[0].clone(), ours[1].clone()};
+    auto f0 = scalar_f32(0.f, kCuda);
+    auto f1 = scalar_f32(0.f, kCuda);
+    ampkit::unscale_and_check_(ours, f0, scalar_f32(0.125f, kCuda));
+    at::_amp_foreach_non_finite_check_and_unscale_(theirs, f1, scalar_f32(0.125f, kCuda));
+    REQUIRE(f0.item<float>() == 1.f);
+    REQUIRE(f1.item<float>() == 1.f);
+    REQUIRE(bits_equal(ours[0].cpu(), theirs[0].cpu()));
+    REQUIRE(bits_equal(ours[1].cpu(), theirs[1].cpu()));
+  }
+}
+
+TEST_CASE("unscale_and_check_ (CUDA): grads on another device than found_inf raise and change nothing",
+          "[ops][cuda]") {
+  AMPKIT_REQUIRE_CUDA_DEVICE();
+  auto g_gpu = random_grad(64, at::kFloat, 1.0, kCuda);
+  auto g_cpu = random_grad(64, at::kFloat, 1.0);
+  const auto before_gpu = g_gpu.clone();
+  const auto before_cpu = g_cpu.clone();
+  auto found = scalar_f32(0.f, kCuda);
+  REQUIRE_THROWS_WITH(ampkit::unscale_and_check_({g_gpu, g_cpu}, found, scalar_f32(0.5f, kCuda)),
+                      Catch::Contains("grads[1] must be on cuda:0"));
+  REQUIRE_THROWS_WITH(ampkit::unscale_and_check_({g_gpu}, found, scalar_f32(0.5f, at::kCPU)),
+                      Catch::Contains("inv_scale must be on cuda:0"));
+  CHECK(bits_equal(g_gpu.cpu(), before_gpu.cpu()));
+  CHECK(bits_equal(g_cpu, before_cpu));
+  CHECK(found.item<float>() == 0.f);
+}
+
+TEST_CASE("check_finite_ and update_scale_ (CUDA): match the CPU kernels", "[ops][cuda]") {
+  AMPKIT_REQUIRE_CUDA_DEVICE();
+  torch::manual_seed(13);
+  auto t = random_grad(200001, at::kBFloat16, 1e3, kCuda);
+  const auto before = t.clone();
+  auto found = scalar_f32(0.f, kCuda);
+  ampkit::check_finite_({t}, found);
+  CHECK(found.item<float>() == 0.f);
+  t[-1] = std::numeric_limits<float>::quiet_NaN();
+  ampkit::check_finite_({t}, found);
+  CHECK(found.item<float>() == 1.f);
+  CHECK(bits_equal(t.slice(0, 0, -1).cpu(), before.slice(0, 0, -1).cpu()));
+
+  auto scale = scalar_f32(65536.f, kCuda);
+  auto tracker = at::zeros({1}, at::TensorOptions(at::kInt).device(kCuda));
+  auto c_scale = scale.cpu();
+  auto c_tracker = tracker.cpu();
+  const auto overflows = at::rand({500}) < 0.1;
+  for (int64_t i = 0; i < overflows.numel(); ++i) {
+    const float f = overflows[i].item<bool>() ? 1.f : 0.f;
+    ampkit::update_scale_(scale, tracker, scalar_f32(f, kCuda), 2.0, 0.5, 3);
+    ampkit::update_scale_(c_scale, c_tracker, scalar_f32(f, at::kCPU), 2.0, 0.5, 3);
+    REQUIRE(scale.item<float>() == c_scale.item<float>());
+    REQUIRE(tracker.item<int>() == c_tracker.item<int>());
+  }
+}
