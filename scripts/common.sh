@@ -1,0 +1,85 @@
+# Shared set-up of ampkit's scripts: sourced, not run. Installs what is missing (Debian packages, the pinned
+# Python requirements), then builds ampkit incrementally and installs it in editable mode, so that
+# `python3 -c "import ampkit"` works from any folder afterwards.
+#
+# Environment: PYTHON (default python3), AMPKIT_SKIP_DEPS=1 to install nothing (offline hosts),
+# AMPKIT_BUILD_DIR (default build/), AMPKIT_CUDA_ARCHS, AMPKIT_WITH_CUDA (see setup.py).
+
+set -euo pipefail
+
+AMPKIT_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+PY="${PYTHON:-python3}"
+export AMPKIT_BUILD_DIR="${AMPKIT_BUILD_DIR:-$AMPKIT_ROOT/build}"
+export CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}"
+# The compiler cache lives outside the clone, so a fresh clone rebuilds from it.
+export CCACHE_DIR="${CCACHE_DIR:-$HOME/.cache/ccache}"
+
+log() { printf '\033[1m[ampkit]\033[0m %s\n' "$*" >&2; }
+
+as_root() {
+  if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi
+}
+
+ensure_apt_packages() {
+  local missing=()
+  for pkg in cmake g++ ninja-build ccache catch2; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+  done
+  if [ "${#missing[@]}" -gt 0 ]; then
+    log "installing Debian packages: ${missing[*]}"
+    as_root apt-get update -qq
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+  fi
+}
+
+ensure_python_requirements() {
+  # Fast path: every pinned requirement already satisfied (no network).
+  if "$PY" - "$AMPKIT_ROOT/requirements.txt" <<'PYEOF' 2>/dev/null; then
+import sys
+from importlib.metadata import version, PackageNotFoundError
+for line in open(sys.argv[1]):
+    line = line.split("#")[0].strip()
+    if not line:
+        continue
+    name, _, pin = line.partition("==")
+    name = name.split(">=")[0].strip()
+    try:
+        have = version(name)
+    except PackageNotFoundError:
+        sys.exit(1)
+    if pin and have.split("+")[0] != pin.strip():
+        sys.exit(1)
+PYEOF
+    return
+  fi
+  log "installing Python requirements (requirements.txt)"
+  PIP_ROOT_USER_ACTION=ignore "$PY" -m pip install -q -r "$AMPKIT_ROOT/requirements.txt"
+}
+
+ensure_deps() {
+  if [ "${AMPKIT_SKIP_DEPS:-0}" = 1 ]; then
+    log "AMPKIT_SKIP_DEPS=1: using the packages already installed"
+    return
+  fi
+  ensure_apt_packages
+  ensure_python_requirements
+}
+
+# Builds libampkit, ampkit._C and the Catch2 tests (CMake via setup.py) and installs ampkit in editable mode.
+build_ampkit() {
+  log "building ampkit (CMake in $AMPKIT_BUILD_DIR, incremental)"
+  (cd "$AMPKIT_ROOT" && AMPKIT_BUILD_TESTS=1 PIP_ROOT_USER_ACTION=ignore \
+     "$PY" -m pip install -q --no-build-isolation --no-deps -e .)
+}
+
+# Builds the C++ examples against the installed ampkit package, as a user's program would.
+build_examples() {
+  local prefix
+  prefix="$(cd /tmp && "$PY" -c 'import ampkit; print(ampkit.cmake_prefix_path)')"
+  log "building examples/cpp against the installed package ($prefix)"
+  local gen=()
+  [ -f "$AMPKIT_BUILD_DIR/examples/CMakeCache.txt" ] || gen=(-G Ninja -DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+  cmake -S "$AMPKIT_ROOT/examples/cpp" -B "$AMPKIT_BUILD_DIR/examples" "${gen[@]}" \
+    -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_BUILD_TYPE=Release >/dev/null
+  cmake --build "$AMPKIT_BUILD_DIR/examples"
+}
