@@ -1,30 +1,55 @@
-// Picks the CPU loop variant once per process from the processor's features.
+// Picks the CPU loop variant once per process from the processor's features (as ATen's DispatchStub does:
+// the widest of AVX-512, AVX2 and the baseline that this machine supports).
 #include "amp_cpu_loops.hpp"
 
 namespace ampkit::detail {
 namespace {
 
-bool has_avx2() {
-#if defined(AMPKIT_HAVE_AVX2_LOOPS) && (defined(__x86_64__) || defined(__i386__))
-  static const bool supported =
-      __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
-  return supported;
-#else
-  return false;
+enum class Isa { kDefault, kAvx2, kAvx512 };
+
+Isa detect_isa() {
+#if defined(AMPKIT_HAVE_X86_LOOPS)
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("fma")) {
+    return Isa::kAvx512;
+  }
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) {
+    return Isa::kAvx2;
+  }
 #endif
+  return Isa::kDefault;
+}
+
+Isa isa() {
+  static const Isa detected = detect_isa();
+  return detected;
 }
 
 }  // namespace
 
 bool cpu_unscale_and_check(const kernels::TensorRef* tensors, int64_t n, float inv_scale, bool write) {
-#if defined(AMPKIT_HAVE_AVX2_LOOPS)
-  if (has_avx2()) {
-    return cpu_avx2::unscale_and_check(tensors, n, inv_scale, write);
-  }
+  switch (isa()) {
+#if defined(AMPKIT_HAVE_X86_LOOPS)
+    case Isa::kAvx512:
+      return cpu_avx512::unscale_and_check(tensors, n, inv_scale, write);
+    case Isa::kAvx2:
+      return cpu_avx2::unscale_and_check(tensors, n, inv_scale, write);
 #endif
-  return cpu_default::unscale_and_check(tensors, n, inv_scale, write);
+    default:
+      return cpu_default::unscale_and_check(tensors, n, inv_scale, write);
+  }
 }
 
-const char* cpu_loop_isa() { return has_avx2() ? "avx2" : "default"; }
+const char* cpu_loop_isa() {
+  switch (isa()) {
+    case Isa::kAvx512:
+      return "avx512";
+    case Isa::kAvx2:
+      return "avx2";
+    default:
+      return "default";
+  }
+}
 
 }  // namespace ampkit::detail

@@ -18,12 +18,15 @@ bool unscale_and_check(const kernels::TensorRef* tensors, int64_t n, float inv_s
 namespace cpu_avx2 {
 bool unscale_and_check(const kernels::TensorRef* tensors, int64_t n, float inv_scale, bool write);
 }
+namespace cpu_avx512 {
+bool unscale_and_check(const kernels::TensorRef* tensors, int64_t n, float inv_scale, bool write);
+}
 
 // Checks every element of `tensors` for Inf/NaN and, when `write` and inv_scale != 1, multiplies it by
 // inv_scale in place. Returns whether any element read was non-finite.
 bool cpu_unscale_and_check(const kernels::TensorRef* tensors, int64_t n, float inv_scale, bool write);
 
-// The instruction set the CPU loops run with on this machine ("avx2" or "default").
+// The instruction set the CPU loops run with on this machine ("avx512", "avx2" or "default").
 const char* cpu_loop_isa();
 
 }  // namespace ampkit::detail
