@@ -76,7 +76,8 @@ def copy_bandwidth(device: str, nbytes: int, repeats: int) -> float:
 def model_shapes(case: str, quick: bool, device: str) -> list[tuple[int, ...]]:
     small = quick or device == "cpu"
     if case == "flat":
-        return [(1 << (24 if small else 26),)]
+        # Several times the last-level cache, so that it measures memory and not cache bandwidth.
+        return [(1 << (26 if device == "cpu" or quick else 28),)]
     if case == "transformer":
         h = 256 if small else 1024
         layers = 12 if small else 24
@@ -103,7 +104,7 @@ def bench_device(device: str, quick: bool) -> list[Row]:
     rows: list[Row] = []
     repeats = 7 if quick else 25
     inner = 3 if device == "cpu" else 20
-    probe_bytes = (64 << 20) if device == "cpu" else (1 << 30)
+    probe_bytes = (256 << 20) if device == "cpu" else (2 << 30)
     copy_bw = copy_bandwidth(device, probe_bytes, repeats)
     print(f"[{device}] copy bandwidth {copy_bw:.1f} GB/s", file=sys.stderr)
     dtypes = [torch.float16, torch.bfloat16] if device == "cuda" else [torch.bfloat16, torch.float32]

@@ -72,6 +72,21 @@ build_ampkit() {
      "$PY" -m pip install -q --no-build-isolation --no-deps -e .)
 }
 
+# The same build without pip or setuptools (for hosts that lack them): CMake configure, build and install into
+# python/ampkit; the caller puts python/ on PYTHONPATH.
+build_ampkit_cmake_only() {
+  log "building ampkit with CMake only (in $AMPKIT_BUILD_DIR)"
+  local gen=()
+  if [ ! -f "$AMPKIT_BUILD_DIR/CMakeCache.txt" ]; then
+    gen=(-G Ninja)
+    command -v ccache >/dev/null && gen+=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
+  fi
+  cmake -S "$AMPKIT_ROOT" -B "$AMPKIT_BUILD_DIR" "${gen[@]}" -DPython3_EXECUTABLE="$(command -v "$PY")" \
+    -DAMPKIT_BUILD_TESTS=ON ${AMPKIT_CUDA_ARCHS:+-DAMPKIT_CUDA_ARCHS="$AMPKIT_CUDA_ARCHS"}
+  cmake --build "$AMPKIT_BUILD_DIR"
+  cmake --install "$AMPKIT_BUILD_DIR" --prefix "$AMPKIT_ROOT/python/ampkit" >/dev/null
+}
+
 # Builds the C++ examples against the installed ampkit package, as a user's program would.
 build_examples() {
   local prefix
