@@ -64,4 +64,63 @@ struct UpdateScaleOp {
   }
 };
 
+// Slots of the int64 statistics vector that HysteresisScaleOp maintains on the device.
+enum ScaleStat : int { kStatSteps = 0, kStatSkipped = 1, kStatLastOverflow = 2, kStatOverflowsAtMin = 3, kNumStats = 4 };
+
+// Dynamic loss scaling with hysteresis and bounds (Megatron-LM / DeepSpeed semantics), plus step statistics.
+// On overflow the growth count restarts and the hysteresis count drops by one; the scale backs off only when
+// that count reaches zero (the `hysteresis`-th overflow since the last growth, and every one after it), never
+// below `min_scale`. After `growth_interval` clean steps the scale grows (never past `max_scale`, never to Inf)
+// and the hysteresis count is refilled. With hysteresis 1, min_scale 0 and max_scale Inf this is exactly
+// UpdateScaleOp. `dynamic == false` keeps the scale fixed (BF16 runs: check and skip, never rescale).
+//
+// stats: [steps, skipped steps, number of the last overflow step (0: none), overflows met at min_scale].
+struct HysteresisScaleOp {
+  double growth_factor;
+  double backoff_factor;
+  int64_t growth_interval;
+  int32_t hysteresis;
+  float min_scale;
+  float max_scale;
+  bool dynamic;
+
+  AMPKIT_HOST_DEVICE void operator()(float* scale, int32_t* growth_tracker, int32_t* hysteresis_tracker,
+                                     int64_t* stats, float found_inf) const {
+    stats[kStatSteps] += 1;
+    if (found_inf != 0.f) {
+      stats[kStatSkipped] += 1;
+      stats[kStatLastOverflow] = stats[kStatSteps];
+      *growth_tracker = 0;
+      if (!dynamic) {
+        return;
+      }
+      if (*scale <= min_scale) {
+        stats[kStatOverflowsAtMin] += 1;
+      }
+      if (*hysteresis_tracker > 0) {
+        *hysteresis_tracker -= 1;
+      }
+      if (*hysteresis_tracker == 0) {
+        const float backed_off = static_cast<float>(static_cast<double>(*scale) * backoff_factor);
+        *scale = backed_off < min_scale ? min_scale : backed_off;
+      }
+      return;
+    }
+    if (!dynamic) {
+      return;
+    }
+    const int64_t successful = static_cast<int64_t>(*growth_tracker) + 1;
+    if (successful == growth_interval) {
+      const float grown = static_cast<float>(static_cast<double>(*scale) * growth_factor);
+      if (!is_non_finite(grown)) {
+        *scale = grown > max_scale ? max_scale : grown;
+      }
+      *growth_tracker = 0;
+      *hysteresis_tracker = hysteresis;
+    } else {
+      *growth_tracker = static_cast<int32_t>(successful);
+    }
+  }
+};
+
 }  // namespace ampkit::kernels

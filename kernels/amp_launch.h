@@ -23,4 +23,9 @@ cudaError_t launch_check_finite(const TensorRef* tensors, int64_t n, float* foun
 cudaError_t launch_update_scale(float* scale, int32_t* growth_tracker, const float* found_inf, UpdateScaleOp op,
                                 cudaStream_t stream);
 
+// One single-thread kernel applying HysteresisScaleOp (stats: kNumStats int64 slots).
+cudaError_t launch_update_scale_hysteresis(float* scale, int32_t* growth_tracker, int32_t* hysteresis_tracker,
+                                           int64_t* stats, const float* found_inf, HysteresisScaleOp op,
+                                           cudaStream_t stream);
+
 }  // namespace ampkit::kernels

@@ -35,10 +35,30 @@ void update_scale_cpu(const at::Tensor& scale, const at::Tensor& growth_tracker,
   op(scale.mutable_data_ptr<float>(), growth_tracker.mutable_data_ptr<int32_t>(), *found_inf.const_data_ptr<float>());
 }
 
+void update_scale_hysteresis_cpu(const at::Tensor& scale, const at::Tensor& growth_tracker,
+                                 const at::Tensor& hysteresis_tracker, const at::Tensor& stats,
+                                 const at::Tensor& found_inf, double growth_factor, double backoff_factor,
+                                 int64_t growth_interval, int64_t hysteresis, double min_scale, double max_scale,
+                                 bool dynamic) {
+  check_update_scale_hysteresis_args(scale, growth_tracker, hysteresis_tracker, stats, found_inf, growth_factor,
+                                     backoff_factor, growth_interval, hysteresis, min_scale, max_scale);
+  const kernels::HysteresisScaleOp op{growth_factor,
+                                      backoff_factor,
+                                      growth_interval,
+                                      static_cast<int32_t>(hysteresis),
+                                      static_cast<float>(min_scale),
+                                      static_cast<float>(max_scale),
+                                      dynamic};
+  op(scale.mutable_data_ptr<float>(), growth_tracker.mutable_data_ptr<int32_t>(),
+     hysteresis_tracker.mutable_data_ptr<int32_t>(), stats.mutable_data_ptr<int64_t>(),
+     *found_inf.const_data_ptr<float>());
+}
+
 }  // namespace
 }  // namespace ampkit::detail
 
 TORCH_LIBRARY_IMPL(ampkit, CPU, m) {
+  m.impl("update_scale_hysteresis_", &ampkit::detail::update_scale_hysteresis_cpu);
   m.impl("unscale_and_check_", &ampkit::detail::unscale_and_check_cpu);
   m.impl("check_finite_", &ampkit::detail::check_finite_cpu);
   m.impl("update_scale_", &ampkit::detail::update_scale_cpu);

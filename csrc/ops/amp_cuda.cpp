@@ -46,10 +46,33 @@ void update_scale_cuda(const at::Tensor& scale, const at::Tensor& growth_tracker
                                             c10::cuda::getCurrentCUDAStream()));
 }
 
+void update_scale_hysteresis_cuda(const at::Tensor& scale, const at::Tensor& growth_tracker,
+                                  const at::Tensor& hysteresis_tracker, const at::Tensor& stats,
+                                  const at::Tensor& found_inf, double growth_factor, double backoff_factor,
+                                  int64_t growth_interval, int64_t hysteresis, double min_scale, double max_scale,
+                                  bool dynamic) {
+  check_update_scale_hysteresis_args(scale, growth_tracker, hysteresis_tracker, stats, found_inf, growth_factor,
+                                     backoff_factor, growth_interval, hysteresis, min_scale, max_scale);
+  const c10::cuda::OptionalCUDAGuard guard(scale.device());
+  const kernels::HysteresisScaleOp op{growth_factor,
+                                      backoff_factor,
+                                      growth_interval,
+                                      static_cast<int32_t>(hysteresis),
+                                      static_cast<float>(min_scale),
+                                      static_cast<float>(max_scale),
+                                      dynamic};
+  check_launch("update_scale_hysteresis_",
+               kernels::launch_update_scale_hysteresis(
+                   scale.mutable_data_ptr<float>(), growth_tracker.mutable_data_ptr<int32_t>(),
+                   hysteresis_tracker.mutable_data_ptr<int32_t>(), stats.mutable_data_ptr<int64_t>(),
+                   found_inf.const_data_ptr<float>(), op, c10::cuda::getCurrentCUDAStream()));
+}
+
 }  // namespace
 }  // namespace ampkit::detail
 
 TORCH_LIBRARY_IMPL(ampkit, CUDA, m) {
+  m.impl("update_scale_hysteresis_", &ampkit::detail::update_scale_hysteresis_cuda);
   m.impl("unscale_and_check_", &ampkit::detail::unscale_and_check_cuda);
   m.impl("check_finite_", &ampkit::detail::check_finite_cuda);
   m.impl("update_scale_", &ampkit::detail::update_scale_cuda);

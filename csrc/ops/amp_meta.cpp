@@ -20,37 +20,58 @@ void update_scale_meta(const at::Tensor& scale, const at::Tensor& growth_tracker
   check_update_scale_args(scale, growth_tracker, found_inf, growth_factor, backoff_factor, growth_interval);
 }
 
+void update_scale_hysteresis_meta(const at::Tensor& scale, const at::Tensor& growth_tracker,
+                                  const at::Tensor& hysteresis_tracker, const at::Tensor& stats,
+                                  const at::Tensor& found_inf, double growth_factor, double backoff_factor,
+                                  int64_t growth_interval, int64_t hysteresis, double min_scale, double max_scale,
+                                  bool dynamic) {
+  check_update_scale_hysteresis_args(scale, growth_tracker, hysteresis_tracker, stats, found_inf, growth_factor,
+                                     backoff_factor, growth_interval, hysteresis, min_scale, max_scale);
+}
+
 }  // namespace
 }  // namespace ampkit::detail
 
 TORCH_LIBRARY_IMPL(ampkit, Meta, m) {
+  m.impl("update_scale_hysteresis_", &ampkit::detail::update_scale_hysteresis_meta);
   m.impl("unscale_and_check_", &ampkit::detail::unscale_and_check_meta);
   m.impl("check_finite_", &ampkit::detail::check_finite_meta);
   m.impl("update_scale_", &ampkit::detail::update_scale_meta);
 }
 
-// Sparse tensors reach the sparse dispatch keys before any kernel of ours could name the bad argument; these
-// kernels run the checks, which reject every sparse argument with a message naming it.
+// Sparse tensors reach the sparse dispatch keys before any kernel of ours could name the bad argument. One boxed
+// kernel serves every op there: it finds the first sparse argument from the op's schema and names it.
 namespace ampkit::detail {
 namespace {
 
-template <auto kCheck, typename... Args>
-void reject_sparse(Args... args) {
-  kCheck(args...);
-  TORCH_INTERNAL_ASSERT(false, "ampkit: a sparse argument passed the layout checks");
+void reject_sparse(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const auto& args = op.schema().arguments();
+  const size_t first = stack->size() - args.size();
+  for (size_t i = 0; i < args.size(); ++i) {
+    const c10::IValue& v = (*stack)[first + i];
+    if (v.isTensor() && v.toTensor().is_sparse()) {
+      TORCH_CHECK(false, op.schema().name(), ": ", args[i].name(), " must be a strided (dense) tensor, but got layout ",
+                  v.toTensor().layout());
+    }
+    if (v.isTensorList()) {
+      const auto list = v.toTensorList();
+      for (size_t j = 0; j < list.size(); ++j) {
+        const at::Tensor t = list[j];
+        TORCH_CHECK(!t.is_sparse(), op.schema().name(), ": ", args[i].name(), "[", j,
+                    "] must be a strided (dense) tensor, but got layout ", t.layout());
+      }
+    }
+  }
+  TORCH_INTERNAL_ASSERT(false, op.schema().name(), ": reached a sparse kernel without a sparse argument");
 }
 
 }  // namespace
 }  // namespace ampkit::detail
 
-#define AMPKIT_REGISTER_SPARSE_REJECTS(m)                                                                          \
-  m.impl("unscale_and_check_",                                                                                     \
-         &ampkit::detail::reject_sparse<&ampkit::detail::check_unscale_and_check_args, at::TensorList,              \
-                                        const at::Tensor&, const at::Tensor&>);                                     \
-  m.impl("check_finite_",                                                                                          \
-         &ampkit::detail::reject_sparse<&ampkit::detail::check_check_finite_args, at::TensorList, const at::Tensor&>); \
-  m.impl("update_scale_", &ampkit::detail::reject_sparse<&ampkit::detail::check_update_scale_args, const at::Tensor&, \
-                                                         const at::Tensor&, const at::Tensor&, double, double, int64_t>)
+#define AMPKIT_REGISTER_SPARSE_REJECTS(m)                                                                   \
+  for (const char* name : {"unscale_and_check_", "check_finite_", "update_scale_", "update_scale_hysteresis_"}) { \
+    m.impl(name, torch::CppFunction::makeFromBoxedFunction<&ampkit::detail::reject_sparse>());              \
+  }
 
-TORCH_LIBRARY_IMPL(ampkit, SparseCPU, m) { AMPKIT_REGISTER_SPARSE_REJECTS(m); }
-TORCH_LIBRARY_IMPL(ampkit, SparseCUDA, m) { AMPKIT_REGISTER_SPARSE_REJECTS(m); }
+TORCH_LIBRARY_IMPL(ampkit, SparseCPU, m) { AMPKIT_REGISTER_SPARSE_REJECTS(m) }
+TORCH_LIBRARY_IMPL(ampkit, SparseCUDA, m) { AMPKIT_REGISTER_SPARSE_REJECTS(m) }

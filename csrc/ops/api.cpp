@@ -34,6 +34,18 @@ void update_scale_(const at::Tensor& scale, const at::Tensor& growth_tracker, co
   op.call(scale, growth_tracker, found_inf, growth_factor, backoff_factor, growth_interval);
 }
 
+void update_scale_hysteresis_(const at::Tensor& scale, const at::Tensor& growth_tracker,
+                              const at::Tensor& hysteresis_tracker, const at::Tensor& stats,
+                              const at::Tensor& found_inf, double growth_factor, double backoff_factor,
+                              int64_t growth_interval, int64_t hysteresis, double min_scale, double max_scale,
+                              bool dynamic) {
+  static const auto op =
+      find_op<void(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                   double, double, int64_t, int64_t, double, double, bool)>("ampkit::update_scale_hysteresis_");
+  op.call(scale, growth_tracker, hysteresis_tracker, stats, found_inf, growth_factor, backoff_factor,
+          growth_interval, hysteresis, min_scale, max_scale, dynamic);
+}
+
 BuildInfo build_info() {
 #if defined(AMPKIT_WITH_CUDA)
   constexpr bool kCuda = true;

@@ -1,6 +1,8 @@
 // Argument checks shared by the CPU, CUDA and Meta kernels of the AMP ops (see checks.h).
 #include "checks.h"
 
+#include "../../kernels/amp_functors.h"
+
 #include <ATen/MemoryOverlap.h>
 #include <c10/util/Exception.h>
 
@@ -96,18 +98,52 @@ void check_check_finite_args(at::TensorList tensors, const at::Tensor& found_inf
   check_float_list(kOp, "tensors", tensors, found_inf.device(), /*mutated=*/false);
 }
 
+namespace {
+
+void check_scale_factors(const char* op, double growth_factor, double backoff_factor, int64_t growth_interval) {
+  TORCH_CHECK_VALUE(std::isfinite(growth_factor) && growth_factor > 0, "ampkit::", op,
+                    ": growth_factor must be a finite number > 0, but got ", growth_factor);
+  TORCH_CHECK_VALUE(std::isfinite(backoff_factor) && backoff_factor > 0, "ampkit::", op,
+                    ": backoff_factor must be a finite number > 0, but got ", backoff_factor);
+  TORCH_CHECK_VALUE(growth_interval >= 1 && growth_interval <= std::numeric_limits<int32_t>::max(), "ampkit::", op,
+                    ": growth_interval must be in [1, 2^31 - 1], but got ", growth_interval);
+}
+
+}  // namespace
+
 void check_update_scale_args(const at::Tensor& scale, const at::Tensor& growth_tracker, const at::Tensor& found_inf,
                              double growth_factor, double backoff_factor, int64_t growth_interval) {
   constexpr const char* kOp = "update_scale_";
   check_scalar_tensor(kOp, "scale", scale, at::kFloat, std::nullopt);
   check_scalar_tensor(kOp, "growth_tracker", growth_tracker, at::kInt, scale.device());
   check_scalar_tensor(kOp, "found_inf", found_inf, at::kFloat, scale.device());
-  TORCH_CHECK_VALUE(std::isfinite(growth_factor) && growth_factor > 0, "ampkit::", kOp,
-                    ": growth_factor must be a finite number > 0, but got ", growth_factor);
-  TORCH_CHECK_VALUE(std::isfinite(backoff_factor) && backoff_factor > 0, "ampkit::", kOp,
-                    ": backoff_factor must be a finite number > 0, but got ", backoff_factor);
-  TORCH_CHECK_VALUE(growth_interval >= 1 && growth_interval <= std::numeric_limits<int32_t>::max(), "ampkit::", kOp,
-                    ": growth_interval must be in [1, 2^31 - 1], but got ", growth_interval);
+  check_scale_factors(kOp, growth_factor, backoff_factor, growth_interval);
+}
+
+void check_update_scale_hysteresis_args(const at::Tensor& scale, const at::Tensor& growth_tracker,
+                                        const at::Tensor& hysteresis_tracker, const at::Tensor& stats,
+                                        const at::Tensor& found_inf, double growth_factor, double backoff_factor,
+                                        int64_t growth_interval, int64_t hysteresis, double min_scale,
+                                        double max_scale) {
+  constexpr const char* kOp = "update_scale_hysteresis_";
+  check_scalar_tensor(kOp, "scale", scale, at::kFloat, std::nullopt);
+  check_scalar_tensor(kOp, "growth_tracker", growth_tracker, at::kInt, scale.device());
+  check_scalar_tensor(kOp, "hysteresis_tracker", hysteresis_tracker, at::kInt, scale.device());
+  check_scalar_tensor(kOp, "found_inf", found_inf, at::kFloat, scale.device());
+  TORCH_CHECK(stats.defined() && stats.layout() == at::kStrided && stats.dim() == 1 &&
+                  stats.numel() == kernels::kNumStats && stats.is_contiguous(),
+              "ampkit::", kOp, ": stats must be a contiguous 1-D tensor of ", static_cast<int>(kernels::kNumStats),
+              " elements, but got ", stats.defined() ? stats.sizes() : at::IntArrayRef{});
+  TORCH_CHECK_TYPE(stats.scalar_type() == at::kLong, "ampkit::", kOp, ": stats must be a Long tensor, but got ",
+                   stats.scalar_type());
+  TORCH_CHECK(stats.device() == scale.device(), "ampkit::", kOp, ": stats must be on ", scale.device(),
+              " like the other arguments, but is on ", stats.device());
+  check_scale_factors(kOp, growth_factor, backoff_factor, growth_interval);
+  TORCH_CHECK_VALUE(hysteresis >= 1 && hysteresis <= std::numeric_limits<int32_t>::max(), "ampkit::", kOp,
+                    ": hysteresis must be in [1, 2^31 - 1], but got ", hysteresis);
+  TORCH_CHECK_VALUE(min_scale >= 0 && max_scale >= min_scale && !std::isnan(max_scale), "ampkit::", kOp,
+                    ": min_scale and max_scale must satisfy 0 <= min_scale <= max_scale, but got min_scale=",
+                    min_scale, ", max_scale=", max_scale);
 }
 
 }  // namespace ampkit::detail

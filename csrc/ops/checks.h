@@ -45,5 +45,10 @@ void check_unscale_and_check_args(at::TensorList grads, const at::Tensor& found_
 void check_check_finite_args(at::TensorList tensors, const at::Tensor& found_inf);
 void check_update_scale_args(const at::Tensor& scale, const at::Tensor& growth_tracker, const at::Tensor& found_inf,
                              double growth_factor, double backoff_factor, int64_t growth_interval);
+void check_update_scale_hysteresis_args(const at::Tensor& scale, const at::Tensor& growth_tracker,
+                                        const at::Tensor& hysteresis_tracker, const at::Tensor& stats,
+                                        const at::Tensor& found_inf, double growth_factor, double backoff_factor,
+                                        int64_t growth_interval, int64_t hysteresis, double min_scale,
+                                        double max_scale);
 
 }  // namespace ampkit::detail

@@ -11,4 +11,11 @@ TORCH_LIBRARY(ampkit, m) {
       "update_scale_(Tensor(a!) scale, Tensor(b!) growth_tracker, Tensor found_inf, float growth_factor, "
       "float backoff_factor, int growth_interval) -> ()",
       {at::Tag::pt2_compliant_tag});
+  // The GradScaler's update: update_scale_ plus hysteresis, [min_scale, max_scale] bounds, a fixed-scale mode
+  // and int64 step statistics [steps, skipped, last overflow step, overflows at min_scale], all on the device.
+  m.def(
+      "update_scale_hysteresis_(Tensor(a!) scale, Tensor(b!) growth_tracker, Tensor(c!) hysteresis_tracker, "
+      "Tensor(d!) stats, Tensor found_inf, float growth_factor, float backoff_factor, int growth_interval, "
+      "int hysteresis, float min_scale, float max_scale, bool dynamic) -> ()",
+      {at::Tag::pt2_compliant_tag});
 }

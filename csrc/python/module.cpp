@@ -1,8 +1,100 @@
 // The pybind11 module ampkit._C. It binds ampkit's C++ classes only: the ops reach Python through the
 // dispatcher (torch.ops.ampkit.*), registered when this module's dependency libampkit is loaded.
+#include <torch/csrc/Exceptions.h>
 #include <torch/extension.h>
 
 #include "ampkit/ampkit.h"
+
+namespace py = pybind11;
+
+namespace {
+
+// A scaler state to a Python dict (plain floats, ints and None, as torch.amp.GradScaler's).
+py::dict to_py(const ampkit::ScalerState& state) {
+  py::dict d;
+  for (const auto& [key, v] : state) {
+    if (v.isDouble()) {
+      d[py::str(key)] = py::float_(v.toDouble());
+    } else if (v.isInt()) {
+      d[py::str(key)] = py::int_(v.toInt());
+    } else if (v.isBool()) {
+      d[py::str(key)] = py::bool_(v.toBool());
+    } else {
+      d[py::str(key)] = py::none();
+    }
+  }
+  return d;
+}
+
+// A Python mapping to a scaler state; values must be numbers, bools or None (the C++ side checks ranges).
+ampkit::ScalerState from_py(const py::dict& d) {
+  ampkit::ScalerState state;
+  for (const auto& item : d) {
+    const std::string key = py::str(item.first);
+    const py::handle v = item.second;
+    if (v.is_none()) {
+      state.emplace_back(key, c10::IValue());
+    } else if (py::isinstance<py::bool_>(v)) {
+      state.emplace_back(key, c10::IValue(v.cast<bool>()));
+    } else if (py::isinstance<py::int_>(v)) {
+      state.emplace_back(key, c10::IValue(v.cast<int64_t>()));
+    } else if (py::isinstance<py::float_>(v)) {
+      state.emplace_back(key, c10::IValue(v.cast<double>()));
+    } else if (THPVariable_Check(v.ptr()) && THPVariable_Unpack(v.ptr()).numel() == 1) {
+      // torch.amp.GradScaler fills its tensors from whatever .fill_ takes: accept one-element tensors too.
+      const at::Tensor t = THPVariable_Unpack(v.ptr());
+      state.emplace_back(key, t.is_floating_point() ? c10::IValue(t.item<double>()) : c10::IValue(t.item<int64_t>()));
+    } else {
+      throw py::type_error("GradScaler.load_state_dict: '" + key + "' must be a number or None, but got " +
+                           std::string(py::str(py::type::of(v))));
+    }
+  }
+  return state;
+}
+
+py::dict stats_to_py(const ampkit::GradScalerStats& s) {
+  py::dict d;
+  d["steps"] = s.steps;
+  d["skipped_steps"] = s.skipped_steps;
+  d["last_overflow_step"] = s.last_overflow_step > 0 ? py::object(py::int_(s.last_overflow_step)) : py::object(py::none());
+  d["scale"] = s.scale;
+  d["growth_tracker"] = s.growth_tracker;
+  d["hysteresis_tracker"] = s.hysteresis_tracker;
+  d["overflows_at_min_scale"] = s.overflows_at_min_scale;
+  return d;
+}
+
+py::object optional_tensor(const at::Tensor& t) {
+  return t.defined() ? py::cast(t) : py::object(py::none());
+}
+
+// Runs f under torch's warning handler (TORCH_WARN becomes a Python warning) and translates errors: c10 errors
+// keep their Python types (ValueError, TypeError, ...), ScalerAssertionError becomes AssertionError (where
+// torch.amp.GradScaler raises one).
+template <typename F>
+decltype(auto) guarded(F&& f) {
+  try {
+    torch::PyWarningHandler warnings;
+    try {
+      return f();
+    } catch (...) {
+      warnings.set_in_exception();
+      throw;
+    }
+  } catch (py::error_already_set&) {
+    throw;
+  } catch (py::builtin_exception&) {
+    throw;
+  } catch (const ampkit::ScalerAssertionError& e) {
+    PyErr_SetString(PyExc_AssertionError, e.what());
+    throw py::error_already_set();
+  } catch (const std::exception&) {
+    torch::translate_exception_to_python(std::current_exception());
+    throw py::error_already_set();
+  }
+}
+
+}  // namespace
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "ampkit C++ core";
@@ -10,7 +102,7 @@ PYBIND11_MODULE(_C, m) {
       "build_info",
       []() {
         const ampkit::BuildInfo info = ampkit::build_info();
-        pybind11::dict d;
+        py::dict d;
         d["cuda_compiled"] = info.cuda_compiled;
         d["cuda_archs"] = std::string(info.cuda_archs);
         d["cpu_isa"] = std::string(info.cpu_isa);
@@ -19,4 +111,98 @@ PYBIND11_MODULE(_C, m) {
       },
       "What this build contains: CUDA kernels compiled and for which architectures, the CPU loops' instruction "
       "set on this machine, and the torch version it was built against.");
+
+  using ampkit::GradScaler;
+  using Params = std::vector<at::Tensor>;
+  py::class_<GradScaler>(m, "GradScaler")
+      .def(py::init([](double init_scale, double growth_factor, double backoff_factor, int64_t growth_interval,
+                       bool enabled, int64_t hysteresis, std::optional<double> min_scale,
+                       std::optional<double> max_scale, bool raise_at_min_scale, bool scaling, bool overflow_report,
+                       py::object process_group) {
+             ampkit::GradScalerOptions o;
+             o.init_scale(init_scale)
+                 .growth_factor(growth_factor)
+                 .backoff_factor(backoff_factor)
+                 .growth_interval(growth_interval)
+                 .enabled(enabled)
+                 .hysteresis(hysteresis)
+                 .min_scale(min_scale)
+                 .max_scale(max_scale)
+                 .raise_at_min_scale(raise_at_min_scale)
+                 .scaling(scaling)
+                 .overflow_report(overflow_report);
+             if (!process_group.is_none()) {
+               o.process_group(process_group.cast<c10::intrusive_ptr<c10d::ProcessGroup>>());
+             }
+             return guarded([&] { return GradScaler(o); });
+           }),
+           py::arg("init_scale"), py::arg("growth_factor"), py::arg("backoff_factor"), py::arg("growth_interval"),
+           py::arg("enabled"), py::arg("hysteresis"), py::arg("min_scale"), py::arg("max_scale"),
+           py::arg("raise_at_min_scale"), py::arg("scaling"), py::arg("overflow_report"), py::arg("process_group"))
+      .def("scale", [](GradScaler& s, const at::Tensor& t) { return guarded([&] { return s.scale(t); }); })
+      .def("unscale_params_",
+           [](GradScaler& s, int64_t key, const Params& p) { guarded([&] { s.unscale_params_(key, p); }); })
+      .def("begin_step", [](const GradScaler& s, int64_t key) { guarded([&] { s.begin_step(key); }); })
+      .def("prepare_step",
+           [](GradScaler& s, int64_t key, const Params& p) { return guarded([&] { return s.prepare_step(key, p); }); })
+      .def("prepare_fused_step",
+           [](GradScaler& s, int64_t key, const Params& p) {
+             auto [grad_scale, found_inf] = guarded([&] { return s.prepare_fused_step(key, p); });
+             return py::make_tuple(optional_tensor(grad_scale), found_inf);
+           })
+      .def("mark_stepped", &GradScaler::mark_stepped)
+      .def("in_iteration", &GradScaler::in_iteration)
+      .def("stage", [](const GradScaler& s, int64_t key) { return static_cast<int>(s.stage(key)); })
+      .def("found_inf_per_device", &GradScaler::found_inf_per_device)
+      .def("update", [](GradScaler& s) { guarded([&] { s.update(); }); })
+      .def("update_to", [](GradScaler& s, double v) { guarded([&] { s.update(v); }); })
+      .def("update_to_tensor", [](GradScaler& s, const at::Tensor& v) { guarded([&] { s.update(v); }); })
+      .def("get_scale", [](const GradScaler& s) { return guarded([&] { return s.get_scale(); }); })
+      .def("get_scale_async", [](const GradScaler& s) { return optional_tensor(s.get_scale_async()); })
+      .def("last_step_ran", [](const GradScaler& s) { return optional_tensor(s.last_step_ran()); })
+      .def("get_growth_factor", &GradScaler::get_growth_factor)
+      .def("set_growth_factor", &GradScaler::set_growth_factor)
+      .def("get_backoff_factor", &GradScaler::get_backoff_factor)
+      .def("set_backoff_factor", &GradScaler::set_backoff_factor)
+      .def("get_growth_interval", &GradScaler::get_growth_interval)
+      .def("set_growth_interval", &GradScaler::set_growth_interval)
+      .def("get_growth_tracker", [](const GradScaler& s) { return guarded([&] { return s.get_growth_tracker(); }); })
+      .def("is_enabled", &GradScaler::is_enabled)
+      .def("stats", [](const GradScaler& s) { return stats_to_py(guarded([&] { return s.stats(); })); })
+      .def("overflow_report", [](const GradScaler& s) { return guarded([&] { return s.overflow_report(); }); })
+      .def("set_parameter_names", &GradScaler::set_parameter_names)
+      .def("state_dict", [](const GradScaler& s) { return to_py(guarded([&] { return s.state_dict(); })); })
+      .def("load_state_dict",
+           [](GradScaler& s, const py::dict& d) {
+             const ampkit::ScalerState state = from_py(d);
+             guarded([&] { s.load_state_dict(state); });
+           })
+      .def("save",
+           [](const GradScaler& s, const std::string& path) {
+             guarded([&] {
+               torch::serialize::OutputArchive archive;
+               s.save(archive);
+               archive.save_to(path);
+             });
+           })
+      .def("load", [](GradScaler& s, const std::string& path) {
+        guarded([&] {
+          torch::serialize::InputArchive archive;
+          archive.load_from(path);
+          s.load(archive);
+        });
+      });
+
+  m.def(
+      "read_scaler_state", [](const std::string& path) { return to_py(guarded([&] { return GradScaler::read_state(path); })); },
+      "The state of a GradScaler checkpoint file (torch::save(scaler, path) in C++, GradScaler.save in Python) as "
+      "a state_dict that torch.amp.GradScaler.load_state_dict accepts.");
+  m.def(
+      "write_scaler_state",
+      [](const py::dict& d, const std::string& path) {
+        const ampkit::ScalerState state = from_py(d);
+        guarded([&] { GradScaler::write_state(state, path); });
+      },
+      "Writes a state_dict (torch.amp.GradScaler's or ampkit's) as a checkpoint file that torch::load(scaler, path) "
+      "reads in C++.");
 }

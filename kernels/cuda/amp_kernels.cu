@@ -110,6 +110,11 @@ __global__ void update_scale_kernel(float* scale, int32_t* growth_tracker, const
   op(scale, growth_tracker, *found_inf);
 }
 
+__global__ void update_scale_hysteresis_kernel(float* scale, int32_t* growth_tracker, int32_t* hysteresis_tracker,
+                                               int64_t* stats, const float* found_inf, HysteresisScaleOp op) {
+  op(scale, growth_tracker, hysteresis_tracker, stats, *found_inf);
+}
+
 }  // namespace
 
 cudaError_t launch_unscale_and_check(const TensorRef* grads, int64_t n, float* found_inf, const float* inv_scale,
@@ -126,6 +131,13 @@ cudaError_t launch_check_finite(const TensorRef* tensors, int64_t n, float* foun
 cudaError_t launch_update_scale(float* scale, int32_t* growth_tracker, const float* found_inf, UpdateScaleOp op,
                                 cudaStream_t stream) {
   update_scale_kernel<<<1, 1, 0, stream>>>(scale, growth_tracker, found_inf, op);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_update_scale_hysteresis(float* scale, int32_t* growth_tracker, int32_t* hysteresis_tracker,
+                                           int64_t* stats, const float* found_inf, HysteresisScaleOp op,
+                                           cudaStream_t stream) {
+  update_scale_hysteresis_kernel<<<1, 1, 0, stream>>>(scale, growth_tracker, hysteresis_tracker, stats, found_inf, op);
   return cudaGetLastError();
 }
 

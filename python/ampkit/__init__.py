@@ -9,6 +9,7 @@ import os as _os
 import torch as _torch  # noqa: F401  (loads libtorch before the extension that links it)
 
 from . import _C
+from .grad_scaler import GradScaler, OptState, load_scaler_state, save_scaler_state
 from .ops import check_finite_, unscale_and_check_, update_scale_
 
 #: Folder to pass to CMake as ``CMAKE_PREFIX_PATH`` so that ``find_package(ampkit)`` finds this installation.
@@ -21,7 +22,11 @@ def build_info() -> dict:
 
 
 __all__ = [
+    "GradScaler",
+    "OptState",
     "build_info",
+    "load_scaler_state",
+    "save_scaler_state",
     "check_finite_",
     "cmake_prefix_path",
     "unscale_and_check_",

@@ -2,3 +2,4 @@
 #pragma once
 
 #include "ampkit/ops.h"
+#include "ampkit/grad_scaler.h"

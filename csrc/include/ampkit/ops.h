@@ -33,6 +33,21 @@ AMPKIT_API void check_finite_(at::TensorList tensors, const at::Tensor& found_in
 AMPKIT_API void update_scale_(const at::Tensor& scale, const at::Tensor& growth_tracker, const at::Tensor& found_inf,
                               double growth_factor, double backoff_factor, int64_t growth_interval);
 
+// update_scale_ with hysteresis, bounds, a fixed-scale mode and step statistics (kernels::HysteresisScaleOp):
+// on overflow the scale backs off only at the `hysteresis`-th overflow since the last growth (and every one
+// after it), never below min_scale; growth never passes max_scale. With dynamic == false the scale stays fixed.
+//
+// Args:
+//   scale, growth_tracker, hysteresis_tracker: one-element FP32 / int32 / int32 tensors on one device; mutated.
+//   stats: int64 tensor of 4 elements [steps, skipped steps, last overflow step (0: none), overflows met at
+//          min_scale] on that device; mutated.
+//   found_inf: one-element FP32 tensor on that device (nonzero: this step overflowed).
+AMPKIT_API void update_scale_hysteresis_(const at::Tensor& scale, const at::Tensor& growth_tracker,
+                                         const at::Tensor& hysteresis_tracker, const at::Tensor& stats,
+                                         const at::Tensor& found_inf, double growth_factor, double backoff_factor,
+                                         int64_t growth_interval, int64_t hysteresis, double min_scale,
+                                         double max_scale, bool dynamic);
+
 // What this build of ampkit contains: whether its CUDA kernels were compiled, for which architectures, and
 // which instruction set the CPU loops use on this machine.
 struct BuildInfo {

@@ -1,0 +1,199 @@
+// ampkit::GradScaler: dynamic loss scaling for LibTorch training loops, with torch.amp.GradScaler's semantics
+// (READY/UNSCALED/STEPPED stages, error messages, FP64 reciprocal, state_dict keys), plus hysteresis, scale
+// bounds, a fixed-scale BF16 mode, step statistics kept on the device, an opt-in overflow report and a c10d
+// process group over which found_inf is all-reduced. ampkit.GradScaler (Python) is this same class.
+#pragma once
+
+#include <ATen/core/ivalue.h>
+#include <torch/arg.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/optim/optimizer.h>
+#include <torch/serialize/archive.h>
+
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "ampkit/export.h"
+
+namespace ampkit {
+
+// Options of GradScaler; LibTorch TORCH_ARG style: GradScalerOptions().init_scale(1024).hysteresis(2).
+struct AMPKIT_API GradScalerOptions {
+  // Initial scale factor.
+  TORCH_ARG(double, init_scale) = 65536.0;
+  // Multiplier after growth_interval consecutive clean steps (> 1).
+  TORCH_ARG(double, growth_factor) = 2.0;
+  // Multiplier on overflow (in (0, 1)).
+  TORCH_ARG(double, backoff_factor) = 0.5;
+  // Consecutive clean steps before the scale grows (>= 1).
+  TORCH_ARG(int64_t, growth_interval) = 2000;
+  // false: scale() returns its input, step() just steps, the other methods do nothing.
+  TORCH_ARG(bool, enabled) = true;
+  // The scale backs off at the hysteresis-th overflow since the last growth (1: every overflow, as torch).
+  TORCH_ARG(int64_t, hysteresis) = 1;
+  // Bounds of the dynamic scale; none by default (torch's behaviour).
+  TORCH_ARG(std::optional<double>, min_scale) = std::nullopt;
+  TORCH_ARG(std::optional<double>, max_scale) = std::nullopt;
+  // When overflows continue at min_scale: warn once (false) or raise (true).
+  TORCH_ARG(bool, raise_at_min_scale) = false;
+  // false: the scale is fixed at 1 (BF16 runs); grads are still checked and non-finite steps skipped.
+  TORCH_ARG(bool, scaling) = true;
+  // Record, per step, which parameters held Inf/NaN gradients (see GradScaler::overflow_report).
+  TORCH_ARG(bool, overflow_report) = false;
+  // found_inf is all-reduced (MAX) over this group before the skip decision, so all ranks skip together.
+  TORCH_ARG(c10::intrusive_ptr<c10d::ProcessGroup>, process_group) = {};
+};
+
+// Raised where torch.amp.GradScaler raises AssertionError (the scaler used before scale(), an update without
+// any inf check recorded); Python sees an AssertionError.
+class AMPKIT_API ScalerAssertionError : public std::logic_error {
+ public:
+  using std::logic_error::logic_error;
+};
+
+// A scaler's state as ordered (key, value) entries; values are double, int64 or None (see state_dict()).
+using ScalerState = std::vector<std::pair<std::string, c10::IValue>>;
+
+// What GradScaler::stats() reports. Reading it synchronises with the device.
+struct GradScalerStats {
+  int64_t steps = 0;               // update() calls that consumed inf checks, skipped steps included
+  int64_t skipped_steps = 0;       // of those, steps whose grads held Inf/NaN
+  int64_t last_overflow_step = 0;  // number (1-based) of the last skipped step; 0: none yet
+  int64_t overflows_at_min_scale = 0;
+  double scale = 1.0;
+  int64_t growth_tracker = 0;
+  int64_t hysteresis_tracker = 0;
+};
+
+class AMPKIT_API GradScaler {
+ public:
+  enum class Stage { kReady, kUnscaled, kStepped };
+
+  explicit GradScaler(GradScalerOptions options = {});
+
+  // ---- the training loop ----------------------------------------------------------------------------------
+  // outputs * scale (the scale tensor is created on the first call, on the outputs' device).
+  at::Tensor scale(const at::Tensor& outputs);
+  std::vector<at::Tensor> scale(const std::vector<at::Tensor>& outputs);
+  // Divides the optimizer's grads by the scale in place and records Inf/NaN, once per step and optimizer.
+  void unscale_(torch::optim::Optimizer& optimizer);
+  // Unscales (unless unscale_ ran), then runs optimizer.step() unless a grad held Inf/NaN (reads found_inf on
+  // the host, as torch does). Returns what optimizer.step() returned (undefined when the step was skipped).
+  at::Tensor step(torch::optim::Optimizer& optimizer);
+  // Backs off or grows the scale on the device from this step's inf checks; update(new_scale) sets it.
+  void update();
+  void update(double new_scale);
+  void update(const at::Tensor& new_scale);
+
+  // ---- state ----------------------------------------------------------------------------------------------
+  double get_scale() const;  // synchronises; init_scale before the first scale(), 1.0 when disabled
+  at::Tensor get_scale_async() const;  // the device tensor (undefined before the first scale())
+  // A one-element bool device tensor: whether the last update()'s step ran (false: it was skipped). No sync.
+  at::Tensor last_step_ran() const;
+  double get_growth_factor() const { return growth_factor_; }
+  void set_growth_factor(double v);
+  double get_backoff_factor() const { return backoff_factor_; }
+  void set_backoff_factor(double v);
+  int64_t get_growth_interval() const { return growth_interval_; }
+  void set_growth_interval(int64_t v);
+  int64_t get_growth_tracker() const;
+  bool is_enabled() const { return enabled_; }
+  const GradScalerOptions& options() const { return options_; }
+  GradScalerStats stats() const;
+  // For the last update()'s step: the parameters whose grads held Inf/NaN, by name where one was registered
+  // with set_parameter_names (else "param <i> of optimizer <key> (<shape> <dtype>)"). Needs
+  // options().overflow_report(); synchronises.
+  std::vector<std::string> overflow_report() const;
+  void set_parameter_names(const std::vector<std::pair<std::string, at::Tensor>>& named_parameters);
+
+  // torch.amp.GradScaler's keys (scale, growth_factor, backoff_factor, growth_interval, _growth_tracker) with
+  // double/int values, plus ampkit's (hysteresis, _hysteresis_tracker, min_scale, max_scale, steps,
+  // skipped_steps, last_overflow_step). Empty when disabled.
+  ScalerState state_dict() const;
+  // Loads torch's or ampkit's state; validates everything first: on error nothing changes.
+  void load_state_dict(const ScalerState& state);
+  void save(torch::serialize::OutputArchive& archive) const;
+  void load(torch::serialize::InputArchive& archive);
+
+  // ---- optimizer-agnostic core: any optimizer, identified by a key (ampkit.GradScaler drives Python ones) --
+  // unscale_ for the optimizer `key` whose parameters are `params` (their .grad are unscaled).
+  void unscale_params_(int64_t key, const std::vector<at::Tensor>& params);
+  // Checks that a step may start (scale exists, not stepped since update()).
+  void begin_step(int64_t key) const;
+  // Generic step: unscales if needed, then returns whether the optimizer should step (host read of found_inf).
+  bool prepare_step(int64_t key, const std::vector<at::Tensor>& params);
+  // Fused step (optimizers taking grad_scale/found_inf): checks the grads read-only if they are still scaled
+  // and returns (grad_scale: the scale tensor, or undefined when unscale_ already ran; found_inf). No sync.
+  std::pair<at::Tensor, at::Tensor> prepare_fused_step(int64_t key, const std::vector<at::Tensor>& params);
+  void mark_stepped(int64_t key);
+  // Whether inf checks or steps were recorded since the last update() (an iteration is in progress).
+  bool in_iteration() const { return !per_optimizer_.empty(); }
+  Stage stage(int64_t key) const;
+  // Per-device found_inf tensors recorded for `key` this step (empty if none).
+  std::vector<at::Tensor> found_inf_per_device(int64_t key) const;
+
+  // State without a scaler: read/write a checkpoint file (the format of torch::save(scaler, path)).
+  static ScalerState read_state(const std::string& path);
+  static void write_state(const ScalerState& state, const std::string& path);
+
+ private:
+  // One parameter checked for the overflow report: its own found_inf flag.
+  struct ReportEntry {
+    int64_t key;
+    size_t index;
+    at::Tensor param;
+    at::Tensor flag;
+  };
+  struct PerOptimizer {
+    Stage stage = Stage::kReady;
+    std::vector<std::pair<at::Device, at::Tensor>> found_inf;  // this step's, per device
+    std::vector<ReportEntry> report;
+  };
+
+  const at::Tensor& check_scale_exists(const char* funcname) const;
+  void lazy_init(const at::Device& device);
+  void record_checks(int64_t key, const std::vector<at::Tensor>& params, bool unscale, bool allow_fp16);
+  at::Tensor combined_found_inf(int64_t key);
+  at::Tensor& found_inf_buffer(int64_t key, const at::Device& device, const char* role);
+  const at::Tensor& inv_scale_on(const at::Device& device);
+  void apply_state(const ScalerState& state);
+  void warn_at_min_scale(int64_t overflows_at_min) const;
+
+  GradScalerOptions options_;
+  bool enabled_;
+  double init_scale_;
+  double growth_factor_;
+  double backoff_factor_;
+  int64_t growth_interval_;
+  int64_t init_growth_tracker_ = 0;
+  int64_t init_hysteresis_tracker_;
+  std::vector<int64_t> init_stats_ = std::vector<int64_t>(4, 0);
+
+  // Device state, created lazily by the first scale() on the outputs' device.
+  at::Tensor scale_;               // FP32, 0-dim
+  at::Tensor growth_tracker_;      // int32, 0-dim
+  at::Tensor hysteresis_tracker_;  // int32, 0-dim
+  at::Tensor stats_;               // int64[4]
+  at::Tensor step_ran_;            // bool, 0-dim
+  at::Tensor scale64_;             // FP64, 0-dim: for the FP64 reciprocal
+  std::unordered_map<std::string, at::Tensor> inv_scale_;  // FP32 per device, refreshed each unscale
+
+  std::unordered_map<int64_t, PerOptimizer> per_optimizer_;
+  std::unordered_map<std::string, at::Tensor> found_inf_buffers_;  // reused step after step
+  std::unordered_map<const void*, std::string> param_names_;
+  std::vector<ReportEntry> last_report_;  // the overflow-report flags of the last update()'s step
+  bool host_saw_overflow_ = false;
+  mutable bool warned_at_min_ = false;
+};
+
+// torch::save(scaler, path) / torch::load(scaler, path).
+AMPKIT_API torch::serialize::OutputArchive& operator<<(torch::serialize::OutputArchive& archive,
+                                                       const GradScaler& scaler);
+AMPKIT_API torch::serialize::InputArchive& operator>>(torch::serialize::InputArchive& archive, GradScaler& scaler);
+
+}  // namespace ampkit

@@ -1,0 +1,272 @@
+"""ampkit.GradScaler: a drop-in for torch.amp.GradScaler driven by ampkit's C++ GradScaler.
+
+The C++ class owns the state machine, the checks, the device state and the error messages. This adapter only
+does what needs Python: reading a ``torch.optim.Optimizer``'s parameter groups, calling its ``step()``, and
+handing ``grad_scale``/``found_inf`` to optimizers that take them (``_step_supports_amp_scaling``).
+"""
+from __future__ import annotations
+
+import warnings
+from collections import abc
+from enum import Enum
+from typing import Any, Iterable, Optional, Union
+
+import torch
+
+from . import _C
+
+__all__ = ["GradScaler", "OptState", "load_scaler_state", "save_scaler_state"]
+
+
+class OptState(Enum):
+    READY = 0
+    UNSCALED = 1
+    STEPPED = 2
+
+
+def _params(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    params = []
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if not isinstance(p, torch.Tensor):
+                raise AssertionError(f"expected param to be torch.Tensor, got {type(p).__name__}")
+            params.append(p)
+    return params
+
+
+class GradScaler:
+    """Dynamic loss scaling, with torch.amp.GradScaler's methods and behaviour (same scales, skipped steps and
+    parameters with the default extras), plus:
+
+    Args (keyword-only, beyond torch's):
+        hysteresis: the scale backs off at the ``hysteresis``-th overflow since the last growth (1: every
+            overflow, as torch); overflows before it only skip the step.
+        min_scale, max_scale: bounds of the scale. Overflows that continue at ``min_scale`` warn once
+            (``raise_at_min_scale=True``: raise) instead of driving the scale to 0.
+        process_group: a ``torch.distributed`` group over which found_inf is all-reduced (MAX) before the skip
+            decision, so every rank skips together.
+        scaling: ``False`` fixes the scale at 1 (BF16 runs) while still checking grads and skipping
+            non-finite steps.
+        overflow_report: record which parameters held Inf/NaN grads; see :meth:`overflow_report`.
+
+    ``stats()`` returns steps, skipped_steps, last_overflow_step, scale and the trackers; ``last_step_ran()`` a
+    device bool telling whether the last step's update ran, without a sync.
+    """
+
+    def __init__(
+        self,
+        device: str = "cuda",
+        init_scale: float = 2.0**16,
+        growth_factor: float = 2.0,
+        backoff_factor: float = 0.5,
+        growth_interval: int = 2000,
+        enabled: bool = True,
+        *,
+        hysteresis: int = 1,
+        min_scale: Optional[float] = None,
+        max_scale: Optional[float] = None,
+        process_group: Any = None,
+        scaling: bool = True,
+        overflow_report: bool = False,
+        raise_at_min_scale: bool = False,
+    ) -> None:
+        self._device = device
+        if device == "cuda" and enabled and not torch.cuda.is_available():
+            warnings.warn("torch.cuda.amp.GradScaler is enabled, but CUDA is not available.  Disabling.", stacklevel=2)
+            enabled = False
+        self._enabled = enabled
+        self._core = _C.GradScaler(
+            init_scale=float(init_scale),
+            growth_factor=float(growth_factor),
+            backoff_factor=float(backoff_factor),
+            growth_interval=int(growth_interval),
+            enabled=enabled,
+            hysteresis=int(hysteresis),
+            min_scale=None if min_scale is None else float(min_scale),
+            max_scale=None if max_scale is None else float(max_scale),
+            raise_at_min_scale=raise_at_min_scale,
+            scaling=scaling,
+            overflow_report=overflow_report,
+            process_group=process_group,
+        )
+        self._options = dict(
+            device=device, init_scale=init_scale, growth_factor=growth_factor, backoff_factor=backoff_factor,
+            growth_interval=growth_interval, enabled=enabled, hysteresis=hysteresis, min_scale=min_scale,
+            max_scale=max_scale, scaling=scaling, overflow_report=overflow_report,
+            raise_at_min_scale=raise_at_min_scale)
+
+    # ---- the training loop ----------------------------------------------------------------------------------
+
+    def scale(self, outputs: Union[torch.Tensor, Iterable[torch.Tensor]]):
+        """Multiply a tensor, or the tensors of a (nested) iterable, by the scale factor."""
+        if not self._enabled:
+            return outputs
+        if isinstance(outputs, torch.Tensor):
+            return self._core.scale(outputs)
+
+        def apply_scale(val):
+            if isinstance(val, torch.Tensor):
+                return self._core.scale(val)
+            if isinstance(val, abc.Iterable):
+                iterable = map(apply_scale, val)
+                if isinstance(val, (list, tuple)):
+                    return type(val)(iterable)
+                return iterable
+            raise ValueError("outputs must be a Tensor or an iterable of Tensors")
+
+        return apply_scale(outputs)
+
+    def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
+        """Divide the optimizer's gradients by the scale in place and record Inf/NaN (no host sync)."""
+        if not self._enabled:
+            return
+        self._core.unscale_params_(id(optimizer), _params(optimizer))
+
+    def step(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Optional[float]:
+        """Unscale (unless :meth:`unscale_` ran) and run ``optimizer.step(*args, **kwargs)`` unless a grad held
+        Inf/NaN. Optimizers with ``_step_supports_amp_scaling`` get ``grad_scale``/``found_inf`` and skip on the
+        device (no sync); others are stepped after a host read of found_inf, as torch does."""
+        if not self._enabled:
+            return optimizer.step(*args, **kwargs)
+        if "closure" in kwargs:
+            raise RuntimeError("Closure use is not currently supported if GradScaler is enabled.")
+        key = id(optimizer)
+        self._core.begin_step(key)
+        if getattr(optimizer, "_step_supports_amp_scaling", False):
+            grad_scale, found_inf = self._core.prepare_fused_step(key, _params(optimizer))
+            user_scale = getattr(optimizer, "grad_scale", None)
+            if grad_scale is None:  # unscale_ already ran: the grads are unscaled
+                optimizer.grad_scale = user_scale
+            else:
+                optimizer.grad_scale = grad_scale if user_scale is None else grad_scale * user_scale
+            optimizer.found_inf = found_inf
+            retval = optimizer.step(*args, **kwargs)
+            self._core.mark_stepped(key)
+            del optimizer.grad_scale
+            del optimizer.found_inf
+            return retval
+        retval = None
+        if self._core.prepare_step(key, _params(optimizer)):
+            retval = optimizer.step(*args, **kwargs)
+        self._core.mark_stepped(key)
+        return retval
+
+    def update(self, new_scale: Union[float, torch.Tensor, None] = None) -> None:
+        """Back off or grow the scale on the device from this iteration's inf checks (or set ``new_scale``)."""
+        if not self._enabled:
+            return
+        if new_scale is None:
+            self._core.update()
+        elif isinstance(new_scale, torch.Tensor):
+            self._core.update_to_tensor(new_scale)
+        else:
+            self._core.update_to(float(new_scale))
+
+    # ---- state --------------------------------------------------------------------------------------------------
+
+    def get_scale(self) -> float:
+        """The current scale as a Python float (a host sync), or 1.0 when disabled."""
+        return self._core.get_scale()
+
+    def _get_scale_async(self) -> Optional[torch.Tensor]:
+        return self._core.get_scale_async()
+
+    @property
+    def _scale(self) -> Optional[torch.Tensor]:
+        return self._core.get_scale_async()
+
+    def _get_growth_tracker(self) -> int:
+        return self._core.get_growth_tracker()
+
+    def get_growth_factor(self) -> float:
+        return self._core.get_growth_factor()
+
+    def set_growth_factor(self, new_factor: float) -> None:
+        self._core.set_growth_factor(float(new_factor))
+
+    def get_backoff_factor(self) -> float:
+        return self._core.get_backoff_factor()
+
+    def set_backoff_factor(self, new_factor: float) -> None:
+        self._core.set_backoff_factor(float(new_factor))
+
+    def get_growth_interval(self) -> int:
+        return self._core.get_growth_interval()
+
+    def set_growth_interval(self, new_interval: int) -> None:
+        self._core.set_growth_interval(int(new_interval))
+
+    def is_enabled(self) -> bool:
+        return self._enabled
+
+    def last_step_ran(self) -> Optional[torch.Tensor]:
+        """A device bool tensor: whether the last :meth:`update`'s step ran (False: skipped). No sync."""
+        return self._core.last_step_ran()
+
+    def stats(self) -> dict:
+        """steps, skipped_steps, last_overflow_step (None: none yet), scale, growth_tracker, hysteresis_tracker,
+        overflows_at_min_scale. Reads the device (a sync)."""
+        return self._core.stats()
+
+    def overflow_report(self) -> list[str]:
+        """Names of the parameters whose grads held Inf/NaN in the last :meth:`update`'s step (needs
+        ``overflow_report=True``; name them with :meth:`name_parameters`)."""
+        return self._core.overflow_report()
+
+    def name_parameters(self, named_parameters: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Register names for the overflow report, e.g. ``scaler.name_parameters(model.named_parameters())``."""
+        self._core.set_parameter_names(list(named_parameters))
+
+    def state_dict(self) -> dict[str, Any]:
+        """torch.amp.GradScaler's keys (plain floats and ints) plus ampkit's; ``{}`` when disabled."""
+        return self._core.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load torch.amp.GradScaler's or ampkit's state; on a malformed dict raise and change nothing."""
+        if not self._enabled:
+            return
+        self._core.load_state_dict(dict(state_dict))
+
+    def save(self, path: str) -> None:
+        """Write the state in the checkpoint format of C++ ``torch::save(scaler, path)``."""
+        self._core.save(str(path))
+
+    def load(self, path: str) -> None:
+        """Read a checkpoint written by :meth:`save` or by C++ ``torch::save(scaler, path)``."""
+        self._core.load(str(path))
+
+    # torch.amp.GradScaler internals that other libraries and fused optimizers call.
+    def _check_inf_per_device(self, optimizer: torch.optim.Optimizer) -> dict:
+        self._core.prepare_fused_step(id(optimizer), _params(optimizer))
+        return self._found_inf_per_device(optimizer)
+
+    def _found_inf_per_device(self, optimizer: torch.optim.Optimizer) -> dict:
+        return {t.device: t for t in self._core.found_inf_per_device(id(optimizer))}
+
+    def __getstate__(self) -> dict[str, Any]:
+        if self._enabled and self._core.in_iteration():
+            raise AssertionError("A GradScaler instance may only be pickled at the beginning "
+                                 "of an iteration, or at the end after scaler.update().")
+        return {"options": self._options, "state": self.state_dict()}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        options = dict(state["options"])
+        device = options.pop("device")
+        self.__init__(device, **{k: options[k] for k in ("init_scale", "growth_factor", "backoff_factor",
+                                                          "growth_interval", "enabled")},
+                      **{k: options[k] for k in ("hysteresis", "min_scale", "max_scale", "scaling",
+                                                 "overflow_report", "raise_at_min_scale")})
+        if state["state"]:
+            self.load_state_dict(state["state"])
+
+
+def load_scaler_state(path: str) -> dict[str, Any]:
+    """The state of a scaler checkpoint (C++ ``torch::save(scaler, path)``, ``GradScaler.save``) as a dict that
+    ``torch.amp.GradScaler.load_state_dict`` and ``ampkit.GradScaler.load_state_dict`` accept."""
+    return _C.read_scaler_state(str(path))
+
+
+def save_scaler_state(state_dict: dict[str, Any], path: str) -> None:
+    """Write a scaler state_dict (torch.amp.GradScaler's or ampkit's) as a checkpoint for C++
+    ``torch::load(scaler, path)``."""
+    _C.write_scaler_state(dict(state_dict), str(path))
