@@ -1,0 +1,379 @@
+"""ampkit.GradScaler against torch.amp.GradScaler as the oracle: long runs with injected Inf/NaN, clipping,
+accumulation, several optimizers and losses, the sync-free fused path, state_dict swaps, every error message;
+then ampkit's extras: hysteresis, bounds, stats, overflow report, the fixed-scale BF16 mode, checkpoints."""
+from __future__ import annotations
+
+import copy
+import math
+import pickle
+import warnings
+
+import pytest
+import torch
+
+import ampkit
+from conftest import CUDA_ONLY, DEVICES, bits_equal
+
+SCALERS = {"torch": torch.amp.GradScaler, "ampkit": ampkit.GradScaler}
+
+
+def make_model(device: str, seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 8)).to(device)
+
+
+def batches(device: str, n: int, seed: int = 1):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(24, 16, generator=g).to(device), torch.randn(24, 8, generator=g).to(device)) for _ in range(n)]
+
+
+def poison(model: torch.nn.Module, step: int, inf_steps: dict[int, float]) -> None:
+    """On chosen steps, write Inf/NaN into the last element of the last parameter's grad."""
+    if step in inf_steps:
+        list(model.parameters())[-1].grad.view(-1)[-1] = inf_steps[step]
+
+
+def run(kind: str, device: str, scenario: str, steps: int = 40, inf_steps=None, **scaler_kwargs):
+    """Trains the same model with torch's or ampkit's scaler; returns the scale history, step results, params."""
+    inf_steps = inf_steps if inf_steps is not None else {3: math.inf, 4: math.nan, 11: -math.inf, 30: math.inf}
+    model = make_model(device)
+    params = list(model.parameters())
+    if scenario == "two_optimizers":
+        opts = [torch.optim.SGD(params[:2], lr=0.05, momentum=0.9), torch.optim.Adam(params[2:], lr=1e-3)]
+    elif scenario == "adam":
+        opts = [torch.optim.Adam(params, lr=1e-3, weight_decay=0.01)]
+    elif scenario == "fused_adamw":
+        opts = [torch.optim.AdamW(params, lr=1e-3, fused=True)]
+    else:
+        opts = [torch.optim.SGD(params, lr=0.05, momentum=0.9)]
+    scaler = SCALERS[kind](device, init_scale=2.0**10, growth_interval=5, **scaler_kwargs)
+    history = []
+    for step, (x, y) in enumerate(batches(device, steps)):
+        for opt in opts:
+            opt.zero_grad(set_to_none=True)
+        dtype = torch.bfloat16
+        with torch.autocast(device_type=device, dtype=dtype):
+            out = model(x)
+        if scenario == "two_losses":
+            l1 = torch.nn.functional.mse_loss(out.float(), y)
+            l2 = out.float().abs().mean()
+            scaler.scale(l1).backward(retain_graph=True)
+            scaler.scale(l2).backward()
+        elif scenario == "accumulation":
+            for xb, yb in ((x[:12], y[:12]), (x[12:], y[12:])):
+                with torch.autocast(device_type=device, dtype=dtype):
+                    o = model(xb)
+                scaler.scale(torch.nn.functional.mse_loss(o.float(), yb) / 2).backward()
+        else:
+            scaler.scale(torch.nn.functional.mse_loss(out.float(), y)).backward()
+        poison(model, step, inf_steps)
+        if scenario == "clipping":
+            scaler.unscale_(opts[0])
+            torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=0.5)
+        results = [scaler.step(opt) for opt in opts]
+        scaler.update()
+        history.append((scaler.get_scale(), results))
+    return history, [p.detach().clone() for p in model.parameters()], scaler
+
+
+SCENARIOS = ["sgd", "adam", "clipping", "accumulation", "two_optimizers", "two_losses", "fused_adamw"]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_training_run_bit_identical_to_torch(device, scenario):
+    h_t, p_t, s_t = run("torch", device, scenario)
+    h_a, p_a, s_a = run("ampkit", device, scenario)
+    assert [h[0] for h in h_a] == [h[0] for h in h_t]  # same scale after every step
+    assert [h[1] for h in h_a] == [h[1] for h in h_t]  # same step() return values
+    for a, b in zip(p_a, p_t):
+        assert bits_equal(a, b)
+    st = s_t.state_dict()
+    sa = s_a.state_dict()
+    assert {k: sa[k] for k in st} == st
+    assert all(type(sa[k]) is type(st[k]) for k in st)  # plain float / int, as torch's
+    # The injected overflows were skipped and backed the scale off.
+    scales = [h[0] for h in h_a]
+    assert scales[3] == scales[2] / 2 and scales[4] == scales[3] / 2
+    assert sa["skipped_steps"] == 4 and sa["steps"] == 40 and sa["last_overflow_step"] == 31
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_skipped_step_leaves_params_and_optimizer_state_bit_identical(device):
+    model = make_model(device)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    scaler = ampkit.GradScaler(device, init_scale=256.0)
+    for step, (x, y) in enumerate(batches(device, 3)):
+        opt.zero_grad()
+        scaler.scale(torch.nn.functional.mse_loss(model(x), y)).backward()
+        if step == 2:
+            before = copy.deepcopy(model.state_dict()), copy.deepcopy(opt.state_dict())
+            poison(model, 0, {0: math.nan})
+        scaler.step(opt)
+        scaler.update()
+    assert all(bits_equal(a, b) for a, b in zip(before[0].values(), model.state_dict().values()))
+    for k, st in before[1]["state"].items():
+        for name, t in st.items():
+            assert bits_equal(t, opt.state_dict()["state"][k][name])
+    assert not scaler.last_step_ran().item()
+
+
+@pytest.mark.parametrize("direction", ["torch_to_ampkit", "ampkit_to_torch"])
+def test_state_dict_swap_continues_identically(direction):
+    src_kind, dst_kind = ("torch", "ampkit") if direction == "torch_to_ampkit" else ("ampkit", "torch")
+    _, _, src = run(src_kind, "cpu", "sgd", steps=13)
+    state = src.state_dict()
+    dst = SCALERS[dst_kind]("cpu")
+    dst.load_state_dict(state)
+    ref = SCALERS[src_kind]("cpu")
+    ref.load_state_dict(state)
+    for scaler in (dst, ref):
+        assert scaler.get_scale() == src.get_scale()
+        assert scaler._get_growth_tracker() == src._get_growth_tracker()
+    # Both continue the same way from the loaded state.
+    for found in [0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0]:
+        for scaler in (dst, ref):
+            p = torch.nn.Parameter(torch.ones(3))
+            opt = torch.optim.SGD([p], lr=0.1)
+            scaler.scale(p.sum()).backward()
+            if found:
+                p.grad[0] = math.inf
+            scaler.step(opt)
+            scaler.update()
+        assert dst.get_scale() == ref.get_scale()
+
+
+def test_every_error_message_matches_torch():
+    def scenario(kind, what):
+        scaler = SCALERS[kind]("cpu")
+        p = torch.nn.Parameter(torch.ones(3))
+        opt = torch.optim.SGD([p], lr=0.1)
+        if what == "step_before_scale":
+            p.grad = torch.ones(3)
+            scaler.step(opt)
+        if what == "update_before_scale":
+            scaler.update()
+        scaler.scale(p.sum()).backward()
+        if what == "unscale_twice":
+            scaler.unscale_(opt)
+            scaler.unscale_(opt)
+        elif what == "unscale_after_step":
+            scaler.step(opt)
+            scaler.unscale_(opt)
+        elif what == "step_twice":
+            scaler.step(opt)
+            scaler.step(opt)
+        elif what == "update_without_checks":
+            scaler.update()
+        elif what == "fp16_grads":
+            p.grad = torch.ones(3, dtype=torch.float16)
+            scaler.unscale_(opt)
+        elif what == "closure":
+            scaler.step(opt, closure=lambda: 0.0)
+        elif what == "bad_new_scale":
+            scaler.step(opt)
+            scaler.update(torch.ones(2))
+
+    for what in ["step_before_scale", "update_before_scale", "unscale_twice", "unscale_after_step", "step_twice",
+                 "update_without_checks", "fp16_grads", "closure", "bad_new_scale"]:
+        errors = {}
+        for kind in SCALERS:
+            with pytest.raises(Exception) as info:
+                scenario(kind, what)
+            errors[kind] = info.value
+        assert str(errors["ampkit"]) == str(errors["torch"]), what
+        assert isinstance(errors["ampkit"], type(errors["torch"])), (what, type(errors["ampkit"]))
+
+    for kwargs, msg in [(dict(growth_factor=1.0), "The growth factor must be > 1.0."),
+                        (dict(backoff_factor=1.0), "The backoff factor must be < 1.0.")]:
+        for kind in SCALERS:
+            with pytest.raises(AssertionError, match=msg):
+                SCALERS[kind]("cpu", **kwargs)
+
+
+def test_disabled_scaler_is_a_pass_through():
+    scaler = ampkit.GradScaler("cpu", enabled=False)
+    t = torch.ones(2)
+    assert scaler.scale(t) is t
+    assert scaler.get_scale() == 1.0 and scaler.state_dict() == {}
+    p = torch.nn.Parameter(torch.ones(2))
+    p.grad = torch.full((2,), math.inf)
+    opt = torch.optim.SGD([p], lr=1.0)
+    scaler.step(opt)
+    assert math.isinf(p[0].item())  # no check when disabled, as torch
+    with pytest.warns(UserWarning, match="CUDA is not available") if not torch.cuda.is_available() else warnings.catch_warnings():
+        ampkit.GradScaler("cuda")
+
+
+def test_scale_nested_outputs_like_torch():
+    for kind in SCALERS:
+        scaler = SCALERS[kind]("cpu", init_scale=4.0)
+        out = scaler.scale([torch.ones(2), (torch.full((1,), 2.0), torch.zeros(1))])
+        assert isinstance(out, list) and isinstance(out[1], tuple)
+        assert out[0].tolist() == [4.0, 4.0] and out[1][0].item() == 8.0
+    with pytest.raises(ValueError, match="outputs must be a Tensor or an iterable of Tensors"):
+        ampkit.GradScaler("cpu").scale([1.0])
+
+
+def _drive(scaler, overflows, n_params=1):
+    """Steps a tiny problem; overflows[i] says whether step i's grads hold Inf. Returns the scale history."""
+    history = []
+    ps = [torch.nn.Parameter(torch.ones(4)) for _ in range(n_params)]
+    opt = torch.optim.SGD(ps, lr=1e-3)
+    for o in overflows:
+        opt.zero_grad()
+        scaler.scale(sum(p.sum() for p in ps)).backward()
+        if o:
+            ps[-1].grad[-1] = math.inf
+        scaler.step(opt)
+        scaler.update()
+        history.append(scaler.get_scale())
+    return history
+
+
+def test_hysteresis_tolerates_overflows_until_the_nth_since_growth():
+    scaler = ampkit.GradScaler("cpu", init_scale=1024.0, growth_interval=3, hysteresis=3)
+    #             overflow: x  x  x  .  .  .  x  x  .  x  x
+    history = _drive(scaler, [1, 1, 1, 0, 0, 0, 1, 1, 0, 1, 1])
+    assert history == [1024, 1024, 512, 512, 512, 1024, 1024, 1024, 1024, 512, 256]
+    stats = scaler.stats()
+    assert stats["skipped_steps"] == 7 and stats["steps"] == 11 and stats["last_overflow_step"] == 11
+    # hysteresis=1 is torch's rule
+    h1 = _drive(ampkit.GradScaler("cpu", init_scale=1024.0, growth_interval=3), [1, 1, 0, 0, 0, 1])
+    ht = _drive(torch.amp.GradScaler("cpu", init_scale=1024.0, growth_interval=3), [1, 1, 0, 0, 0, 1])
+    assert h1 == ht
+
+
+def test_min_and_max_scale_bound_the_scale_and_warn_once():
+    scaler = ampkit.GradScaler("cpu", init_scale=8.0, min_scale=2.0, growth_interval=1, max_scale=16.0)
+    with pytest.warns(UserWarning, match="min_scale") as record:
+        history = _drive(scaler, [1, 1, 1, 1, 1])
+    assert history == [4.0, 2.0, 2.0, 2.0, 2.0]
+    assert len([w for w in record if "min_scale" in str(w.message)]) == 1
+    assert _drive(scaler, [0, 0, 0, 0]) == [4.0, 8.0, 16.0, 16.0]
+    raising = ampkit.GradScaler("cpu", init_scale=2.0, min_scale=2.0, raise_at_min_scale=True)
+    with pytest.raises(RuntimeError, match="min_scale"):
+        _drive(raising, [1])
+
+
+def test_fixed_scale_mode_checks_and_skips_without_scaling():
+    scaler = ampkit.GradScaler("cpu", scaling=False)
+    p = torch.nn.Parameter(torch.ones(4, dtype=torch.bfloat16))
+    opt = torch.optim.SGD([p], lr=0.5)
+    loss = scaler.scale(p.float().sum())
+    assert loss.item() == 4.0  # scale fixed at 1
+    loss.backward()
+    p.grad[0] = math.nan
+    scaler.step(opt)
+    scaler.update()
+    assert p.tolist() == [1.0] * 4  # skipped
+    assert scaler.get_scale() == 1.0 and scaler.stats()["skipped_steps"] == 1
+    for _ in range(3):
+        opt.zero_grad()
+        scaler.scale(p.float().sum()).backward()
+        scaler.step(opt)
+        scaler.update()
+    assert p.tolist() == [-0.5] * 4 and scaler.get_scale() == 1.0
+
+
+def test_overflow_report_names_the_parameters():
+    model = make_model("cpu")
+    scaler = ampkit.GradScaler("cpu", overflow_report=True)
+    scaler.name_parameters(model.named_parameters())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = batches("cpu", 1)[0]
+    scaler.scale(torch.nn.functional.mse_loss(model(x), y)).backward()
+    model[0].weight.grad[3, 3] = math.nan
+    model[2].bias.grad[-1] = math.inf
+    scaler.step(opt)
+    scaler.update()
+    assert scaler.overflow_report() == ["0.weight", "2.bias"]
+    opt.zero_grad()
+    scaler.scale(torch.nn.functional.mse_loss(model(x), y)).backward()
+    scaler.step(opt)
+    scaler.update()
+    assert scaler.overflow_report() == []
+    with pytest.raises(RuntimeError, match="overflow_report=True"):
+        ampkit.GradScaler("cpu").overflow_report()
+
+
+def test_malformed_state_dict_raises_and_changes_nothing():
+    _, _, scaler = run("ampkit", "cpu", "sgd", steps=7)
+    before = scaler.state_dict()
+    good = dict(before)
+    bad_dicts = [
+        ({}, RuntimeError, "The source state dict is empty"),
+        ({k: v for k, v in good.items() if k != "_growth_tracker"}, ValueError, "no '_growth_tracker' entry"),
+        ({**good, "scale": -1.0}, ValueError, "'scale' must be a finite number > 0"),
+        ({**good, "scale": "big"}, TypeError, "'scale' must be a number"),
+        ({**good, "growth_interval": 2.5}, ValueError, "'growth_interval' must be an int"),
+        ({**good, "_growth_tracker": 10**6}, ValueError, r"'_growth_tracker' must be in \[0, growth_interval\)"),
+        ({**good, "hysteresis": 0}, ValueError, "'hysteresis' must be in"),
+        ({**good, "min_scale": 10.0, "max_scale": 1.0}, ValueError, "min_scale <= max_scale"),
+        ({**good, "steps": 1, "skipped_steps": 5}, ValueError, "cannot exceed 'steps'"),
+    ]
+    for bad, exc, msg in bad_dicts:
+        with pytest.raises(exc, match=msg):
+            scaler.load_state_dict(bad)
+        assert scaler.state_dict() == before
+
+
+def test_pickle_round_trip_and_mid_iteration_refusal():
+    _, _, scaler = run("ampkit", "cpu", "sgd", steps=9)
+    clone = pickle.loads(pickle.dumps(scaler))
+    assert clone.state_dict() == scaler.state_dict()
+    p = torch.nn.Parameter(torch.ones(2))
+    scaler.scale(p.sum()).backward()
+    scaler.unscale_(torch.optim.SGD([p], lr=1.0))
+    with pytest.raises(AssertionError, match="may only be pickled"):
+        pickle.dumps(scaler)
+
+
+def test_checkpoint_files_move_between_cpp_format_and_torch(tmp_path):
+    _, _, scaler = run("ampkit", "cpu", "sgd", steps=12)
+    path = tmp_path / "scaler.pt"
+    scaler.save(path)  # the format of C++ torch::save(scaler, path)
+    state = ampkit.load_scaler_state(path)
+    assert state == scaler.state_dict()
+    t = torch.amp.GradScaler("cpu")
+    t.load_state_dict(state)
+    assert t.get_scale() == scaler.get_scale() and t._get_growth_tracker() == scaler._get_growth_tracker()
+    ampkit.save_scaler_state(t.state_dict(), tmp_path / "from_torch.pt")
+    back = ampkit.GradScaler("cpu")
+    back.load(tmp_path / "from_torch.pt")
+    assert back.get_scale() == t.get_scale() and back._get_growth_tracker() == t._get_growth_tracker()
+
+
+@CUDA_ONLY
+def test_cuda_fused_step_makes_no_host_sync():
+    model = make_model("cuda")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+    scaler = ampkit.GradScaler("cuda")
+    x, y = batches("cuda", 1)[0]
+    for i in range(3):
+        opt.zero_grad(set_to_none=False)
+        scaler.scale(torch.nn.functional.mse_loss(model(x), y)).backward()
+        if i == 0:  # first step allocates the scaler's buffers
+            scaler.step(opt)
+            scaler.update()
+            continue
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            scaler.step(opt)
+            scaler.update()
+            ran = scaler.last_step_ran()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    assert ran.item()
+
+
+@CUDA_ONLY
+def test_cuda_bf16_grads_are_checked_and_skipped():
+    p = torch.nn.Parameter(torch.ones(1000, device="cuda", dtype=torch.bfloat16))
+    opt = torch.optim.SGD([p], lr=0.1)
+    scaler = ampkit.GradScaler("cuda", init_scale=8.0)
+    scaler.scale(p.float().sum()).backward()
+    p.grad[-1] = math.inf
+    scaler.step(opt)
+    scaler.update()
+    assert (p == 1).all().item() and scaler.get_scale() == 4.0
