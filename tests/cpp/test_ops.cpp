@@ -1,10 +1,7 @@
 // The AMP ops through LibTorch on the CPU: bit-exact against torch._amp_foreach_non_finite_check_and_unscale_
 // and torch._amp_update_scale_, against a float64 reference, and bad input that must change nothing.
-#include <catch2/catch.hpp>
-#include <torch/torch.h>
 
-#include <ampkit/ampkit.h>
-
+#include "catch_torch.h"
 #include <limits>
 
 #include "test_helpers.h"

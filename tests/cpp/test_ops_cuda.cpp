@@ -1,10 +1,7 @@
 // The AMP ops on CUDA, compared bit for bit with the CPU kernels (themselves bit-identical to torch's) and with
 // torch's CUDA kernel where it accepts the input. Without a device each test returns early with a WARN.
-#include <catch2/catch.hpp>
-#include <torch/torch.h>
 
-#include <ampkit/ampkit.h>
-
+#include "catch_torch.h"
 #include <limits>
 
 #include "test_helpers.h"

@@ -357,6 +357,7 @@ def test_cuda_fused_step_makes_no_host_sync():
             scaler.step(opt)
             scaler.update()
             continue
+        allocated = torch.cuda.memory_stats()["allocation.all.allocated"]
         torch.cuda.set_sync_debug_mode("error")
         try:
             scaler.step(opt)
@@ -364,6 +365,8 @@ def test_cuda_fused_step_makes_no_host_sync():
             ran = scaler.last_step_ran()
         finally:
             torch.cuda.set_sync_debug_mode("default")
+        # Nothing allocated on the device by the step after the first.
+        assert torch.cuda.memory_stats()["allocation.all.allocated"] == allocated
     assert ran.item()
 
 

@@ -1,0 +1,258 @@
+// ampkit::GradScaler from C++ with torch::optim optimizers: the scale follows torch's rule, skipped steps leave
+// everything untouched, unskipped steps equal an unscaled FP32 run bit for bit (power-of-two scales are exact),
+// error messages, hysteresis and bounds, torch::save / torch::load, and two ranks over a c10d process group.
+#include "catch_torch.h"
+#include <torch/csrc/distributed/c10d/FileStore.hpp>
+
+#include <cstdio>
+#include <limits>
+#include <set>
+#include <thread>
+
+#include "test_helpers.h"
+
+using ampkit::GradScaler;
+using ampkit::GradScalerOptions;
+using ampkit::test::bits_equal;
+
+namespace {
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+struct Problem {
+  torch::nn::Linear model{nullptr};
+  std::vector<std::pair<at::Tensor, at::Tensor>> data;
+};
+
+Problem make_problem(int steps) {
+  torch::manual_seed(0);
+  Problem p{torch::nn::Linear(16, 4), {}};
+  for (int i = 0; i < steps; ++i) {
+    p.data.emplace_back(torch::randn({32, 16}), torch::randn({32, 4}));
+  }
+  return p;
+}
+
+// Independent statement of torch._amp_update_scale_'s rule.
+struct ReferenceScale {
+  double scale;
+  int64_t tracker = 0;
+  void update(bool overflow, int64_t interval) {
+    if (overflow) {
+      scale *= 0.5;
+      tracker = 0;
+    } else if (++tracker == interval) {
+      scale *= 2.0;
+      tracker = 0;
+    }
+  }
+};
+
+template <typename MakeOptimizer>
+void require_matches_unscaled_run(MakeOptimizer make_optimizer) {
+  const int steps = 30;
+  const std::set<int> overflow_steps = {2, 3, 17};
+  Problem scaled = make_problem(steps);
+  Problem plain = make_problem(steps);
+  auto opt_scaled = make_optimizer(scaled.model->parameters());
+  auto opt_plain = make_optimizer(plain.model->parameters());
+  GradScaler scaler(GradScalerOptions().init_scale(1024.0).growth_interval(4));
+  ReferenceScale ref{1024.0};
+  for (int step = 0; step < steps; ++step) {
+    const auto& [x, y] = scaled.data[step];
+    opt_scaled.zero_grad();
+    scaler.scale(torch::mse_loss(scaled.model(x), y)).backward();
+    const bool overflow = overflow_steps.count(step) > 0;
+    if (overflow) {
+      scaled.model->bias.mutable_grad()[3] = step == 3 ? std::nan("") : kInf;
+    }
+    const auto before = scaled.model->weight.detach().clone();
+    scaler.step(opt_scaled);
+    scaler.update();
+    ref.update(overflow, 4);
+    REQUIRE(scaler.get_scale() == ref.scale);
+    REQUIRE(scaler.last_step_ran().item<bool>() == !overflow);
+    if (overflow) {
+      REQUIRE(bits_equal(scaled.model->weight.detach(), before));
+      continue;
+    }
+    opt_plain.zero_grad();
+    torch::mse_loss(plain.model(x), y).backward();
+    opt_plain.step();
+    REQUIRE(bits_equal(scaled.model->weight.detach(), plain.model->weight.detach()));
+    REQUIRE(bits_equal(scaled.model->bias.detach(), plain.model->bias.detach()));
+  }
+  const auto stats = scaler.stats();
+  CHECK(stats.steps == steps);
+  CHECK(stats.skipped_steps == 3);
+  CHECK(stats.last_overflow_step == 18);
+}
+
+// A c10d backend whose all-reduce (MAX, float tensors) goes through a Store: the ranks exchange values through
+// the store's keys. The torch wheel ships no Gloo headers, so C++ builds a process group on this instead; the
+// Python tests run the same scenario on Gloo itself.
+class StoreBackend : public c10d::Backend {
+ public:
+  StoreBackend(c10::intrusive_ptr<c10d::Store> store, int rank, int size)
+      : c10d::Backend(rank, size), store_(std::move(store)) {}
+  const std::string getBackendName() const override { return "ampkit_test_store"; }
+
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
+                                           const c10d::AllreduceOptions& opts) override {
+    TORCH_CHECK(opts.reduceOp == c10d::ReduceOp::MAX, "StoreBackend only reduces with MAX");
+    const int64_t round = round_++;
+    for (auto& t : tensors) {
+      const at::Tensor values = t.to(at::kFloat).contiguous().cpu();
+      const auto* bytes = reinterpret_cast<const uint8_t*>(values.data_ptr<float>());
+      store_->set(key(round, getRank()), std::vector<uint8_t>(bytes, bytes + values.nbytes()));
+      at::Tensor result = values.clone();
+      for (int r = 0; r < getSize(); ++r) {
+        store_->wait({key(round, r)});
+        const std::vector<uint8_t> other = store_->get(key(round, r));
+        const at::Tensor o = at::from_blob(const_cast<uint8_t*>(other.data()), values.sizes(), at::kFloat).clone();
+        result = at::maximum(result, o);
+      }
+      t.copy_(result);
+    }
+    return c10::make_intrusive<Done>();
+  }
+
+ private:
+  struct Done : c10d::Work {
+    bool isCompleted() override { return true; }
+    bool wait(std::chrono::milliseconds) override { return true; }
+  };
+  static std::string key(int64_t round, int rank) {
+    return "allreduce/" + std::to_string(round) + "/" + std::to_string(rank);
+  }
+  c10::intrusive_ptr<c10d::Store> store_;
+  int64_t round_ = 0;
+};
+
+}  // namespace
+
+TEST_CASE("GradScaler: SGD with momentum equals an unscaled run and skips overflow steps", "[scaler][cpu]") {
+  require_matches_unscaled_run([](std::vector<at::Tensor> params) {
+    return torch::optim::SGD(params, torch::optim::SGDOptions(0.05).momentum(0.9));
+  });
+}
+
+TEST_CASE("GradScaler: Adam equals an unscaled run and skips overflow steps", "[scaler][cpu]") {
+  require_matches_unscaled_run([](std::vector<at::Tensor> params) {
+    return torch::optim::Adam(params, torch::optim::AdamOptions(1e-2).weight_decay(0.01));
+  });
+}
+
+TEST_CASE("GradScaler: unscale_ then clipping, and the stage errors torch raises", "[scaler][cpu]") {
+  Problem p = make_problem(1);
+  torch::optim::SGD opt(p.model->parameters(), 0.1);
+  GradScaler scaler;
+  REQUIRE_THROWS_WITH(scaler.step(opt), Catch::Contains("Attempted step but _scale is None"));
+  scaler.scale(torch::mse_loss(p.model(p.data[0].first), p.data[0].second)).backward();
+  const auto scaled_grad = p.model->weight.grad().clone();
+  scaler.unscale_(opt);
+  REQUIRE(bits_equal(p.model->weight.grad(), scaled_grad / 65536.0));
+  torch::nn::utils::clip_grad_norm_(p.model->parameters(), 0.1);
+  REQUIRE_THROWS_WITH(scaler.unscale_(opt),
+                      Catch::StartsWith("unscale_() has already been called on this optimizer since the last update()."));
+  scaler.step(opt);
+  REQUIRE_THROWS_WITH(scaler.step(opt), Catch::StartsWith("step() has already been called since the last update()."));
+  REQUIRE_THROWS_WITH(scaler.unscale_(opt), Catch::StartsWith("unscale_() is being called after step()."));
+  scaler.update();
+  REQUIRE_THROWS_AS(scaler.update(), ampkit::ScalerAssertionError);
+  REQUIRE_THROWS_AS(GradScaler(GradScalerOptions().growth_factor(0.9)), ampkit::ScalerAssertionError);
+  REQUIRE_THROWS_WITH(GradScaler(GradScalerOptions().hysteresis(0)), Catch::Contains("hysteresis must be in"));
+}
+
+TEST_CASE("GradScaler: hysteresis and bounds", "[scaler][cpu]") {
+  GradScaler scaler(GradScalerOptions().init_scale(64.0).growth_interval(2).hysteresis(2).min_scale(16.0).max_scale(128.0));
+  auto p = torch::ones({4}, torch::requires_grad());
+  torch::optim::SGD opt({p}, 0.01);
+  std::vector<double> history;
+  for (const bool overflow : {true, true, true, true, false, false, false, false}) {
+    opt.zero_grad();
+    scaler.scale(p.sum()).backward();
+    if (overflow) {
+      p.mutable_grad()[0] = kInf;
+    }
+    scaler.step(opt);
+    scaler.update();
+    history.push_back(scaler.get_scale());
+  }
+  // Tolerated, backed off (2nd overflow), 16 (3rd), held at min_scale (4th); growth to 32, then 64.
+  CHECK(history == std::vector<double>{64, 32, 16, 16, 16, 32, 32, 64});
+  CHECK(scaler.stats().overflows_at_min_scale == 1);
+}
+
+TEST_CASE("GradScaler: torch::save / torch::load round trip, and a failed load changes nothing", "[scaler][cpu]") {
+  GradScaler scaler(GradScalerOptions().init_scale(512.0).growth_interval(3).hysteresis(2));
+  auto p = torch::ones({4}, torch::requires_grad());
+  torch::optim::SGD opt({p}, 0.01);
+  for (int i = 0; i < 5; ++i) {
+    opt.zero_grad();
+    scaler.scale(p.sum()).backward();
+    if (i == 1) {
+      p.mutable_grad()[0] = kInf;
+    }
+    scaler.step(opt);
+    scaler.update();
+  }
+  const std::string path = "ampkit_test_scaler.pt";
+  torch::save(scaler, path);
+  GradScaler loaded;
+  torch::load(loaded, path);
+  std::remove(path.c_str());
+  const auto a = scaler.state_dict();
+  const auto b = loaded.state_dict();
+  REQUIRE(a.size() == b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    INFO(a[i].first);
+    CHECK(a[i].first == b[i].first);
+    CHECK(a[i].second == b[i].second);
+  }
+  CHECK(loaded.get_scale() == scaler.get_scale());
+  CHECK(loaded.stats().skipped_steps == 1);
+
+  ampkit::ScalerState bad = a;
+  bad[0].second = c10::IValue(-4.0);  // scale
+  REQUIRE_THROWS_WITH(loaded.load_state_dict(bad), Catch::Contains("'scale' must be a finite number > 0"));
+  CHECK(loaded.get_scale() == scaler.get_scale());
+}
+
+TEST_CASE("GradScaler: two ranks over a c10d process group skip together", "[scaler][cpu][distributed]") {
+  const std::string path = "ampkit_test_store_" + std::to_string(::getpid());
+  std::remove(path.c_str());
+  std::vector<std::vector<double>> scales(2);
+  std::vector<std::vector<float>> weights(2);
+  auto rank_main = [&](int rank) {
+    auto store = c10::make_intrusive<c10d::FileStore>(path, 2);
+    auto pg = c10::make_intrusive<c10d::ProcessGroup>(store, rank, 2);
+    auto backend = c10::make_intrusive<StoreBackend>(store, rank, 2);
+    pg->setBackend(c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::CUSTOM, backend);
+    pg->setDefaultBackend(c10d::ProcessGroup::BackendType::CUSTOM);
+    GradScaler scaler(GradScalerOptions().init_scale(1024.0).process_group(pg));
+    auto w = torch::ones({4}, torch::requires_grad());
+    torch::optim::SGD opt({w}, 0.1);
+    for (int step = 0; step < 3; ++step) {
+      opt.zero_grad();
+      scaler.scale(w.sum()).backward();
+      if (step == 1 && rank == 1) {
+        w.mutable_grad()[3] = kInf;  // only rank 1 overflows
+      }
+      scaler.step(opt);
+      scaler.update();
+      scales[rank].push_back(scaler.get_scale());
+      weights[rank].push_back(w[0].item<float>());
+    }
+  };
+  std::thread r0(rank_main, 0);
+  std::thread r1(rank_main, 1);
+  r0.join();
+  r1.join();
+  std::remove(path.c_str());
+  CHECK(scales[0] == std::vector<double>{1024, 512, 512});
+  CHECK(scales[1] == scales[0]);
+  // Rank 0's grads were finite, yet it skipped step 1 with rank 1.
+  CHECK(weights[0][1] == weights[0][0]);
+  CHECK(weights[0] == weights[1]);
+}
