@@ -1,0 +1,32 @@
+// AutocastGuard: torch.autocast.__enter__ / __exit__, step for step, in C++ (see <ampkit/autocast.h>).
+#include "ampkit/autocast.h"
+
+#include <ATen/autocast_mode.h>
+#include <c10/util/Exception.h>
+
+namespace ampkit {
+
+AutocastGuard::AutocastGuard(c10::DeviceType device, c10::ScalarType dtype, bool enabled,
+                             std::optional<bool> cache_enabled)
+    : device_(device),
+      prev_enabled_(at::autocast::is_autocast_enabled(device)),
+      prev_dtype_(at::autocast::get_autocast_dtype(device)),
+      prev_cache_enabled_(at::autocast::is_autocast_cache_enabled()) {
+  TORCH_CHECK_VALUE(dtype == c10::kHalf || dtype == c10::kBFloat16,
+                    "ampkit::AutocastGuard: dtype must be Half or BFloat16, but got ", dtype);
+  at::autocast::set_autocast_enabled(device, enabled);
+  at::autocast::set_autocast_dtype(device, dtype);
+  at::autocast::increment_nesting();
+  at::autocast::set_autocast_cache_enabled(cache_enabled.value_or(prev_cache_enabled_));
+}
+
+AutocastGuard::~AutocastGuard() {
+  if (at::autocast::decrement_nesting() == 0) {
+    at::autocast::clear_cache();
+  }
+  at::autocast::set_autocast_enabled(device_, prev_enabled_);
+  at::autocast::set_autocast_dtype(device_, prev_dtype_);
+  at::autocast::set_autocast_cache_enabled(prev_cache_enabled_);
+}
+
+}  // namespace ampkit
