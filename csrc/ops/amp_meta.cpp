@@ -3,6 +3,8 @@
 #include <torch/library.h>
 
 #include "checks.h"
+#include "optim_common.h"
+#include "optim_ops.h"
 
 namespace ampkit::detail {
 namespace {
@@ -29,10 +31,16 @@ void update_scale_hysteresis_meta(const at::Tensor& scale, const at::Tensor& gro
                                      backoff_factor, growth_interval, hysteresis, min_scale, max_scale);
 }
 
+void adamw_step_meta(AMPKIT_ADAMW_STEP_ARGS) { AMPKIT_CHECK_ADAMW_STEP("adamw_step_"); }
+
+void sgd_step_meta(AMPKIT_SGD_STEP_ARGS) { AMPKIT_CHECK_SGD_STEP("sgd_step_"); }
+
 }  // namespace
 }  // namespace ampkit::detail
 
 TORCH_LIBRARY_IMPL(ampkit, Meta, m) {
+  m.impl("adamw_step_", &ampkit::detail::adamw_step_meta);
+  m.impl("sgd_step_", &ampkit::detail::sgd_step_meta);
   m.impl("update_scale_hysteresis_", &ampkit::detail::update_scale_hysteresis_meta);
   m.impl("unscale_and_check_", &ampkit::detail::unscale_and_check_meta);
   m.impl("check_finite_", &ampkit::detail::check_finite_meta);
@@ -69,7 +77,8 @@ void reject_sparse(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 }  // namespace ampkit::detail
 
 #define AMPKIT_REGISTER_SPARSE_REJECTS(m)                                                                   \
-  for (const char* name : {"unscale_and_check_", "check_finite_", "update_scale_", "update_scale_hysteresis_"}) { \
+  for (const char* name : {"unscale_and_check_", "check_finite_", "update_scale_", "update_scale_hysteresis_", "adamw_step_",   \
+                           "sgd_step_"}) { \
     m.impl(name, torch::CppFunction::makeFromBoxedFunction<&ampkit::detail::reject_sparse>());              \
   }
 

@@ -8,7 +8,7 @@ import os as _os
 
 import torch as _torch  # noqa: F401  (loads libtorch before the extension that links it)
 
-from . import _C
+from . import _C, optim
 from .grad_scaler import GradScaler, OptState, load_scaler_state, save_scaler_state
 from .ops import check_finite_, unscale_and_check_, update_scale_
 
@@ -26,6 +26,7 @@ __all__ = [
     "OptState",
     "build_info",
     "load_scaler_state",
+    "optim",
     "save_scaler_state",
     "check_finite_",
     "cmake_prefix_path",

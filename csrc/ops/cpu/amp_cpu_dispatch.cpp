@@ -41,6 +41,32 @@ bool cpu_unscale_and_check(const kernels::TensorRef* tensors, int64_t n, float i
   }
 }
 
+void cpu_adam_step(const kernels::OptimTensor* tensors, int64_t n, const kernels::AdamParams& params, float grad_scale) {
+  switch (isa()) {
+#if defined(AMPKIT_HAVE_X86_LOOPS)
+    case Isa::kAvx512:
+      return cpu_avx512::adam_step(tensors, n, params, grad_scale);
+    case Isa::kAvx2:
+      return cpu_avx2::adam_step(tensors, n, params, grad_scale);
+#endif
+    default:
+      return cpu_default::adam_step(tensors, n, params, grad_scale);
+  }
+}
+
+void cpu_sgd_step(const kernels::OptimTensor* tensors, int64_t n, const kernels::SgdParams& params, float grad_scale) {
+  switch (isa()) {
+#if defined(AMPKIT_HAVE_X86_LOOPS)
+    case Isa::kAvx512:
+      return cpu_avx512::sgd_step(tensors, n, params, grad_scale);
+    case Isa::kAvx2:
+      return cpu_avx2::sgd_step(tensors, n, params, grad_scale);
+#endif
+    default:
+      return cpu_default::sgd_step(tensors, n, params, grad_scale);
+  }
+}
+
 const char* cpu_loop_isa() {
   switch (isa()) {
     case Isa::kAvx512:

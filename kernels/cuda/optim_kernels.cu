@@ -1,0 +1,169 @@
+// CUDA kernels of the fused optimizer steps on ampkit's multi-tensor apply: one pass per parameter reads the
+// grad, unscales it in registers, updates the FP32 master and moments and writes the low-precision weight; a
+// device-side found_inf skips every write, step counts included.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "../optim_launch.h"
+#include "multi_tensor_apply.cuh"
+
+namespace ampkit::kernels {
+namespace {
+
+// Streams in the chunk table: 0 param, 1 grad, 2 master, 3 exp_avg, 4 exp_avg_sq, 5 max_exp_avg_sq, 6 step.
+constexpr int kStreams = 7;
+
+__device__ AMPKIT_INLINE float load(const __half* p, int64_t i) { return __half2float(p[i]); }
+__device__ AMPKIT_INLINE float load(const __nv_bfloat16* p, int64_t i) { return __bfloat162float(p[i]); }
+__device__ AMPKIT_INLINE float load(const float* p, int64_t i) { return p[i]; }
+__device__ AMPKIT_INLINE void store(__half* p, int64_t i, float v) { p[i] = __float2half_rn(v); }
+__device__ AMPKIT_INLINE void store(__nv_bfloat16* p, int64_t i, float v) { p[i] = __float2bfloat16_rn(v); }
+__device__ AMPKIT_INLINE void store(float* p, int64_t i, float v) { p[i] = v; }
+
+template <typename T, typename Body>
+__device__ void for_each_element(const cuda::MultiTensorArgs<kStreams>& a, int t, int64_t start, int64_t n,
+                                 const Body& body) {
+  auto* param = static_cast<T*>(a.data[0][t]) + start;
+  const auto* grad = static_cast<const T*>(a.data[1][t]) + start;
+  auto offset = [&](int s) { return a.data[s][t] ? static_cast<float*>(a.data[s][t]) + start : nullptr; };
+  float* master = offset(2);
+  float* m = offset(3);
+  float* v = offset(4);
+  float* vmax = offset(5);
+#pragma unroll 4
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    float w = master ? master[i] : load(param, i);
+    body(w, load(grad, i), m ? m + i : nullptr, v ? v + i : nullptr, vmax ? vmax + i : nullptr);
+    if (master) {
+      master[i] = w;
+    }
+    store(param, i, w);
+  }
+}
+
+template <typename Body>
+__device__ void dispatch_dtype(const cuda::MultiTensorArgs<kStreams>& a, int t, int64_t start, int64_t n,
+                               const Body& body) {
+  switch (a.dtype[0][t]) {
+    case DType::kFloat16:
+      for_each_element<__half>(a, t, start, n, body);
+      break;
+    case DType::kBFloat16:
+      for_each_element<__nv_bfloat16>(a, t, start, n, body);
+      break;
+    default:
+      for_each_element<float>(a, t, start, n, body);
+      break;
+  }
+}
+
+struct AdamChunkOp {
+  AdamOp op;
+  const float* grad_scale;
+  const float* found_inf;
+
+  __device__ void operator()(const cuda::MultiTensorArgs<kStreams>& a, int t, int64_t start, int64_t n) const {
+    if (found_inf != nullptr && *found_inf != 0.f) {
+      return;
+    }
+    const float step = *static_cast<const float*>(a.data[6][t]) + 1.f;
+    const AdamStepFactors f = AdamStepFactors::at_step(op.p, step);
+    const float scale = grad_scale != nullptr ? *grad_scale : 1.f;
+    const bool unscale = grad_scale != nullptr;
+    dispatch_dtype(a, t, start, n, [&](float& w, float g, float* m, float* v, float* vmax) {
+      op(w, unscale ? g / scale : g, *m, *v, vmax, f);
+    });
+  }
+};
+
+struct SgdChunkOp {
+  SgdOp op;
+  const float* grad_scale;
+  const float* found_inf;
+
+  __device__ void operator()(const cuda::MultiTensorArgs<kStreams>& a, int t, int64_t start, int64_t n) const {
+    if (found_inf != nullptr && *found_inf != 0.f) {
+      return;
+    }
+    const bool first = a.data[6][t] == nullptr || *static_cast<const float*>(a.data[6][t]) == 0.f;
+    const float scale = grad_scale != nullptr ? *grad_scale : 1.f;
+    const bool unscale = grad_scale != nullptr;
+    dispatch_dtype(a, t, start, n, [&](float& w, float g, float* buf, float*, float*) {
+      op(w, unscale ? g / scale : g, buf, first);
+    });
+  }
+};
+
+// Step counts live in their own one-element tensors; they are bumped after the update kernel (which reads them).
+constexpr int kMaxStepsPerLaunch = 2000;
+struct StepList {
+  float* step[kMaxStepsPerLaunch];
+  int n;
+};
+
+__global__ void increment_steps_kernel(const __grid_constant__ StepList list, const float* found_inf) {
+  if (found_inf != nullptr && *found_inf != 0.f) {
+    return;
+  }
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < list.n; i += gridDim.x * blockDim.x) {
+    *list.step[i] += 1.f;
+  }
+}
+
+template <typename ChunkOp>
+cudaError_t launch_step(const OptimTensor* tensors, int64_t n, const ChunkOp& op, const float* found_inf,
+                        cudaStream_t stream) {
+  // Build the seven stream lists the chunk table takes.
+  TensorRef* lists = new TensorRef[kStreams * n];
+  for (int64_t i = 0; i < n; ++i) {
+    const OptimTensor& t = tensors[i];
+    void* streams[kStreams] = {t.param, const_cast<void*>(t.grad), t.master, t.exp_avg, t.exp_avg_sq,
+                               t.max_exp_avg_sq, t.step};
+    for (int s = 0; s < kStreams; ++s) {
+      lists[s * n + i] = TensorRef{streams[s], t.numel, s < 2 ? t.dtype : DType::kFloat32};
+    }
+  }
+  const TensorRef* heads[kStreams];
+  for (int s = 0; s < kStreams; ++s) {
+    heads[s] = lists + s * n;
+  }
+  cudaError_t err = cuda::multi_tensor_apply<kStreams>(heads, n, op, stream);
+  delete[] lists;
+  if (err != cudaSuccess) {
+    return err;
+  }
+  StepList steps;
+  steps.n = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (tensors[i].step == nullptr) {
+      continue;
+    }
+    steps.step[steps.n++] = tensors[i].step;
+    if (steps.n == kMaxStepsPerLaunch || i == n - 1) {
+      increment_steps_kernel<<<(steps.n + 255) / 256, 256, 0, stream>>>(steps, found_inf);
+      if ((err = cudaGetLastError()) != cudaSuccess) {
+        return err;
+      }
+      steps.n = 0;
+    }
+  }
+  if (steps.n > 0) {
+    increment_steps_kernel<<<(steps.n + 255) / 256, 256, 0, stream>>>(steps, found_inf);
+    err = cudaGetLastError();
+  }
+  return err;
+}
+
+}  // namespace
+
+cudaError_t launch_adam_step(const OptimTensor* tensors, int64_t n, const AdamParams& params, const float* grad_scale,
+                             const float* found_inf, cudaStream_t stream) {
+  return launch_step(tensors, n, AdamChunkOp{AdamOp{params}, grad_scale, found_inf}, found_inf, stream);
+}
+
+cudaError_t launch_sgd_step(const OptimTensor* tensors, int64_t n, const SgdParams& params, const float* grad_scale,
+                            const float* found_inf, cudaStream_t stream) {
+  return launch_step(tensors, n, SgdChunkOp{SgdOp{params}, grad_scale, found_inf}, found_inf, stream);
+}
+
+}  // namespace ampkit::kernels

@@ -1,0 +1,187 @@
+"""ampkit.optim: Adam, AdamW and SGD on ampkit's fused kernels (``torch.ops.ampkit.adamw_step_`` / ``sgd_step_``).
+
+They take torch.optim's constructor arguments plus ``master_weights``: ``None`` (default) decides per parameter
+when its state is created (on for FP16/BF16 parameters), ``True``/``False`` forces it. With a master, the FP32
+copy is ``optimizer.state[p]["master_param"]``: the kernel reads the low-precision grad, unscales it in
+registers, updates the master and the FP32 moments and writes the rounded weight back, in one pass. Optimizer
+states are FP32 whatever the parameter's dtype (and stay FP32 through ``load_state_dict``).
+
+``_step_supports_amp_scaling = True``: ``ampkit.GradScaler`` and ``torch.amp.GradScaler`` hand them
+``grad_scale``/``found_inf`` and the skip on overflow happens on the device, without a host sync.
+"""
+from __future__ import annotations
+
+from itertools import chain
+from typing import Any, Callable, Iterable, Optional
+
+import torch
+
+__all__ = ["Adam", "AdamW", "SGD"]
+
+_LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+
+class _FusedOptimizer(torch.optim.Optimizer):
+    _step_supports_amp_scaling = True
+    #: state entries that stay FP32 whatever the parameter's dtype
+    _fp32_state = ("master_param", "exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer", "step")
+
+    @staticmethod
+    def _wants_master(group: dict, p: torch.Tensor) -> bool:
+        mw = group.get("master_weights")
+        return p.dtype in _LOW_PRECISION if mw is None else bool(mw)
+
+    def _complete_state(self, group: dict, p: torch.Tensor, state: dict, keys: Iterable[str]) -> None:
+        """Creates the state entries this step needs (a fresh state, or one loaded from torch.optim)."""
+        if "step" in keys and "step" not in state:
+            state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
+        for key in keys:
+            if key != "step" and state.get(key) is None:
+                state[key] = torch.zeros_like(p, dtype=torch.float32, memory_format=torch.preserve_format)
+        if self._wants_master(group, p) and "master_param" not in state:
+            state["master_param"] = p.detach().to(torch.float32, copy=True)
+
+    def _scaling(self, device: torch.device) -> tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
+        grad_scale = getattr(self, "grad_scale", None)
+        found_inf = getattr(self, "found_inf", None)
+        if grad_scale is not None:
+            grad_scale = grad_scale.to(device, non_blocking=True)
+        if found_inf is not None:
+            found_inf = found_inf.to(device, non_blocking=True)
+        return grad_scale, found_inf
+
+    def _buckets(self, group: dict, state_keys: tuple[str, ...]) -> dict:
+        """Params with grads, grouped by (device, has master) — one kernel launch sequence each."""
+        buckets: dict = {}
+        for p in group["params"]:
+            if p.grad is None:
+                continue
+            if p.grad.is_sparse:
+                raise RuntimeError(f"{type(self).__name__} does not support sparse gradients")
+            state = self.state[p]
+            self._complete_state(group, p, state, state_keys)
+            key = (p.device, "master_param" in state)
+            buckets.setdefault(key, []).append((p, state))
+        return buckets
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        # torch's base class casts floating state to each parameter's dtype; masters and moments must stay FP32.
+        saved = {pid: {k: v for k, v in st.items() if k in self._fp32_state and torch.is_tensor(v)}
+                 for pid, st in state_dict["state"].items()}
+        super().load_state_dict(state_dict)
+        ids = chain.from_iterable(g["params"] for g in state_dict["param_groups"])
+        params = chain.from_iterable(g["params"] for g in self.param_groups)
+        for pid, p in zip(ids, params):
+            for key, value in saved.get(pid, {}).items():
+                self.state[p][key] = value.to(device=p.device, dtype=torch.float32, copy=True)
+
+
+class Adam(_FusedOptimizer):
+    """torch.optim.Adam's arguments and results, on ampkit's fused kernel, plus ``master_weights``."""
+
+    _decoupled_default = False
+
+    def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 0.0, amsgrad: bool = False, *, foreach: Optional[bool] = None,
+                 maximize: bool = False, capturable: bool = False, differentiable: bool = False,
+                 fused: Optional[bool] = None, decoupled_weight_decay: Optional[bool] = None,
+                 master_weights: Optional[bool] = None) -> None:
+        if isinstance(lr, torch.Tensor):
+            lr = float(lr)
+        if not 0.0 <= lr:
+            raise ValueError(f"Invalid learning rate: {lr}")
+        if not 0.0 <= eps:
+            raise ValueError(f"Invalid epsilon value: {eps}")
+        if not 0.0 <= betas[0] < 1.0:
+            raise ValueError(f"Invalid beta parameter at index 0: {betas[0]}")
+        if not 0.0 <= betas[1] < 1.0:
+            raise ValueError(f"Invalid beta parameter at index 1: {betas[1]}")
+        if not 0.0 <= weight_decay:
+            raise ValueError(f"Invalid weight_decay value: {weight_decay}")
+        if differentiable:
+            raise RuntimeError(f"{type(self).__name__} (ampkit) does not support differentiable=True")
+        if decoupled_weight_decay is None:
+            decoupled_weight_decay = self._decoupled_default
+        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad, maximize=maximize,
+                        decoupled_weight_decay=decoupled_weight_decay, master_weights=master_weights,
+                        foreach=foreach, capturable=capturable, differentiable=False, fused=fused)
+        super().__init__(params, defaults)
+
+    @torch.no_grad()
+    def step(self, closure: Optional[Callable[[], float]] = None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            keys = ("step", "exp_avg", "exp_avg_sq") + (("max_exp_avg_sq",) if group["amsgrad"] else ())
+            for (device, has_master), entries in self._buckets(group, keys).items():
+                grad_scale, found_inf = self._scaling(device)
+                torch.ops.ampkit.adamw_step_(
+                    [p for p, _ in entries], [p.grad for p, _ in entries],
+                    [s["master_param"] for _, s in entries] if has_master else [],
+                    [s["exp_avg"] for _, s in entries], [s["exp_avg_sq"] for _, s in entries],
+                    [s["max_exp_avg_sq"] for _, s in entries] if group["amsgrad"] else [],
+                    [s["step"] for _, s in entries],
+                    lr=float(group["lr"]), beta1=float(group["betas"][0]), beta2=float(group["betas"][1]),
+                    weight_decay=float(group["weight_decay"]), eps=float(group["eps"]), amsgrad=group["amsgrad"],
+                    maximize=group["maximize"], decoupled_weight_decay=group["decoupled_weight_decay"],
+                    grad_scale=grad_scale, found_inf=found_inf)
+        return loss
+
+
+class AdamW(Adam):
+    """torch.optim.AdamW's arguments and results (decoupled weight decay), plus ``master_weights``."""
+
+    _decoupled_default = True
+
+    def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 1e-2, amsgrad: bool = False, **kwargs: Any) -> None:
+        kwargs.setdefault("decoupled_weight_decay", True)
+        super().__init__(params, lr, betas, eps, weight_decay, amsgrad, **kwargs)
+
+
+class SGD(_FusedOptimizer):
+    """torch.optim.SGD's arguments and results, on ampkit's fused kernel, plus ``master_weights``."""
+
+    def __init__(self, params, lr: float = 1e-3, momentum: float = 0.0, dampening: float = 0.0,
+                 weight_decay: float = 0.0, nesterov: bool = False, *, maximize: bool = False,
+                 foreach: Optional[bool] = None, differentiable: bool = False, fused: Optional[bool] = None,
+                 master_weights: Optional[bool] = None) -> None:
+        if isinstance(lr, torch.Tensor):
+            lr = float(lr)
+        if lr < 0.0:
+            raise ValueError(f"Invalid learning rate: {lr}")
+        if momentum < 0.0:
+            raise ValueError(f"Invalid momentum value: {momentum}")
+        if weight_decay < 0.0:
+            raise ValueError(f"Invalid weight_decay value: {weight_decay}")
+        if nesterov and (momentum <= 0 or dampening != 0):
+            raise ValueError("Nesterov momentum requires a momentum and zero dampening")
+        if differentiable:
+            raise RuntimeError("SGD (ampkit) does not support differentiable=True")
+        defaults = dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay, nesterov=nesterov,
+                        maximize=maximize, master_weights=master_weights, foreach=foreach, differentiable=False,
+                        fused=fused)
+        super().__init__(params, defaults)
+
+    @torch.no_grad()
+    def step(self, closure: Optional[Callable[[], float]] = None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            momentum = float(group["momentum"])
+            keys = ("step", "momentum_buffer") if momentum != 0.0 else ()
+            for (device, has_master), entries in self._buckets(group, keys).items():
+                grad_scale, found_inf = self._scaling(device)
+                torch.ops.ampkit.sgd_step_(
+                    [p for p, _ in entries], [p.grad for p, _ in entries],
+                    [s["master_param"] for _, s in entries] if has_master else [],
+                    [s["momentum_buffer"] for _, s in entries] if momentum != 0.0 else [],
+                    [s["step"] for _, s in entries] if momentum != 0.0 else [],
+                    lr=float(group["lr"]), momentum=momentum, dampening=float(group["dampening"]),
+                    weight_decay=float(group["weight_decay"]), nesterov=group["nesterov"],
+                    maximize=group["maximize"], grad_scale=grad_scale, found_inf=found_inf)
+        return loss

@@ -1,0 +1,232 @@
+"""ampkit.optim (fused Adam/AdamW/SGD with FP32 masters): against torch.optim on FP32 for every option, BF16/FP16
+params against a pure-FP32 run, bit-identical skipped steps, state_dict round trips, bad input, and the ops
+under opcheck and both grad scalers."""
+from __future__ import annotations
+
+import copy
+import itertools
+import math
+
+import pytest
+import torch
+
+import ampkit
+from conftest import DEVICES, bits_equal
+
+ADAM_OPTIONS = [dict(weight_decay=wd, amsgrad=ams, maximize=mx)
+                for wd, ams, mx in itertools.product([0.0, 0.1], [False, True], [False, True])]
+SGD_OPTIONS = [dict(momentum=0.0), dict(momentum=0.9), dict(momentum=0.9, dampening=0.2, weight_decay=0.01),
+               dict(momentum=0.9, nesterov=True, weight_decay=0.01), dict(momentum=0.5, maximize=True)]
+CASES = ([(ampkit.optim.AdamW, torch.optim.AdamW, o) for o in ADAM_OPTIONS]
+         + [(ampkit.optim.Adam, torch.optim.Adam, o) for o in ADAM_OPTIONS]
+         + [(ampkit.optim.SGD, torch.optim.SGD, o) for o in SGD_OPTIONS])
+
+
+def make_params(device, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    shapes = [(64, 33), (33,), (7, 5, 3), (1,), (0,), (4097,)]
+    return [torch.randn(s, generator=g).to(device, dtype).requires_grad_() for s in shapes]
+
+
+def grads_for(params, step, dtype=None):
+    g = torch.Generator().manual_seed(1000 + step)
+    return [torch.randn(p.shape, generator=g).to(p.device, dtype or p.dtype) for p in params]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("ours,theirs,options", CASES,
+                         ids=[f"{c[0].__name__}-{i}" for i, c in enumerate(CASES)])
+def test_fp32_matches_torch_optim(device, ours, theirs, options):
+    a_params = make_params(device)
+    t_params = [p.detach().clone().requires_grad_() for p in a_params]
+    lr = 1e-2
+    a = ours(a_params, lr=lr, **options)
+    t = theirs(t_params, lr=lr, **options)
+    for step in range(60):
+        for p, q, g in zip(a_params, t_params, grads_for(a_params, step)):
+            p.grad, q.grad = g.clone(), g.clone()
+        a.step()
+        t.step()
+    for p, q in zip(a_params, t_params):
+        torch.testing.assert_close(p, q, rtol=2e-5, atol=2e-6)
+    for p, q in zip(a_params, t_params):
+        for key, value in t.state[q].items():
+            if torch.is_tensor(value) and value.numel() > 0 and key in a.state[p]:
+                torch.testing.assert_close(a.state[p][key].to(value.dtype), value, rtol=2e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("cls,options", [(ampkit.optim.AdamW, dict(weight_decay=0.1)),
+                                         (ampkit.optim.SGD, dict(momentum=0.9))])
+def test_low_precision_params_follow_the_fp32_run_through_their_masters(device, dtype, cls, options):
+    lp_params = make_params(device, dtype)
+    fp_params = [p.detach().float().requires_grad_() for p in lp_params]
+    lp = cls(lp_params, lr=1e-2, **options)
+    fp = cls(fp_params, lr=1e-2, **options)
+    for step in range(40):
+        grads = grads_for(lp_params, step, torch.float32)
+        for p, q, g in zip(lp_params, fp_params, grads):
+            p.grad, q.grad = g.to(dtype), g.to(dtype).float()  # same (rounded) grad values for both
+        lp.step()
+        fp.step()
+    for p, q in zip(lp_params, fp_params):
+        master = lp.state[p]["master_param"]
+        assert master.dtype == torch.float32
+        torch.testing.assert_close(master, q.detach(), rtol=1e-6, atol=1e-7)
+        assert bits_equal(p.detach(), master.to(dtype))  # the weight is the master rounded once
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("cls,options", [(ampkit.optim.AdamW, dict(amsgrad=True)),
+                                         (ampkit.optim.SGD, dict(momentum=0.9, dampening=0.5))])
+def test_skipped_steps_change_nothing_even_the_first(device, cls, options):
+    params = make_params(device, torch.bfloat16)
+    opt = cls(params, lr=0.1, **options)
+    found = torch.ones((), device=device)
+    for step in range(3):
+        for p, g in zip(params, grads_for(params, step)):
+            p.grad = g
+        if step == 1:
+            opt.found_inf = torch.zeros((), device=device)
+            opt.step()  # one real step in between
+            del opt.found_inf
+            continue
+        before = copy.deepcopy(([p.detach().clone() for p in params], opt.state_dict()))
+        opt.found_inf = found
+        opt.step()
+        del opt.found_inf
+        after = ([p.detach() for p in params], opt.state_dict())
+        for x, y in zip(before[0], after[0]):
+            assert bits_equal(x, y)
+        for pid, st in after[1]["state"].items():
+            for key, value in st.items():
+                if step == 0:  # the state created lazily on a skipped first step is the initial state
+                    assert value.count_nonzero().item() == 0 or key == "master_param"
+                else:
+                    assert bits_equal(value, before[1]["state"][pid][key]), key
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_state_dict_round_trip_continues_bit_identically_and_stays_fp32(device):
+    params = make_params(device, torch.bfloat16)
+    opt = ampkit.optim.AdamW(params, lr=1e-2)
+    for step in range(5):
+        for p, g in zip(params, grads_for(params, step)):
+            p.grad = g
+        opt.step()
+    clone_params = [p.detach().clone().requires_grad_() for p in params]
+    clone = ampkit.optim.AdamW(clone_params, lr=1e-2)
+    clone.load_state_dict(copy.deepcopy(opt.state_dict()))
+    for st in clone.state.values():
+        assert all(v.dtype == torch.float32 for v in st.values())
+    for step in range(5, 10):
+        grads = grads_for(params, step)
+        for p, q, g in zip(params, clone_params, grads):
+            p.grad, q.grad = g.clone(), g.clone()
+        opt.step()
+        clone.step()
+    for p, q in zip(params, clone_params):
+        assert bits_equal(p.detach(), q.detach())
+        assert bits_equal(opt.state[p]["master_param"], clone.state[q]["master_param"])
+
+
+def test_loads_a_torch_optimizer_state_dict():
+    params = make_params("cpu")
+    t = torch.optim.AdamW([p.detach().clone().requires_grad_() for p in params], lr=1e-2)
+    tp = t.param_groups[0]["params"]
+    for step in range(4):
+        for p, g in zip(tp, grads_for(tp, step)):
+            p.grad = g
+        t.step()
+    a_params = [p.detach().clone().requires_grad_() for p in tp]
+    a = ampkit.optim.AdamW(a_params, lr=1e-2)
+    a.load_state_dict(t.state_dict())
+    for step in range(4, 8):
+        grads = grads_for(tp, step)
+        for p, q, g in zip(a_params, tp, grads):
+            p.grad, q.grad = g.clone(), g.clone()
+        a.step()
+        t.step()
+    for p, q in zip(a_params, tp):
+        torch.testing.assert_close(p, q, rtol=2e-5, atol=2e-6)
+
+
+def _op_args(device="cpu", n=3, dtype=torch.bfloat16):
+    params = [torch.randn(10 + i, device=device, dtype=dtype) for i in range(n)]
+    grads = [torch.randn_like(p) for p in params]
+    f32 = lambda: [torch.zeros(p.shape, device=device) for p in params]  # noqa: E731
+    masters = [p.float() for p in params]
+    steps = [torch.zeros((), device=device) for _ in params]
+    return params, grads, masters, f32(), f32(), [], steps
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda a: a[1].pop(), "grads must have 3 tensors"),
+    (lambda a: a[2].__setitem__(1, a[2][1].half()), r"master_params\[1\] must be Float"),
+    (lambda a: a[3].__setitem__(2, torch.zeros(3)), r"exp_avgs\[2\] must have the shape and strides of params\[2\]"),
+    (lambda a: a[1].__setitem__(0, a[1][0].float()), r"grads\[0\] must be BFloat16"),
+    (lambda a: a[6].__setitem__(0, torch.zeros(2)), r"state_steps\[0\] must be a one-element Float tensor"),
+    (lambda a: a[0].__setitem__(2, a[0][2].to(torch.int32)), r"params\[2\] must be Half, BFloat16 or Float"),
+])
+def test_adamw_step_bad_input_raises_before_writing(mutate, message):
+    args = list(_op_args())
+    args = [list(x) for x in args]
+    mutate(args)
+    before = copy.deepcopy(args)
+    with pytest.raises((RuntimeError, TypeError, ValueError), match=message):
+        torch.ops.ampkit.adamw_step_(*args, lr=0.1, beta1=0.9, beta2=0.999, weight_decay=0.0, eps=1e-8,
+                                     amsgrad=False, maximize=False, decoupled_weight_decay=True)
+    for xs, ys in zip(args, before):
+        for x, y in zip(xs, ys):
+            assert bits_equal(x, y)
+
+
+def test_bad_hyper_parameters_raise():
+    with pytest.raises(ValueError, match="Invalid learning rate"):
+        ampkit.optim.AdamW(make_params("cpu"), lr=-1.0)
+    with pytest.raises(ValueError, match="Nesterov momentum requires"):
+        ampkit.optim.SGD(make_params("cpu"), lr=0.1, nesterov=True)
+    with pytest.raises(ValueError, match="beta1 must be in"):
+        torch.ops.ampkit.adamw_step_(*_op_args(), lr=0.1, beta1=1.5, beta2=0.999, weight_decay=0.0, eps=1e-8,
+                                     amsgrad=False, maximize=False, decoupled_weight_decay=True)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck_optimizer_ops(device):
+    args = _op_args(device)
+    gs = torch.full((), 4.0, device=device)
+    fi = torch.zeros((), device=device)
+    torch.library.opcheck(torch.ops.ampkit.adamw_step_.default, args,
+                          dict(lr=0.1, beta1=0.9, beta2=0.999, weight_decay=0.01, eps=1e-8, amsgrad=False,
+                               maximize=False, decoupled_weight_decay=True, grad_scale=gs, found_inf=fi))
+    params, grads, masters, bufs, _, _, steps = _op_args(device)
+    torch.library.opcheck(torch.ops.ampkit.sgd_step_.default, (params, grads, masters, bufs, steps),
+                          dict(lr=0.1, momentum=0.9, dampening=0.0, weight_decay=0.0, nesterov=False,
+                               maximize=False, grad_scale=gs, found_inf=fi))
+
+
+@pytest.mark.parametrize("scaler_cls", [ampkit.GradScaler, torch.amp.GradScaler])
+def test_scalers_drive_the_fused_optimizers_like_unscaled_training(scaler_cls):
+    """Power-of-two scales are exact: a scaled run with skipped overflow steps equals an unscaled run."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2))
+    ref = copy.deepcopy(model)
+    opt = ampkit.optim.AdamW(model.parameters(), lr=1e-2)
+    ref_opt = ampkit.optim.AdamW(ref.parameters(), lr=1e-2)
+    scaler = scaler_cls("cpu", init_scale=1024.0, growth_interval=3)
+    for step in range(12):
+        x = torch.randn(4, 8)
+        opt.zero_grad()
+        scaler.scale(model(x).square().mean()).backward()
+        overflow = step in (2, 7)
+        if overflow:
+            model[2].bias.grad[0] = math.inf
+        scaler.step(opt)
+        scaler.update()
+        if not overflow:
+            ref_opt.zero_grad()
+            ref(x).square().mean().backward()
+            ref_opt.step()
+        for p, q in zip(model.parameters(), ref.parameters()):
+            assert bits_equal(p.detach(), q.detach()), step
