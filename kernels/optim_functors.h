@@ -33,32 +33,45 @@ struct AdamStepFactors {
   }
 };
 
-// One Adam/AdamW update of one element, in FP32: `w` is the weight (the master when there is one), `g` the
-// unscaled grad, `m`/`v`/`vmax` the moments. Updates w, m, v (and vmax with amsgrad) in place.
+// Elementary operations of the functors on scalars; SIMD drivers pass their own policy with the same members.
+struct ScalarMath {
+  AMPKIT_HOST_DEVICE static float sqrt(float x) { return sqrtf(x); }
+  AMPKIT_HOST_DEVICE static float max(float a, float b) { return a > b ? a : b; }
+  AMPKIT_HOST_DEVICE static float neg(float x) { return -x; }
+};
+
+// One Adam/AdamW update in FP32: `w` is the weight (the master when there is one), `g` the unscaled grad,
+// `m`/`v`/`vmax` the moments; updates w, m, v (and vmax with amsgrad) in place. `V` is float, or a SIMD vector
+// of floats with the `Math` policy for it (constants are broadcast with V(c)).
 struct AdamOp {
   AdamParams p;
 
-  AMPKIT_HOST_DEVICE void operator()(float& w, float g, float& m, float& v, float* vmax,
-                                     const AdamStepFactors& f) const {
+  template <typename V, typename Math = ScalarMath>
+  AMPKIT_HOST_DEVICE void apply(V& w, V g, V& m, V& v, V* vmax, const AdamStepFactors& f) const {
     if (p.maximize) {
-      g = -g;
+      g = Math::neg(g);
     }
     if (p.weight_decay != 0.f) {
       if (p.decoupled_weight_decay) {
-        w -= p.lr * p.weight_decay * w;
+        w = w - V(p.lr * p.weight_decay) * w;
       } else {
-        g += w * p.weight_decay;
+        g = g + w * V(p.weight_decay);
       }
     }
-    m = p.beta1 * m + (1.f - p.beta1) * g;
-    v = p.beta2 * v + (1.f - p.beta2) * g * g;
-    float second = v;
+    m = V(p.beta1) * m + V(1.f - p.beta1) * g;
+    v = V(p.beta2) * v + V(1.f - p.beta2) * g * g;
+    V second = v;
     if (p.amsgrad) {
-      *vmax = *vmax > v ? *vmax : v;
+      *vmax = Math::max(*vmax, v);
       second = *vmax;
     }
-    const float denom = sqrtf(second) / f.bias_correction2_sqrt + p.eps;
-    w -= f.step_size * m / denom;
+    const V denom = Math::sqrt(second) / V(f.bias_correction2_sqrt) + V(p.eps);
+    w = w - V(f.step_size) * m / denom;
+  }
+
+  AMPKIT_HOST_DEVICE void operator()(float& w, float g, float& m, float& v, float* vmax,
+                                     const AdamStepFactors& f) const {
+    apply<float>(w, g, m, v, vmax, f);
   }
 };
 
@@ -72,23 +85,28 @@ struct SgdParams {
   bool maximize;
 };
 
-// One SGD update of one element in FP32; `first` is whether this tensor takes its first momentum step (the
-// buffer starts as the grad itself, as torch's).
+// One SGD update in FP32; `first` is whether this tensor takes its first momentum step (the buffer starts as
+// the grad itself, as torch's). `V`/`Math` as for AdamOp.
 struct SgdOp {
   SgdParams p;
 
-  AMPKIT_HOST_DEVICE void operator()(float& w, float g, float* buf, bool first) const {
+  template <typename V, typename Math = ScalarMath>
+  AMPKIT_HOST_DEVICE void apply(V& w, V g, V* buf, bool first) const {
     if (p.maximize) {
-      g = -g;
+      g = Math::neg(g);
     }
     if (p.weight_decay != 0.f) {
-      g += p.weight_decay * w;
+      g = g + V(p.weight_decay) * w;
     }
     if (p.momentum != 0.f) {
-      *buf = first ? g : p.momentum * *buf + (1.f - p.dampening) * g;
-      g = p.nesterov ? g + p.momentum * *buf : *buf;
+      *buf = first ? g : V(p.momentum) * *buf + V(1.f - p.dampening) * g;
+      g = p.nesterov ? g + V(p.momentum) * *buf : *buf;
     }
-    w -= p.lr * g;
+    w = w - V(p.lr) * g;
+  }
+
+  AMPKIT_HOST_DEVICE void operator()(float& w, float g, float* buf, bool first) const {
+    apply<float>(w, g, buf, first);
   }
 };
 
