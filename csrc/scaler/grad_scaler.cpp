@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "ampkit/ops.h"
+#include "ampkit/optim.h"
 
 namespace ampkit {
 namespace {
@@ -335,7 +336,18 @@ at::Tensor GradScaler::step(torch::optim::Optimizer& optimizer) {
   const int64_t key = key_of(optimizer);
   begin_step(key);
   at::Tensor result;
-  if (prepare_step(key, params_of(optimizer))) {
+  if (auto* fused = dynamic_cast<optim::AmpScalingOptimizer*>(&optimizer)) {
+    // Sync-free: the optimizer unscales inline and skips on the device.
+    auto [grad_scale, found_inf] = prepare_fused_step(key, params_of(optimizer));
+    fused->set_amp_scaling(grad_scale, found_inf);
+    try {
+      result = optimizer.step();
+    } catch (...) {
+      fused->set_amp_scaling({}, {});
+      throw;
+    }
+    fused->set_amp_scaling({}, {});
+  } else if (prepare_step(key, params_of(optimizer))) {
     result = optimizer.step();
   }
   mark_stepped(key);

@@ -4,3 +4,4 @@
 #include "ampkit/ops.h"
 #include "ampkit/grad_scaler.h"
 #include "ampkit/autocast.h"
+#include "ampkit/optim.h"

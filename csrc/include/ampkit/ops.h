@@ -5,6 +5,8 @@
 #include <ATen/core/Tensor.h>
 #include <c10/macros/Export.h>
 
+#include <optional>
+
 #include "ampkit/export.h"
 
 namespace ampkit {
@@ -47,6 +49,24 @@ AMPKIT_API void update_scale_hysteresis_(const at::Tensor& scale, const at::Tens
                                          const at::Tensor& found_inf, double growth_factor, double backoff_factor,
                                          int64_t growth_interval, int64_t hysteresis, double min_scale,
                                          double max_scale, bool dynamic);
+
+// One fused Adam/AdamW step over tensor lists (see the schema in csrc/ops/registration.cpp): grads (the params'
+// dtype) divided by grad_scale in registers, FP32 masters (empty list: none) and FP32 moments updated, params
+// written once, step counts += 1; nothing is written when found_inf is nonzero. Optional lists are empty or one
+// tensor per param (max_exp_avg_sqs: iff amsgrad).
+AMPKIT_API void adamw_step_(at::TensorList params, at::TensorList grads, at::TensorList master_params,
+                            at::TensorList exp_avgs, at::TensorList exp_avg_sqs, at::TensorList max_exp_avg_sqs,
+                            at::TensorList state_steps, double lr, double beta1, double beta2, double weight_decay,
+                            double eps, bool amsgrad, bool maximize, bool decoupled_weight_decay,
+                            const std::optional<at::Tensor>& grad_scale = std::nullopt,
+                            const std::optional<at::Tensor>& found_inf = std::nullopt);
+
+// One fused SGD step (momentum buffers and step counts needed iff momentum != 0); same skipping rule.
+AMPKIT_API void sgd_step_(at::TensorList params, at::TensorList grads, at::TensorList master_params,
+                          at::TensorList momentum_buffers, at::TensorList state_steps, double lr, double momentum,
+                          double dampening, double weight_decay, bool nesterov, bool maximize,
+                          const std::optional<at::Tensor>& grad_scale = std::nullopt,
+                          const std::optional<at::Tensor>& found_inf = std::nullopt);
 
 // What this build of ampkit contains: whether its CUDA kernels were compiled, for which architectures, and
 // which instruction set the CPU loops use on this machine.

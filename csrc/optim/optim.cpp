@@ -1,0 +1,267 @@
+// ampkit::optim::Adam, AdamW and SGD (see <ampkit/optim.h>): LibTorch optimizers whose step() groups each param
+// group's params by (device, has master) and runs one fused op per group.
+#include "ampkit/optim.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+#include <map>
+#include <string>
+
+#include "ampkit/ops.h"
+
+namespace ampkit::optim {
+namespace {
+
+bool wants_master(const std::optional<bool>& option, const at::Tensor& p) {
+  return option.value_or(p.scalar_type() == at::kHalf || p.scalar_type() == at::kBFloat16);
+}
+
+at::Tensor fp32_zeros_like(const at::Tensor& p) {
+  return at::zeros_like(p, at::TensorOptions().dtype(at::kFloat), at::MemoryFormat::Preserve);
+}
+
+// The tensor lists of one fused call.
+struct Bucket {
+  std::vector<at::Tensor> params, grads, masters, first, second, third, steps;
+};
+
+using BucketKey = std::pair<std::string, bool>;  // (device, has master)
+
+}  // namespace
+
+std::optional<at::Tensor> AmpScalingOptimizer::grad_scale_for(const at::Device& device) const {
+  if (!grad_scale_.defined()) {
+    return std::nullopt;
+  }
+  return grad_scale_.device() == device ? grad_scale_ : grad_scale_.to(device, /*non_blocking=*/true);
+}
+
+std::optional<at::Tensor> AmpScalingOptimizer::found_inf_for(const at::Device& device) const {
+  if (!found_inf_.defined()) {
+    return std::nullopt;
+  }
+  return found_inf_.device() == device ? found_inf_ : found_inf_.to(device, /*non_blocking=*/true);
+}
+
+// ---- Adam / AdamW -------------------------------------------------------------------------------------------------
+
+template <bool kDecoupled>
+void AdamOptionsT<kDecoupled>::serialize(torch::serialize::OutputArchive& archive) const {
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(lr);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(betas);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(eps);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(weight_decay);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(amsgrad);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(maximize);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(master_weights);
+}
+
+template <bool kDecoupled>
+void AdamOptionsT<kDecoupled>::serialize(torch::serialize::InputArchive& archive) {
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, lr);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(betas_t, betas);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, eps);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, weight_decay);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, amsgrad);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, maximize);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG_OPTIONAL(bool, master_weights);
+}
+
+void AdamParamState::serialize(torch::serialize::OutputArchive& archive) const {
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(step);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(exp_avg);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(exp_avg_sq);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(max_exp_avg_sq);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(master_param);
+}
+
+void AdamParamState::serialize(torch::serialize::InputArchive& archive) {
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, step);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, exp_avg);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, exp_avg_sq);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, max_exp_avg_sq);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, master_param);
+}
+
+template <bool kDecoupled>
+AdamT<kDecoupled>::AdamT(const std::vector<torch::optim::OptimizerParamGroup>& param_groups, Options defaults)
+    : torch::optim::Optimizer(param_groups, std::make_unique<Options>(defaults)) {
+  TORCH_CHECK_VALUE(defaults.lr() >= 0, "Invalid learning rate: ", defaults.lr());
+  TORCH_CHECK_VALUE(defaults.eps() >= 0, "Invalid epsilon value: ", defaults.eps());
+  const auto [b1, b2] = defaults.betas();
+  TORCH_CHECK_VALUE(0 <= b1 && b1 < 1.0, "Invalid beta parameter at index 0: ", b1);
+  TORCH_CHECK_VALUE(0 <= b2 && b2 < 1.0, "Invalid beta parameter at index 1: ", b2);
+  TORCH_CHECK_VALUE(defaults.weight_decay() >= 0, "Invalid weight_decay value: ", defaults.weight_decay());
+}
+
+template <bool kDecoupled>
+at::Tensor AdamT<kDecoupled>::step(LossClosure closure) {
+  at::Tensor loss;
+  if (closure) {
+    const at::AutoGradMode enable_grad(true);
+    loss = closure();
+  }
+  const at::NoGradGuard no_grad;
+  for (auto& group : param_groups_) {
+    const auto& o = static_cast<const Options&>(group.options());
+    std::map<BucketKey, Bucket> buckets;
+    for (const auto& p : group.params()) {
+      if (!p.grad().defined()) {
+        continue;
+      }
+      TORCH_CHECK(!p.grad().is_sparse(), "ampkit::optim::Adam(W) does not support sparse gradients");
+      auto& slot = state_[p.unsafeGetTensorImpl()];
+      if (!slot) {
+        auto s = std::make_unique<AdamParamState>();
+        s->step(at::zeros({}, p.options().dtype(at::kFloat)));
+        s->exp_avg(fp32_zeros_like(p));
+        s->exp_avg_sq(fp32_zeros_like(p));
+        if (wants_master(o.master_weights(), p)) {
+          s->master_param(p.detach().to(at::kFloat, /*non_blocking=*/false, /*copy=*/true));
+        }
+        slot = std::move(s);
+      }
+      auto& s = static_cast<AdamParamState&>(*slot);
+      if (o.amsgrad() && !s.max_exp_avg_sq().defined()) {
+        s.max_exp_avg_sq(fp32_zeros_like(p));
+      }
+      Bucket& b = buckets[{p.device().str(), s.master_param().defined()}];
+      b.params.push_back(p);
+      b.grads.push_back(p.grad());
+      if (s.master_param().defined()) {
+        b.masters.push_back(s.master_param());
+      }
+      b.first.push_back(s.exp_avg());
+      b.second.push_back(s.exp_avg_sq());
+      if (o.amsgrad()) {
+        b.third.push_back(s.max_exp_avg_sq());
+      }
+      b.steps.push_back(s.step());
+    }
+    for (auto& [key, b] : buckets) {
+      const at::Device device = b.params[0].device();
+      adamw_step_(b.params, b.grads, b.masters, b.first, b.second, b.third, b.steps, o.lr(), std::get<0>(o.betas()),
+                  std::get<1>(o.betas()), o.weight_decay(), o.eps(), o.amsgrad(), o.maximize(), kDecoupled,
+                  grad_scale_for(device), found_inf_for(device));
+    }
+  }
+  return loss;
+}
+
+template <bool kDecoupled>
+void AdamT<kDecoupled>::save(torch::serialize::OutputArchive& archive) const {
+  torch::optim::serialize<AdamParamState, Options>(archive, *this);
+}
+
+template <bool kDecoupled>
+void AdamT<kDecoupled>::load(torch::serialize::InputArchive& archive) {
+  torch::optim::serialize<AdamParamState, Options>(archive, *this);
+}
+
+template struct AMPKIT_API AdamOptionsT<false>;
+template struct AMPKIT_API AdamOptionsT<true>;
+template class AMPKIT_API AdamT<false>;
+template class AMPKIT_API AdamT<true>;
+
+// ---- SGD ------------------------------------------------------------------------------------------------------
+
+void SGDOptions::serialize(torch::serialize::OutputArchive& archive) const {
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(lr);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(momentum);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(dampening);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(weight_decay);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(nesterov);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(maximize);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(master_weights);
+}
+
+void SGDOptions::serialize(torch::serialize::InputArchive& archive) {
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, lr);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, momentum);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, dampening);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, weight_decay);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, nesterov);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, maximize);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG_OPTIONAL(bool, master_weights);
+}
+
+void SGDParamState::serialize(torch::serialize::OutputArchive& archive) const {
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(step);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(momentum_buffer);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(master_param);
+}
+
+void SGDParamState::serialize(torch::serialize::InputArchive& archive) {
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, step);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, momentum_buffer);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, master_param);
+}
+
+SGD::SGD(const std::vector<torch::optim::OptimizerParamGroup>& param_groups, SGDOptions defaults)
+    : torch::optim::Optimizer(param_groups, std::make_unique<SGDOptions>(defaults)) {
+  TORCH_CHECK_VALUE(defaults.lr() >= 0, "Invalid learning rate: ", defaults.lr());
+  TORCH_CHECK_VALUE(defaults.momentum() >= 0, "Invalid momentum value: ", defaults.momentum());
+  TORCH_CHECK_VALUE(defaults.weight_decay() >= 0, "Invalid weight_decay value: ", defaults.weight_decay());
+  TORCH_CHECK_VALUE(!defaults.nesterov() || (defaults.momentum() > 0 && defaults.dampening() == 0),
+                    "Nesterov momentum requires a momentum and zero dampening");
+}
+
+at::Tensor SGD::step(LossClosure closure) {
+  at::Tensor loss;
+  if (closure) {
+    const at::AutoGradMode enable_grad(true);
+    loss = closure();
+  }
+  const at::NoGradGuard no_grad;
+  for (auto& group : param_groups_) {
+    const auto& o = static_cast<const SGDOptions&>(group.options());
+    const bool momentum = o.momentum() != 0;
+    std::map<BucketKey, Bucket> buckets;
+    for (const auto& p : group.params()) {
+      if (!p.grad().defined()) {
+        continue;
+      }
+      TORCH_CHECK(!p.grad().is_sparse(), "ampkit::optim::SGD does not support sparse gradients");
+      auto& slot = state_[p.unsafeGetTensorImpl()];
+      if (!slot) {
+        auto s = std::make_unique<SGDParamState>();
+        s->step(at::zeros({}, p.options().dtype(at::kFloat)));
+        if (wants_master(o.master_weights(), p)) {
+          s->master_param(p.detach().to(at::kFloat, /*non_blocking=*/false, /*copy=*/true));
+        }
+        slot = std::move(s);
+      }
+      auto& s = static_cast<SGDParamState&>(*slot);
+      if (momentum && !s.momentum_buffer().defined()) {
+        s.momentum_buffer(fp32_zeros_like(p));
+      }
+      Bucket& b = buckets[{p.device().str(), s.master_param().defined()}];
+      b.params.push_back(p);
+      b.grads.push_back(p.grad());
+      if (s.master_param().defined()) {
+        b.masters.push_back(s.master_param());
+      }
+      if (momentum) {
+        b.first.push_back(s.momentum_buffer());
+        b.steps.push_back(s.step());
+      }
+    }
+    for (auto& [key, b] : buckets) {
+      const at::Device device = b.params[0].device();
+      sgd_step_(b.params, b.grads, b.masters, b.first, b.steps, o.lr(), o.momentum(), o.dampening(),
+                o.weight_decay(), o.nesterov(), o.maximize(), grad_scale_for(device), found_inf_for(device));
+    }
+  }
+  return loss;
+}
+
+void SGD::save(torch::serialize::OutputArchive& archive) const {
+  torch::optim::serialize<SGDParamState, SGDOptions>(archive, *this);
+}
+
+void SGD::load(torch::serialize::InputArchive& archive) {
+  torch::optim::serialize<SGDParamState, SGDOptions>(archive, *this);
+}
+
+}  // namespace ampkit::optim

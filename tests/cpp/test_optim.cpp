@@ -1,0 +1,164 @@
+// ampkit::optim from C++: AdamW and SGD against LibTorch's on FP32, BF16 params following an FP32 run through
+// their masters, the sync-free GradScaler path with skipped steps, and torch::save / torch::load round trips.
+#include "catch_torch.h"
+
+#include <cstdio>
+#include <limits>
+
+#include "test_helpers.h"
+
+using ampkit::test::bits_equal;
+
+namespace {
+
+std::vector<at::Tensor> make_params(at::ScalarType dtype, int seed = 0) {
+  torch::manual_seed(seed);
+  std::vector<at::Tensor> ps;
+  for (const auto& shape : std::vector<std::vector<int64_t>>{{33, 17}, {17}, {5, 3, 2}, {0}, {1025}}) {
+    ps.push_back(torch::randn(shape).to(dtype).requires_grad_());
+  }
+  return ps;
+}
+
+void set_grads(std::vector<at::Tensor>& ps, int step, at::ScalarType dtype) {
+  torch::manual_seed(1000 + step);
+  for (auto& p : ps) {
+    p.mutable_grad() = torch::randn(p.sizes()).to(dtype);
+  }
+}
+
+std::vector<at::Tensor> clone_params(const std::vector<at::Tensor>& ps, at::ScalarType dtype) {
+  std::vector<at::Tensor> out;
+  for (const auto& p : ps) {
+    out.push_back(p.detach().to(dtype, false, true).requires_grad_());
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("optim::AdamW and SGD: FP32 results follow LibTorch's optimizers", "[optim][cpu]") {
+  auto ours = make_params(at::kFloat);
+  auto theirs = clone_params(ours, at::kFloat);
+  SECTION("AdamW with amsgrad") {
+    ampkit::optim::AdamW a(ours, ampkit::optim::AdamWOptions(1e-2).weight_decay(0.1).amsgrad(true));
+    torch::optim::AdamW t(theirs, torch::optim::AdamWOptions(1e-2).weight_decay(0.1).amsgrad(true));
+    for (int step = 0; step < 50; ++step) {
+      set_grads(ours, step, at::kFloat);
+      set_grads(theirs, step, at::kFloat);
+      a.step();
+      t.step();
+    }
+  }
+  SECTION("SGD with momentum, dampening and weight decay") {
+    ampkit::optim::SGD a(ours, ampkit::optim::SGDOptions(1e-2).momentum(0.9).dampening(0.1).weight_decay(0.01));
+    torch::optim::SGD t(theirs, torch::optim::SGDOptions(1e-2).momentum(0.9).dampening(0.1).weight_decay(0.01));
+    for (int step = 0; step < 50; ++step) {
+      set_grads(ours, step, at::kFloat);
+      set_grads(theirs, step, at::kFloat);
+      a.step();
+      t.step();
+    }
+  }
+  for (size_t i = 0; i < ours.size(); ++i) {
+    REQUIRE(torch::allclose(ours[i], theirs[i], 2e-5, 2e-6));
+  }
+}
+
+TEST_CASE("optim::AdamW: BF16 params keep FP32 masters that follow the FP32 run", "[optim][cpu]") {
+  auto low = make_params(at::kBFloat16);
+  auto full = clone_params(low, at::kFloat);
+  ampkit::optim::AdamW a(low, ampkit::optim::AdamWOptions(1e-2));
+  ampkit::optim::AdamW f(full, ampkit::optim::AdamWOptions(1e-2));
+  for (int step = 0; step < 30; ++step) {
+    set_grads(low, step, at::kBFloat16);
+    for (size_t i = 0; i < low.size(); ++i) {
+      full[i].mutable_grad() = low[i].grad().to(at::kFloat);
+    }
+    a.step();
+    f.step();
+  }
+  for (size_t i = 0; i < low.size(); ++i) {
+    const auto& s = static_cast<ampkit::optim::AdamParamState&>(*a.state().at(low[i].unsafeGetTensorImpl()));
+    REQUIRE(s.master_param().scalar_type() == at::kFloat);
+    REQUIRE(torch::allclose(s.master_param(), full[i].detach(), 1e-6, 1e-7));
+    REQUIRE(bits_equal(low[i].detach(), s.master_param().to(at::kBFloat16)));
+  }
+}
+
+TEST_CASE("optim + GradScaler: sync-free steps equal an unscaled run, overflow steps change nothing",
+          "[optim][scaler][cpu]") {
+  torch::manual_seed(0);
+  torch::nn::Linear model(8, 4);
+  torch::nn::Linear ref(8, 4);
+  {
+    const torch::NoGradGuard no_grad;
+    ref->weight.copy_(model->weight);
+    ref->bias.copy_(model->bias);
+  }
+  ampkit::optim::AdamW opt(model->parameters(), ampkit::optim::AdamWOptions(1e-2));
+  ampkit::optim::AdamW ref_opt(ref->parameters(), ampkit::optim::AdamWOptions(1e-2));
+  ampkit::GradScaler scaler(ampkit::GradScalerOptions().init_scale(256.0).growth_interval(3));
+  for (int step = 0; step < 12; ++step) {
+    const auto x = torch::randn({16, 8});
+    opt.zero_grad();
+    scaler.scale(model(x).square().mean()).backward();
+    const bool overflow = step == 0 || step == 5;  // the very first step too
+    if (overflow) {
+      model->bias.mutable_grad()[1] = std::numeric_limits<float>::infinity();
+    }
+    const auto before = model->weight.detach().clone();
+    scaler.step(opt);
+    scaler.update();
+    if (overflow) {
+      REQUIRE(bits_equal(model->weight.detach(), before));
+      REQUIRE_FALSE(scaler.last_step_ran().item<bool>());
+      continue;
+    }
+    ref_opt.zero_grad();
+    ref(x).square().mean().backward();
+    ref_opt.step();
+    REQUIRE(bits_equal(model->weight.detach(), ref->weight.detach()));
+    REQUIRE(bits_equal(model->bias.detach(), ref->bias.detach()));
+  }
+  CHECK(scaler.stats().skipped_steps == 2);
+}
+
+TEST_CASE("optim: torch::save / torch::load round trip continues bit-identically", "[optim][cpu]") {
+  auto ps = make_params(at::kBFloat16);
+  ampkit::optim::AdamW opt(ps, ampkit::optim::AdamWOptions(1e-2).amsgrad(true));
+  for (int step = 0; step < 3; ++step) {
+    set_grads(ps, step, at::kBFloat16);
+    opt.step();
+  }
+  const std::string path = "ampkit_test_adamw.pt";
+  torch::save(opt, path);
+  auto copy = clone_params(ps, at::kBFloat16);
+  ampkit::optim::AdamW loaded(copy, ampkit::optim::AdamWOptions(1.0));
+  torch::load(loaded, path);
+  std::remove(path.c_str());
+  CHECK(static_cast<const ampkit::optim::AdamWOptions&>(loaded.param_groups()[0].options()).lr() == 1e-2);
+  for (int step = 3; step < 6; ++step) {
+    set_grads(ps, step, at::kBFloat16);
+    set_grads(copy, step, at::kBFloat16);
+    opt.step();
+    loaded.step();
+  }
+  for (size_t i = 0; i < ps.size(); ++i) {
+    REQUIRE(bits_equal(ps[i].detach(), copy[i].detach()));
+  }
+}
+
+TEST_CASE("optim: bad options and mismatched grads raise", "[optim][cpu]") {
+  auto ps = make_params(at::kFloat);
+  REQUIRE_THROWS_WITH(ampkit::optim::AdamW(ps, ampkit::optim::AdamWOptions(-1.0)),
+                      Catch::Contains("Invalid learning rate"));
+  REQUIRE_THROWS_WITH(ampkit::optim::SGD(ps, ampkit::optim::SGDOptions(0.1).nesterov(true)),
+                      Catch::Contains("Nesterov momentum requires"));
+  ampkit::optim::AdamW opt(ps, ampkit::optim::AdamWOptions(1e-2));
+  set_grads(ps, 0, at::kFloat);
+  ps[2].mutable_grad() = ps[2].grad().to(at::kDouble);
+  const auto before = ps[0].detach().clone();
+  REQUIRE_THROWS_WITH(opt.step(), Catch::Contains("grads[2] must be Float"));
+  CHECK(bits_equal(ps[0].detach(), before));
+}
