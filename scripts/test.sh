@@ -10,9 +10,10 @@ log "ctest"
 ctest --test-dir "$AMPKIT_BUILD_DIR" --output-on-failure -j "$CMAKE_BUILD_PARALLEL_LEVEL"
 
 build_examples
-log "examples/cpp: ops_demo, scaler_loop"
+log "examples/cpp: ops_demo, scaler_loop, o2_loop"
 "$AMPKIT_BUILD_DIR/examples/ops_demo/ops_demo"
 "$AMPKIT_BUILD_DIR/examples/scaler_loop/scaler_loop"
+"$AMPKIT_BUILD_DIR/examples/o2_loop/o2_loop"
 
 log "pytest"
 cd "$AMPKIT_ROOT" && "$PY" -m pytest -q tests/python "$@"

@@ -150,6 +150,24 @@ at::Tensor AdamT<kDecoupled>::step(LossClosure closure) {
 }
 
 template <bool kDecoupled>
+void AdamT<kDecoupled>::init_master_params() {
+  const at::NoGradGuard no_grad;
+  for (auto& group : param_groups_) {
+    for (const auto& p : group.params()) {
+      auto& slot = state_[p.unsafeGetTensorImpl()];
+      if (!slot) {
+        auto s = std::make_unique<AdamParamState>();
+        s->step(at::zeros({}, p.options().dtype(at::kFloat)));
+        s->exp_avg(fp32_zeros_like(p));
+        s->exp_avg_sq(fp32_zeros_like(p));
+        slot = std::move(s);
+      }
+      static_cast<AdamParamState&>(*slot).master_param(p.detach().to(at::kFloat, false, /*copy=*/true));
+    }
+  }
+}
+
+template <bool kDecoupled>
 void AdamT<kDecoupled>::save(torch::serialize::OutputArchive& archive) const {
   torch::optim::serialize<AdamParamState, Options>(archive, *this);
 }
@@ -254,6 +272,21 @@ at::Tensor SGD::step(LossClosure closure) {
     }
   }
   return loss;
+}
+
+void SGD::init_master_params() {
+  const at::NoGradGuard no_grad;
+  for (auto& group : param_groups_) {
+    for (const auto& p : group.params()) {
+      auto& slot = state_[p.unsafeGetTensorImpl()];
+      if (!slot) {
+        auto s = std::make_unique<SGDParamState>();
+        s->step(at::zeros({}, p.options().dtype(at::kFloat)));
+        slot = std::move(s);
+      }
+      static_cast<SGDParamState&>(*slot).master_param(p.detach().to(at::kFloat, false, /*copy=*/true));
+    }
+  }
 }
 
 void SGD::save(torch::serialize::OutputArchive& archive) const {

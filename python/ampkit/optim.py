@@ -41,6 +41,15 @@ class _FusedOptimizer(torch.optim.Optimizer):
         if self._wants_master(group, p) and "master_param" not in state:
             state["master_param"] = p.detach().to(torch.float32, copy=True)
 
+    @torch.no_grad()
+    def init_master_params(self) -> None:
+        """Give every parameter an FP32 master copied from its current value, now. Call it while the model is
+        still FP32, then cast the model to FP16/BF16 (O2, as ``ampkit.decorate`` does): the masters keep the
+        unrounded weights instead of copies of the rounded ones."""
+        for group in self.param_groups:
+            for p in group["params"]:
+                self.state[p]["master_param"] = p.detach().to(torch.float32, copy=True)
+
     def _scaling(self, device: torch.device) -> tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
         grad_scale = getattr(self, "grad_scale", None)
         found_inf = getattr(self, "found_inf", None)

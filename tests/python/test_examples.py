@@ -34,3 +34,11 @@ def test_checkpoint_from_cpp_resumes_in_python(tmp_path):
     out = subprocess.run([sys.executable, str(ROOT / "examples/python/scaler_loop.py"), "--checkpoint", str(ckpt)],
                          capture_output=True, text=True, check=True).stdout
     assert f"resumed scaler state from {ckpt}: scale {state['scale']:.0f}" in out
+
+
+def test_python_o2_loop_runs_and_keeps_rounded_weights():
+    out = subprocess.run([sys.executable, str(ROOT / "examples/python/o2_loop.py")], capture_output=True, text=True,
+                         check=True).stdout
+    assert "masters torch.float32, weight == master rounded: True" in out
+    losses = [float(line.split()[3]) for line in out.splitlines() if line.startswith("step")]
+    assert losses[-1] < losses[0]

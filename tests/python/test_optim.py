@@ -230,3 +230,20 @@ def test_scalers_drive_the_fused_optimizers_like_unscaled_training(scaler_cls):
             ref_opt.step()
         for p, q in zip(model.parameters(), ref.parameters()):
             assert bits_equal(p.detach(), q.detach()), step
+
+
+def test_init_master_params_keeps_the_unrounded_fp32_weights():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(64, 32)
+    fp32 = [p.detach().clone() for p in model.parameters()]
+    opt = ampkit.optim.AdamW(model.parameters(), lr=1e-3)
+    opt.init_master_params()
+    model.to(torch.bfloat16)
+    for p, w in zip(model.parameters(), fp32):
+        assert bits_equal(opt.state[p]["master_param"], w)
+        assert not bits_equal(p.detach().float(), w)  # the cast rounded the weights; the masters did not
+    x = torch.randn(4, 64, dtype=torch.bfloat16)
+    model(x).float().sum().backward()
+    opt.step()
+    for p in model.parameters():
+        assert bits_equal(p.detach(), opt.state[p]["master_param"].to(torch.bfloat16))

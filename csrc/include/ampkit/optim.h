@@ -79,6 +79,9 @@ class AMPKIT_API AdamT : public torch::optim::Optimizer, public AmpScalingOptimi
   at::Tensor step(LossClosure closure = nullptr) override;
   void save(torch::serialize::OutputArchive& archive) const override;
   void load(torch::serialize::InputArchive& archive) override;
+  // Creates every parameter's state now, with an FP32 master copied from its current value. Call it while the
+  // model is still FP32, then cast the model to FP16/BF16 (O2): the masters keep the unrounded weights.
+  void init_master_params();
 };
 using Adam = AdamT<false>;
 using AdamW = AdamT<true>;
@@ -119,6 +122,8 @@ class AMPKIT_API SGD : public torch::optim::Optimizer, public AmpScalingOptimize
   at::Tensor step(LossClosure closure = nullptr) override;
   void save(torch::serialize::OutputArchive& archive) const override;
   void load(torch::serialize::InputArchive& archive) override;
+  // As AdamT::init_master_params.
+  void init_master_params();
 };
 
 extern template struct AdamOptionsT<false>;
