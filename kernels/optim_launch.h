@@ -10,13 +10,14 @@
 
 namespace ampkit::kernels {
 
-// The streams of one parameter for a fused step. `master`, `exp_avg_sq`, `max_exp_avg_sq`, `momentum` are null
-// when unused; `param` and `grad` share a dtype (FP16, BF16 or FP32); every other stream is FP32; `step` points
+// The streams of one parameter for a fused step. `master`, `remainder`, `exp_avg_sq`, `max_exp_avg_sq` are null
+// when unused (at most one of master and remainder is set); `param` and `grad` share a dtype (FP16, BF16 or FP32); every other stream is FP32; `step` points
 // at the tensor's FP32 step count.
 struct OptimTensor {
   void* param;
   const void* grad;
   float* master;
+  int16_t* remainder;  // BF16 params only: the master's low half (NOTE [BF16 weight + 16-bit remainder])
   float* exp_avg;      // Adam: first moment; SGD: momentum buffer
   float* exp_avg_sq;   // Adam only
   float* max_exp_avg_sq;

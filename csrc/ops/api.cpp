@@ -46,28 +46,30 @@ void update_scale_hysteresis_(const at::Tensor& scale, const at::Tensor& growth_
           growth_interval, hysteresis, min_scale, max_scale, dynamic);
 }
 
-void adamw_step_(at::TensorList params, at::TensorList grads, at::TensorList master_params, at::TensorList exp_avgs,
+void adamw_step_(at::TensorList params, at::TensorList grads, at::TensorList master_params,
+                 at::TensorList param_remainders, at::TensorList exp_avgs,
                  at::TensorList exp_avg_sqs, at::TensorList max_exp_avg_sqs, at::TensorList state_steps, double lr,
                  double beta1, double beta2, double weight_decay, double eps, bool amsgrad, bool maximize,
                  bool decoupled_weight_decay, const std::optional<at::Tensor>& grad_scale,
                  const std::optional<at::Tensor>& found_inf) {
   static const auto op =
       find_op<void(at::TensorList, at::TensorList, at::TensorList, at::TensorList, at::TensorList, at::TensorList,
-                   at::TensorList, double, double, double, double, double, bool, bool, bool,
+                   at::TensorList, at::TensorList, double, double, double, double, double, bool, bool, bool,
                    const std::optional<at::Tensor>&, const std::optional<at::Tensor>&)>("ampkit::adamw_step_");
-  op.call(params, grads, master_params, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, lr, beta1, beta2,
+  op.call(params, grads, master_params, param_remainders, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, lr, beta1, beta2,
           weight_decay, eps, amsgrad, maximize, decoupled_weight_decay, grad_scale, found_inf);
 }
 
 void sgd_step_(at::TensorList params, at::TensorList grads, at::TensorList master_params,
-               at::TensorList momentum_buffers, at::TensorList state_steps, double lr, double momentum,
+               at::TensorList param_remainders, at::TensorList momentum_buffers, at::TensorList state_steps, double lr, double momentum,
                double dampening, double weight_decay, bool nesterov, bool maximize,
                const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
   static const auto op =
-      find_op<void(at::TensorList, at::TensorList, at::TensorList, at::TensorList, at::TensorList, double, double,
-                   double, double, bool, bool, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&)>(
+      find_op<void(at::TensorList, at::TensorList, at::TensorList, at::TensorList, at::TensorList, at::TensorList,
+                   double, double, double, double, bool, bool, const std::optional<at::Tensor>&,
+                   const std::optional<at::Tensor>&)>(
           "ampkit::sgd_step_");
-  op.call(params, grads, master_params, momentum_buffers, state_steps, lr, momentum, dampening, weight_decay, nesterov,
+  op.call(params, grads, master_params, param_remainders, momentum_buffers, state_steps, lr, momentum, dampening, weight_decay, nesterov,
           maximize, grad_scale, found_inf);
 }
 

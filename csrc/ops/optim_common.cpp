@@ -37,6 +37,9 @@ void check_optim_args(const char* op, const OptimLists& l, bool need_exp_avgs, b
   const size_t n = l.params.size();
   check_list_length(op, "grads", l.grads, n, true);
   check_list_length(op, "master_params", l.master_params, n, false);
+  check_list_length(op, "param_remainders", l.param_remainders, n, false);
+  TORCH_CHECK_VALUE(l.master_params.empty() || l.param_remainders.empty(), "ampkit::", op,
+                    ": give master_params or param_remainders, not both");
   check_list_length(op, need_exp_avg_sqs ? "exp_avgs" : "momentum_buffers", l.exp_avgs, need_exp_avgs ? n : 0, true);
   check_list_length(op, "exp_avg_sqs", l.exp_avg_sqs, need_exp_avg_sqs ? n : 0, true);
   check_list_length(op, "max_exp_avg_sqs", l.max_exp_avg_sqs, need_max_exp_avg_sqs ? n : 0, true);
@@ -60,6 +63,11 @@ void check_optim_args(const char* op, const OptimLists& l, bool need_exp_avgs, b
     check_companion(op, "grads", i, l.grads[i], p, dtype);
     if (!l.master_params.empty()) {
       check_companion(op, "master_params", i, l.master_params[i], p, at::kFloat);
+    }
+    if (!l.param_remainders.empty()) {
+      TORCH_CHECK_TYPE(dtype == at::kBFloat16, "ampkit::", op, ": params[", i,
+                       "] must be BFloat16 when param_remainders are given, but got ", dtype);
+      check_companion(op, "param_remainders", i, l.param_remainders[i], p, at::kShort);
     }
     if (need_exp_avgs) {
       check_companion(op, need_exp_avg_sqs ? "exp_avgs" : "momentum_buffers", i, l.exp_avgs[i], p, at::kFloat);
@@ -109,7 +117,9 @@ std::vector<kernels::OptimTensor> optim_tensors(const OptimLists& l) {
   };
   for (size_t i = 0; i < l.params.size(); ++i) {
     // Zero-size params stay in the list: they have no elements to update, but their step counts advance.
-    out.push_back({l.params[i].data_ptr(), l.grads[i].const_data_ptr(), ptr(l.master_params, i), ptr(l.exp_avgs, i),
+    int16_t* remainder = l.param_remainders.empty() ? nullptr : l.param_remainders[i].mutable_data_ptr<int16_t>();
+    out.push_back({l.params[i].data_ptr(), l.grads[i].const_data_ptr(), ptr(l.master_params, i), remainder,
+                   ptr(l.exp_avgs, i),
                    ptr(l.exp_avg_sqs, i), ptr(l.max_exp_avg_sqs, i), ptr(l.state_steps, i), l.params[i].numel(),
                    kernel_dtype(l.params[i].scalar_type())});
   }

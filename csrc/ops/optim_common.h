@@ -16,6 +16,7 @@ struct OptimLists {
   at::TensorList params;
   at::TensorList grads;
   at::TensorList master_params;  // optional
+  at::TensorList param_remainders;  // optional, BF16 params only, exclusive with master_params
   at::TensorList exp_avgs;       // Adam: required; SGD: momentum buffers, required iff momentum != 0
   at::TensorList exp_avg_sqs;    // Adam: required; SGD: empty
   at::TensorList max_exp_avg_sqs;  // required iff amsgrad

@@ -141,7 +141,7 @@ at::Tensor AdamT<kDecoupled>::step(LossClosure closure) {
     }
     for (auto& [key, b] : buckets) {
       const at::Device device = b.params[0].device();
-      adamw_step_(b.params, b.grads, b.masters, b.first, b.second, b.third, b.steps, o.lr(), std::get<0>(o.betas()),
+      adamw_step_(b.params, b.grads, b.masters, {}, b.first, b.second, b.third, b.steps, o.lr(), std::get<0>(o.betas()),
                   std::get<1>(o.betas()), o.weight_decay(), o.eps(), o.amsgrad(), o.maximize(), kDecoupled,
                   grad_scale_for(device), found_inf_for(device));
     }
@@ -267,7 +267,7 @@ at::Tensor SGD::step(LossClosure closure) {
     }
     for (auto& [key, b] : buckets) {
       const at::Device device = b.params[0].device();
-      sgd_step_(b.params, b.grads, b.masters, b.first, b.steps, o.lr(), o.momentum(), o.dampening(),
+      sgd_step_(b.params, b.grads, b.masters, {}, b.first, b.steps, o.lr(), o.momentum(), o.dampening(),
                 o.weight_decay(), o.nesterov(), o.maximize(), grad_scale_for(device), found_inf_for(device));
     }
   }

@@ -39,7 +39,7 @@ struct MultiTensorArgs {
 };
 
 static_assert(sizeof(MultiTensorArgs<1>) <= kParamBudget, "chunk table exceeds the kernel parameter budget");
-static_assert(sizeof(MultiTensorArgs<7>) <= kParamBudget, "chunk table exceeds the kernel parameter budget");
+static_assert(sizeof(MultiTensorArgs<8>) <= kParamBudget, "chunk table exceeds the kernel parameter budget");
 static_assert(MultiTensorArgs<1>::kMaxTensors < 65536, "block_tensor is 16-bit");
 
 // Calls `op(args, tensor, start, n)` for the block's chunk: elements [start, start + n) of tensor `tensor`.

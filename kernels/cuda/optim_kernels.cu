@@ -4,14 +4,17 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <type_traits>
+
 #include "../optim_launch.h"
 #include "multi_tensor_apply.cuh"
 
 namespace ampkit::kernels {
 namespace {
 
-// Streams in the chunk table: 0 param, 1 grad, 2 master, 3 exp_avg, 4 exp_avg_sq, 5 max_exp_avg_sq, 6 step.
-constexpr int kStreams = 7;
+// Streams in the chunk table: 0 param, 1 grad, 2 master, 3 exp_avg, 4 exp_avg_sq, 5 max_exp_avg_sq, 6 step,
+// 7 remainder.
+constexpr int kStreams = 8;
 
 __device__ AMPKIT_INLINE float load(const __half* p, int64_t i) { return __half2float(p[i]); }
 __device__ AMPKIT_INLINE float load(const __nv_bfloat16* p, int64_t i) { return __bfloat162float(p[i]); }
@@ -30,6 +33,19 @@ __device__ void for_each_element(const cuda::MultiTensorArgs<kStreams>& a, int t
   float* m = offset(3);
   float* v = offset(4);
   float* vmax = offset(5);
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    if (a.data[7][t] != nullptr) {
+      // BF16 weight + int16 remainder: the exact FP32 master without a FP32 copy.
+      auto* rem = static_cast<int16_t*>(a.data[7][t]) + start;
+      auto* bits = reinterpret_cast<uint16_t*>(param);
+      for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+        float w = join_remainder(bits[i], rem[i]);
+        body(w, load(grad, i), m ? m + i : nullptr, v ? v + i : nullptr, vmax ? vmax + i : nullptr);
+        split_remainder(w, &bits[i], &rem[i]);
+      }
+      return;
+    }
+  }
 #pragma unroll 4
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
     float w = master ? master[i] : load(param, i);
@@ -118,7 +134,7 @@ cudaError_t launch_step(const OptimTensor* tensors, int64_t n, const ChunkOp& op
   for (int64_t i = 0; i < n; ++i) {
     const OptimTensor& t = tensors[i];
     void* streams[kStreams] = {t.param, const_cast<void*>(t.grad), t.master, t.exp_avg, t.exp_avg_sq,
-                               t.max_exp_avg_sq, t.step};
+                               t.max_exp_avg_sq, t.step, t.remainder};
     for (int s = 0; s < kStreams; ++s) {
       lists[s * n + i] = TensorRef{streams[s], t.numel, s < 2 ? t.dtype : DType::kFloat32};
     }

@@ -1,7 +1,9 @@
 """ampkit.optim: Adam, AdamW and SGD on ampkit's fused kernels (``torch.ops.ampkit.adamw_step_`` / ``sgd_step_``).
 
 They take torch.optim's constructor arguments plus ``master_weights``: ``None`` (default) decides per parameter
-when its state is created (on for FP16/BF16 parameters), ``True``/``False`` forces it. With a master, the FP32
+when its state is created (on for FP16/BF16 parameters), ``True``/``False`` forces it, ``"remainder"`` (BF16
+parameters) keeps the exact FP32 master as the BF16 weight plus an int16 ``state[p]["param_remainder"]`` (2 bytes
+per parameter instead of 4; ties round away from zero, see ``master_from_remainder``). With a master, the FP32
 copy is ``optimizer.state[p]["master_param"]``: the kernel reads the low-precision grad, unscales it in
 registers, updates the master and the FP32 moments and writes the rounded weight back, in one pass. Optimizer
 states are FP32 whatever the parameter's dtype (and stay FP32 through ``load_state_dict``).
@@ -25,21 +27,48 @@ class _FusedOptimizer(torch.optim.Optimizer):
     _step_supports_amp_scaling = True
     #: state entries that stay FP32 whatever the parameter's dtype
     _fp32_state = ("master_param", "exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer", "step")
+    _exact_state = ("param_remainder",)  # kept bit for bit (int16) through load_state_dict
 
     @staticmethod
-    def _wants_master(group: dict, p: torch.Tensor) -> bool:
+    def _master_mode(group: dict, p: torch.Tensor) -> str:
+        """'master' (FP32 copy), 'remainder' (BF16 weight + int16 low half) or 'none' for this parameter."""
         mw = group.get("master_weights")
-        return p.dtype in _LOW_PRECISION if mw is None else bool(mw)
+        if mw == "remainder":
+            if p.dtype != torch.bfloat16:
+                raise ValueError(f"master_weights='remainder' needs BFloat16 parameters, but got {p.dtype}")
+            return "remainder"
+        if mw is None:
+            return "master" if p.dtype in _LOW_PRECISION else "none"
+        return "master" if mw else "none"
 
-    def _complete_state(self, group: dict, p: torch.Tensor, state: dict, keys: Iterable[str]) -> None:
-        """Creates the state entries this step needs (a fresh state, or one loaded from torch.optim)."""
+    def _complete_state(self, group: dict, p: torch.Tensor, state: dict, keys: Iterable[str]) -> str:
+        """Creates the state entries this step needs (a fresh state, or one loaded from torch.optim); returns
+        the parameter's master mode."""
         if "step" in keys and "step" not in state:
             state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
         for key in keys:
             if key != "step" and state.get(key) is None:
                 state[key] = torch.zeros_like(p, dtype=torch.float32, memory_format=torch.preserve_format)
-        if self._wants_master(group, p) and "master_param" not in state:
+        mode = self._master_mode(group, p)
+        if mode == "master" and "master_param" not in state:
             state["master_param"] = p.detach().to(torch.float32, copy=True)
+        if mode == "remainder" and "param_remainder" not in state:
+            master = state.pop("master_param", None)
+            if master is None:  # the BF16 weight is the master: remainder 0
+                state["param_remainder"] = torch.zeros_like(p, dtype=torch.int16,
+                                                            memory_format=torch.preserve_format)
+            else:  # split an FP32 master (init_master_params) into weight + remainder
+                bits = master.view(torch.int32)
+                low = bits & 0xFFFF
+                p.detach().view(torch.int16).copy_(((bits >> 16) + (low >> 15)).to(torch.int16))
+                state["param_remainder"] = low.to(torch.int16)
+        return mode
+
+    @staticmethod
+    def master_from_remainder(param: torch.Tensor, remainder: torch.Tensor) -> torch.Tensor:
+        """The exact FP32 master held by a BF16 weight and its int16 remainder."""
+        bits = (param.detach().view(torch.int16).to(torch.int32) << 16) + remainder.to(torch.int32)
+        return bits.view(torch.float32)
 
     @torch.no_grad()
     def init_master_params(self) -> None:
@@ -60,7 +89,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
         return grad_scale, found_inf
 
     def _buckets(self, group: dict, state_keys: tuple[str, ...]) -> dict:
-        """Params with grads, grouped by (device, has master) — one kernel launch sequence each."""
+        """Params with grads, grouped by (device, master mode) — one kernel launch sequence each."""
         buckets: dict = {}
         for p in group["params"]:
             if p.grad is None:
@@ -68,21 +97,22 @@ class _FusedOptimizer(torch.optim.Optimizer):
             if p.grad.is_sparse:
                 raise RuntimeError(f"{type(self).__name__} does not support sparse gradients")
             state = self.state[p]
-            self._complete_state(group, p, state, state_keys)
-            key = (p.device, "master_param" in state)
-            buckets.setdefault(key, []).append((p, state))
+            mode = self._complete_state(group, p, state, state_keys)
+            buckets.setdefault((p.device, mode), []).append((p, state))
         return buckets
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         # torch's base class casts floating state to each parameter's dtype; masters and moments must stay FP32.
-        saved = {pid: {k: v for k, v in st.items() if k in self._fp32_state and torch.is_tensor(v)}
+        saved = {pid: {k: v for k, v in st.items()
+                       if k in self._fp32_state + self._exact_state and torch.is_tensor(v)}
                  for pid, st in state_dict["state"].items()}
         super().load_state_dict(state_dict)
         ids = chain.from_iterable(g["params"] for g in state_dict["param_groups"])
         params = chain.from_iterable(g["params"] for g in self.param_groups)
         for pid, p in zip(ids, params):
             for key, value in saved.get(pid, {}).items():
-                self.state[p][key] = value.to(device=p.device, dtype=torch.float32, copy=True)
+                dtype = torch.float32 if key in self._fp32_state else value.dtype
+                self.state[p][key] = value.to(device=p.device, dtype=dtype, copy=True)
 
 
 class Adam(_FusedOptimizer):
@@ -124,11 +154,12 @@ class Adam(_FusedOptimizer):
                 loss = closure()
         for group in self.param_groups:
             keys = ("step", "exp_avg", "exp_avg_sq") + (("max_exp_avg_sq",) if group["amsgrad"] else ())
-            for (device, has_master), entries in self._buckets(group, keys).items():
+            for (device, mode), entries in self._buckets(group, keys).items():
                 grad_scale, found_inf = self._scaling(device)
                 torch.ops.ampkit.adamw_step_(
                     [p for p, _ in entries], [p.grad for p, _ in entries],
-                    [s["master_param"] for _, s in entries] if has_master else [],
+                    [s["master_param"] for _, s in entries] if mode == "master" else [],
+                    [s["param_remainder"] for _, s in entries] if mode == "remainder" else [],
                     [s["exp_avg"] for _, s in entries], [s["exp_avg_sq"] for _, s in entries],
                     [s["max_exp_avg_sq"] for _, s in entries] if group["amsgrad"] else [],
                     [s["step"] for _, s in entries],
@@ -183,11 +214,12 @@ class SGD(_FusedOptimizer):
         for group in self.param_groups:
             momentum = float(group["momentum"])
             keys = ("step", "momentum_buffer") if momentum != 0.0 else ()
-            for (device, has_master), entries in self._buckets(group, keys).items():
+            for (device, mode), entries in self._buckets(group, keys).items():
                 grad_scale, found_inf = self._scaling(device)
                 torch.ops.ampkit.sgd_step_(
                     [p for p, _ in entries], [p.grad for p, _ in entries],
-                    [s["master_param"] for _, s in entries] if has_master else [],
+                    [s["master_param"] for _, s in entries] if mode == "master" else [],
+                    [s["param_remainder"] for _, s in entries] if mode == "remainder" else [],
                     [s["momentum_buffer"] for _, s in entries] if momentum != 0.0 else [],
                     [s["step"] for _, s in entries] if momentum != 0.0 else [],
                     lr=float(group["lr"]), momentum=momentum, dampening=float(group["dampening"]),

@@ -7,8 +7,10 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <vector>
 
 #include "kernels/amp_functors.h"
+#include "kernels/optim_functors.h"
 
 using ampkit::kernels::is_non_finite;
 using ampkit::kernels::UnscaleOp;
@@ -149,4 +151,44 @@ TEST_CASE("UpdateScaleOp: any nonzero found_inf (NaN included) backs off", "[fun
   op(&scale, &tracker, std::numeric_limits<float>::quiet_NaN());
   CHECK(scale == 512.f);
   CHECK(tracker == 0);
+}
+
+TEST_CASE("split_remainder / join_remainder: the FP32 master survives exactly, ties and extremes included",
+          "[functors][cpu]") {
+  using ampkit::kernels::join_remainder;
+  using ampkit::kernels::split_remainder;
+  auto bits_of = [](float f) {
+    uint32_t b;
+    std::memcpy(&b, &f, sizeof(b));
+    return b;
+  };
+  auto from_bits = [](uint32_t b) {
+    float f;
+    std::memcpy(&f, &b, sizeof(f));
+    return f;
+  };
+  std::vector<float> values = {0.f, -0.f, 1.f, -1.f, FLT_MAX, -FLT_MAX, FLT_MIN, std::numeric_limits<float>::denorm_min(),
+                               from_bits(0x3F808000u), from_bits(0x3F818000u), from_bits(0xBF808000u),
+                               from_bits(0x7F7E8000u), from_bits(0x7F7F7FFFu), from_bits(0x00008000u)};
+  std::mt19937 gen(99);
+  std::uniform_int_distribution<uint32_t> any;
+  for (int i = 0; i < 200000; ++i) {
+    const float f = from_bits(any(gen));
+    if (!std::isnan(f) && !std::isinf(f)) {
+      values.push_back(f);
+    }
+  }
+  for (const float v : values) {
+    uint16_t weight = 0;
+    int16_t remainder = 0;
+    split_remainder(v, &weight, &remainder);
+    REQUIRE(bits_of(join_remainder(weight, remainder)) == bits_of(v));
+    // The weight is the high half rounded to nearest (ties away from zero): within half a BF16 ulp of v.
+    const double w = static_cast<double>(from_bits(static_cast<uint32_t>(weight) << 16));
+    const double truncated = static_cast<double>(from_bits(bits_of(v) & 0xffff0000u));
+    const double ulp = std::abs(static_cast<double>(from_bits((bits_of(v) & 0xffff0000u) + 0x10000u)) - truncated);
+    if (std::isfinite(w)) {
+      REQUIRE(std::abs(w - static_cast<double>(v)) <= ulp / 2);
+    }
+  }
 }

