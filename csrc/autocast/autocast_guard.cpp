@@ -7,13 +7,18 @@
 namespace ampkit {
 
 AutocastGuard::AutocastGuard(c10::DeviceType device, c10::ScalarType dtype, bool enabled,
-                             std::optional<bool> cache_enabled)
+                             std::optional<bool> cache_enabled, const AutocastOverrides& overrides)
     : device_(device),
+      pushed_overrides_(false),
       prev_enabled_(at::autocast::is_autocast_enabled(device)),
       prev_dtype_(at::autocast::get_autocast_dtype(device)),
       prev_cache_enabled_(at::autocast::is_autocast_cache_enabled()) {
   TORCH_CHECK_VALUE(dtype == c10::kHalf || dtype == c10::kBFloat16,
                     "ampkit::AutocastGuard: dtype must be Half or BFloat16, but got ", dtype);
+  if (!overrides.fp32_ops.empty() || !overrides.lowp_ops.empty()) {
+    push_autocast_overrides(device, overrides);  // validates (and installs) before any state changes
+    pushed_overrides_ = true;
+  }
   at::autocast::set_autocast_enabled(device, enabled);
   at::autocast::set_autocast_dtype(device, dtype);
   at::autocast::increment_nesting();
@@ -21,6 +26,9 @@ AutocastGuard::AutocastGuard(c10::DeviceType device, c10::ScalarType dtype, bool
 }
 
 AutocastGuard::~AutocastGuard() {
+  if (pushed_overrides_) {
+    pop_autocast_overrides();
+  }
   if (at::autocast::decrement_nesting() == 0) {
     at::autocast::clear_cache();
   }

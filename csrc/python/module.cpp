@@ -193,6 +193,41 @@ PYBIND11_MODULE(_C, m) {
         });
       });
 
+  // ---- autocast ----
+  auto device_of = [](const std::string& device_type) { return c10::Device(device_type).type(); };
+  m.def("_push_autocast_overrides",
+        [device_of](const std::string& device_type, const std::vector<std::string>& fp32_ops,
+                    const std::vector<std::string>& lowp_ops) {
+          guarded([&] { ampkit::push_autocast_overrides(device_of(device_type), {fp32_ops, lowp_ops}); });
+        });
+  m.def("_pop_autocast_overrides", [] { guarded([] { ampkit::pop_autocast_overrides(); }); });
+  m.def(
+      "register_autocast",
+      [device_of](const std::string& op, const std::string& device_type, const std::string& policy) {
+        ampkit::AutocastPolicy p;
+        if (policy == "lowp") {
+          p = ampkit::AutocastPolicy::kLowerPrecision;
+        } else if (policy == "fp32") {
+          p = ampkit::AutocastPolicy::kFp32;
+        } else if (policy == "promote") {
+          p = ampkit::AutocastPolicy::kPromote;
+        } else {
+          throw py::value_error("register_autocast: policy must be 'lowp', 'fp32' or 'promote', but got '" + policy +
+                                "'");
+        }
+        guarded([&] { ampkit::register_autocast(op, device_of(device_type), p); });
+      },
+      py::arg("op"), py::arg("device_type"), py::arg("policy"));
+  py::class_<ampkit::OpStatsGuard>(m, "OpStatsGuard")
+      .def(py::init([] { return guarded([] { return std::make_unique<ampkit::OpStatsGuard>(); }); }))
+      .def("counts", [](const ampkit::OpStatsGuard& g) {
+        py::dict d;
+        for (const auto& [key, n] : g.counts()) {
+          d[py::make_tuple(key.first, key.second)] = n;
+        }
+        return d;
+      });
+
   m.def(
       "read_scaler_state", [](const std::string& path) { return to_py(guarded([&] { return GradScaler::read_state(path); })); },
       "The state of a GradScaler checkpoint file (torch::save(scaler, path) in C++, GradScaler.save in Python) as "

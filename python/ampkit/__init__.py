@@ -9,6 +9,7 @@ import os as _os
 import torch as _torch  # noqa: F401  (loads libtorch before the extension that links it)
 
 from . import _C, optim
+from .autocast import LEVELS, autocast, decorate, op_stats, register_autocast
 from .grad_scaler import GradScaler, OptState, load_scaler_state, save_scaler_state
 from .ops import check_finite_, unscale_and_check_, update_scale_
 
@@ -23,6 +24,11 @@ def build_info() -> dict:
 
 __all__ = [
     "GradScaler",
+    "LEVELS",
+    "autocast",
+    "decorate",
+    "op_stats",
+    "register_autocast",
     "OptState",
     "build_info",
     "load_scaler_state",

@@ -3,6 +3,9 @@
 #include "catch_torch.h"
 
 #include <ATen/autocast_mode.h>
+#include <torch/library.h>
+
+#include <thread>
 
 TEST_CASE("AutocastGuard: ops run in the low-precision dtype inside, state is restored outside", "[autocast][cpu]") {
   const auto a = torch::randn({8, 8});
@@ -60,4 +63,83 @@ TEST_CASE("AutocastGuard: the weight cast cache is cleared when the outermost sc
 TEST_CASE("AutocastGuard: rejects a dtype autocast cannot use", "[autocast][cpu]") {
   REQUIRE_THROWS_WITH(ampkit::AutocastGuard(at::kCPU, at::kFloat), Catch::Contains("dtype must be Half or BFloat16"));
   CHECK_FALSE(at::autocast::is_autocast_enabled(at::kCPU));
+}
+
+namespace {
+
+// A custom op defined from C++, for register_autocast: returns x * 2 in x's dtype.
+at::Tensor ampkit_test_twice(const at::Tensor& x) { return x * 2; }
+
+}  // namespace
+
+TORCH_LIBRARY(ampkit_cpp_test, m) { m.def("twice(Tensor x) -> Tensor"); }
+TORCH_LIBRARY_IMPL(ampkit_cpp_test, CPU, m) { m.impl("twice", &ampkit_test_twice); }
+
+TEST_CASE("AutocastGuard: per-scope overrides force FP32 or low precision, nest, and stay on their thread",
+          "[autocast][cpu]") {
+  const auto a = torch::randn({8, 16});
+  const auto w = torch::randn({4, 16});
+  {
+    ampkit::AutocastGuard guard(at::kCPU, at::kBFloat16, true, std::nullopt,
+                                ampkit::AutocastOverrides{{"linear"}, {"sum"}});
+    CHECK(at::linear(a, w).scalar_type() == at::kFloat);
+    CHECK(a.sum().scalar_type() == at::kBFloat16);
+    CHECK(torch::mm(a, w.t()).scalar_type() == at::kBFloat16);  // not overridden: torch's rule
+    {
+      ampkit::AutocastGuard inner(at::kCPU, at::kBFloat16, true, std::nullopt,
+                                  ampkit::AutocastOverrides{{}, {"aten::linear"}});
+      CHECK(at::linear(a, w).scalar_type() == at::kBFloat16);
+    }
+    CHECK(at::linear(a, w).scalar_type() == at::kFloat);
+    at::ScalarType other_thread = at::kDouble;
+    std::thread t([&] {
+      ampkit::AutocastGuard plain(at::kCPU, at::kBFloat16);
+      other_thread = at::linear(a, w).scalar_type();
+    });
+    t.join();
+    CHECK(other_thread == at::kBFloat16);
+  }
+  ampkit::AutocastGuard plain(at::kCPU, at::kBFloat16);
+  CHECK(at::linear(a, w).scalar_type() == at::kBFloat16);
+  REQUIRE_THROWS_WITH(ampkit::AutocastGuard(at::kCPU, at::kBFloat16, true, std::nullopt,
+                                            ampkit::AutocastOverrides{{"no_such_op"}, {}}),
+                      Catch::Contains("no operator named 'aten::no_such_op'"));
+}
+
+TEST_CASE("register_autocast: a C++ custom op gets each policy, with no Python involved", "[autocast][cpu]") {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("ampkit_cpp_test::twice", "")
+                             .typed<at::Tensor(const at::Tensor&)>();
+  const auto x = torch::randn({4});
+  {
+    ampkit::AutocastGuard guard(at::kCPU, at::kBFloat16);
+    CHECK(op.call(x).scalar_type() == at::kFloat);  // no policy yet: falls through, as torch
+  }
+  ampkit::register_autocast("ampkit_cpp_test::twice", at::kCPU, ampkit::AutocastPolicy::kLowerPrecision);
+  {
+    ampkit::AutocastGuard guard(at::kCPU, at::kBFloat16);
+    const auto y = op.call(x);
+    CHECK(y.scalar_type() == at::kBFloat16);
+    CHECK(torch::equal(y, x.to(at::kBFloat16) * 2));
+  }
+  CHECK(op.call(x).scalar_type() == at::kFloat);  // outside autocast: untouched
+  ampkit::register_autocast("ampkit_cpp_test::twice", at::kCPU, ampkit::AutocastPolicy::kFp32);
+  {
+    ampkit::AutocastGuard guard(at::kCPU, at::kBFloat16);
+    CHECK(op.call(x.to(at::kBFloat16)).scalar_type() == at::kFloat);
+  }
+}
+
+TEST_CASE("OpStatsGuard: counts ops per dtype", "[autocast][cpu]") {
+  const auto a = torch::randn({8, 16});
+  const auto w = torch::randn({4, 16});
+  ampkit::OpStatsGuard stats;
+  {
+    ampkit::AutocastGuard guard(at::kCPU, at::kBFloat16);
+    at::linear(a, w);
+  }
+  at::linear(a, w);
+  const auto counts = stats.counts();
+  CHECK(counts.at({"aten::linear", "BFloat16"}) == 1);
+  CHECK(counts.at({"aten::linear", "Float"}) == 1);
 }

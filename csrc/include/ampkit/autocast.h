@@ -4,11 +4,26 @@
 #include <c10/core/DeviceType.h>
 #include <c10/core/ScalarType.h>
 
+#include <cstdint>
+#include <map>
 #include <optional>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "ampkit/export.h"
 
 namespace ampkit {
+
+// How autocast runs an op: in the low-precision dtype, in FP32, or in the widest floating dtype of its inputs.
+enum class AutocastPolicy { kLowerPrecision, kFp32, kPromote };
+
+// Ops forced to FP32 or to the low-precision dtype inside one AutocastGuard scope, on its thread only. Names
+// are "softmax" (aten), "aten::linear" or "myns::myop"; every overload of the name is affected.
+struct AutocastOverrides {
+  std::vector<std::string> fp32_ops;
+  std::vector<std::string> lowp_ops;
+};
 
 // Inside the guard's scope, ops on `device` run under autocast in `dtype` (when `enabled`), exactly as inside
 // `with torch.autocast(device, dtype, enabled, cache_enabled)`: on entry it saves the enabled flag, the dtype and
@@ -21,10 +36,12 @@ namespace ampkit {
 //   dtype: the low-precision type, kHalf or kBFloat16.
 //   enabled: false runs the scope in full precision (a nested guard can switch autocast off).
 //   cache_enabled: keep casts of leaf tensors (weights) for the scope; default: the current setting.
+//   overrides: ops forced to FP32 / low precision in this scope, on this thread (inner scopes win); outside any
+//              override an op behaves exactly as under torch.autocast.
 class AMPKIT_API AutocastGuard {
  public:
   AutocastGuard(c10::DeviceType device, c10::ScalarType dtype, bool enabled = true,
-                std::optional<bool> cache_enabled = std::nullopt);
+                std::optional<bool> cache_enabled = std::nullopt, const AutocastOverrides& overrides = {});
   ~AutocastGuard();
   AutocastGuard(const AutocastGuard&) = delete;
   AutocastGuard& operator=(const AutocastGuard&) = delete;
@@ -33,9 +50,37 @@ class AMPKIT_API AutocastGuard {
 
  private:
   c10::DeviceType device_;
+  bool pushed_overrides_;
   bool prev_enabled_;
   c10::ScalarType prev_dtype_;
   bool prev_cache_enabled_;
+};
+
+// The override scopes AutocastGuard pushes and pops, for bindings that manage autocast state themselves
+// (ampkit.autocast in Python): push validates the names and installs the kernels before it changes anything.
+AMPKIT_API void push_autocast_overrides(c10::DeviceType device, const AutocastOverrides& overrides);
+AMPKIT_API void pop_autocast_overrides();
+
+// Autocast behaviour for an op that has none (a custom op, defined in C++ or Python) on `device` (kCPU or kCUDA):
+// under autocast its floating inputs are cast by `policy` before it runs, in C++ (no Python in the dispatch
+// path). Registered once per process; later calls change the policy.
+AMPKIT_API void register_autocast(const std::string& op, c10::DeviceType device, AutocastPolicy policy);
+
+// Counts, per op and dtype, the ops run on this thread while the guard lives (Paddle's operator stats): the
+// question "is my model really running in FP16?". Only outermost ops are counted (an op's internal calls are
+// its own business), each under the dtype of its first floating output (else input, else "other").
+class AMPKIT_API OpStatsGuard {
+ public:
+  OpStatsGuard();
+  ~OpStatsGuard();
+  OpStatsGuard(const OpStatsGuard&) = delete;
+  OpStatsGuard& operator=(const OpStatsGuard&) = delete;
+  // (op name, dtype name) -> calls, so far.
+  std::map<std::pair<std::string, std::string>, int64_t> counts() const;
+
+ private:
+  uint64_t handle_;
+  void* stats_;
 };
 
 }  // namespace ampkit

@@ -1,0 +1,222 @@
+// Per-scope autocast overrides and autocast for custom ops, on the Autocast dispatch keys.
+//
+// NOTE [Autocast override kernels]
+// For each op overload that is overridden (AutocastGuard / ampkit.autocast) or given a policy
+// (register_autocast), one boxed kernel is registered on AutocastCPU / AutocastCUDA, once per process, and kept:
+// dispatcher registration is global, the scope lives in a thread-local policy stack. Before registering, the
+// kernel ATen had there is captured (OperatorHandle::getComputedKernelForDispatchKey). At run time the kernel
+// looks the op up in this thread's scopes, innermost first, then in the registered policies; with a policy it
+// casts the floating inputs on that device (at::autocast::cached_cast, so weights hit the cast cache) and calls
+// the op again with the autocast key excluded, as ATen's own autocast kernels do; without one it calls the
+// captured ATen kernel, or falls through below the autocast key when there was none: outside an override, the op
+// behaves exactly as under torch.autocast.
+#include <ATen/autocast_mode.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/library.h>
+
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <unordered_map>
+
+#include "ampkit/autocast.h"
+
+namespace ampkit {
+namespace {
+
+struct Installed {
+  std::optional<c10::SafeKernelFunction> original;  // ATen's kernel at this key, if it had one
+  std::optional<AutocastPolicy> policy;             // set by register_autocast
+};
+
+struct Registry {
+  std::shared_mutex mutex;
+  std::unordered_map<std::string, Installed> installed;  // "ns::name.overload|key"
+  std::vector<std::unique_ptr<torch::Library>> libraries;  // kept alive: the registrations stay
+};
+
+Registry& registry() {
+  static auto* r = new Registry();  // never destroyed: kernels may run during static destruction
+  return *r;
+}
+
+struct Scope {
+  c10::DeviceType device;
+  std::unordered_map<std::string, AutocastPolicy> policies;  // "ns::name" -> policy
+};
+thread_local std::vector<Scope> t_scopes;
+
+c10::DispatchKey autocast_key(c10::DeviceType device) {
+  switch (device) {
+    case c10::DeviceType::CPU:
+      return c10::DispatchKey::AutocastCPU;
+    case c10::DeviceType::CUDA:
+      return c10::DispatchKey::AutocastCUDA;
+    default:
+      TORCH_CHECK_VALUE(false, "ampkit autocast overrides: device must be cpu or cuda, but got ", device);
+  }
+}
+
+std::string qualified(const std::string& op) {
+  return op.find("::") == std::string::npos ? "aten::" + op : op;
+}
+
+std::string entry_key(const c10::OperatorName& name, c10::DispatchKey key) {
+  return name.name + "." + name.overload_name + "|" + c10::toString(key);
+}
+
+std::vector<c10::OperatorHandle> overloads_of(const std::string& name) {
+  std::vector<c10::OperatorHandle> ops;
+  auto& dispatcher = c10::Dispatcher::singleton();
+  for (const auto& op_name : dispatcher.getAllOpNames()) {
+    if (op_name.name == name) {
+      if (auto handle = dispatcher.findOp(op_name)) {
+        ops.push_back(*handle);
+      }
+    }
+  }
+  TORCH_CHECK_VALUE(!ops.empty(), "ampkit autocast: no operator named '", name,
+                    "' is registered (names look like 'softmax', 'aten::linear' or 'myns::myop')");
+  return ops;
+}
+
+// Drops the dispatcher's "overriding a previously registered kernel" warning: overriding is the point.
+struct SilentWarnings : c10::WarningHandler {
+  void process(const c10::Warning&) override {}
+};
+
+std::optional<AutocastPolicy> thread_policy(const std::string& name, c10::DeviceType device) {
+  for (auto it = t_scopes.rbegin(); it != t_scopes.rend(); ++it) {
+    if (it->device == device) {
+      const auto found = it->policies.find(name);
+      if (found != it->policies.end()) {
+        return found->second;
+      }
+    }
+  }
+  return std::nullopt;
+}
+
+at::Tensor cast_to(const at::Tensor& t, at::ScalarType to, c10::DeviceType device) {
+  return at::autocast::cached_cast(to, t, device);
+}
+
+template <typename F>
+void for_each_tensor_arg(torch::jit::Stack* stack, size_t num_args, const F& f) {
+  for (size_t i = stack->size() - num_args; i < stack->size(); ++i) {
+    c10::IValue& v = (*stack)[i];
+    if (v.isTensor()) {
+      f(v.toTensor(), [&](at::Tensor t) { v = std::move(t); });
+    } else if (v.isTensorList()) {
+      auto list = v.toTensorList();
+      for (size_t j = 0; j < list.size(); ++j) {
+        f(list.get(j), [&](at::Tensor t) { list.set(j, std::move(t)); });
+      }
+    }
+  }
+}
+
+void autocast_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+  const c10::DispatchKey key = ks.highestPriorityTypeId();
+  const c10::DeviceType device =
+      key == c10::DispatchKey::AutocastCUDA ? c10::DeviceType::CUDA : c10::DeviceType::CPU;
+  const c10::OperatorName& name = op.operator_name();
+  std::optional<AutocastPolicy> policy = thread_policy(name.name, device);
+  const Installed* installed = nullptr;
+  {
+    std::shared_lock lock(registry().mutex);
+    const auto it = registry().installed.find(entry_key(name, key));
+    TORCH_INTERNAL_ASSERT(it != registry().installed.end(), "ampkit autocast kernel without a registry entry");
+    installed = &it->second;  // entries are never erased
+    if (!policy) {
+      policy = installed->policy;
+    }
+  }
+  const size_t num_args = op.schema().arguments().size();
+  if (!policy) {
+    if (installed->original) {
+      installed->original->callBoxed(op, ks, stack);
+    } else {
+      op.redispatchBoxed(ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, key), stack);
+    }
+    return;
+  }
+  at::ScalarType to = *policy == AutocastPolicy::kFp32 ? at::kFloat : at::autocast::get_autocast_dtype(device);
+  if (*policy == AutocastPolicy::kPromote) {
+    for_each_tensor_arg(stack, num_args, [&](const at::Tensor& t, const auto&) {
+      if (at::autocast::is_eligible(t, device)) {
+        to = at::promoteTypes(to, t.scalar_type());
+      }
+    });
+  }
+  for_each_tensor_arg(stack, num_args, [&](const at::Tensor& t, const auto& replace) {
+    if (at::autocast::is_eligible(t, device) && t.scalar_type() != to) {
+      replace(cast_to(t, to, device));
+    }
+  });
+  const c10::impl::ExcludeDispatchKeyGuard no_autocast(key);
+  op.callBoxed(stack);
+}
+
+// Registers autocast_kernel for every overload of `name` at `key` (once), capturing ATen's kernel first.
+void install(const std::string& name, c10::DispatchKey key) {
+  const auto ops = overloads_of(name);
+  std::unique_lock lock(registry().mutex);
+  for (const auto& op : ops) {
+    const std::string k = entry_key(op.operator_name(), key);
+    if (registry().installed.count(k) != 0) {
+      continue;
+    }
+    Installed entry;
+    if (op.hasKernelForDispatchKey(key)) {
+      entry.original = op.getComputedKernelForDispatchKey(key);
+    }
+    const auto& op_name = op.operator_name();
+    const std::string ns = op_name.name.substr(0, op_name.name.find("::"));
+    auto lib = std::make_unique<torch::Library>(torch::Library::IMPL, ns, key, __FILE__, __LINE__);
+    SilentWarnings silent;
+    const c10::WarningUtils::WarningHandlerGuard quiet(&silent);
+    const std::string overload =
+        op_name.overload_name.empty() ? op_name.name : op_name.name + "." + op_name.overload_name;
+    lib->impl(overload.c_str(), torch::CppFunction::makeFromBoxedFunction<&autocast_kernel>());
+    registry().libraries.push_back(std::move(lib));
+    registry().installed.emplace(k, std::move(entry));
+  }
+}
+
+}  // namespace
+
+void push_autocast_overrides(c10::DeviceType device, const AutocastOverrides& overrides) {
+  const c10::DispatchKey key = autocast_key(device);
+  Scope scope{device, {}};
+  for (const auto& [ops, policy] : {std::pair{&overrides.fp32_ops, AutocastPolicy::kFp32},
+                                    std::pair{&overrides.lowp_ops, AutocastPolicy::kLowerPrecision}}) {
+    for (const auto& op : *ops) {
+      const std::string name = qualified(op);
+      install(name, key);
+      scope.policies[name] = policy;
+    }
+  }
+  t_scopes.push_back(std::move(scope));
+}
+
+void pop_autocast_overrides() {
+  TORCH_INTERNAL_ASSERT(!t_scopes.empty(), "ampkit: unbalanced autocast override scopes");
+  t_scopes.pop_back();
+}
+
+void register_autocast(const std::string& op, c10::DeviceType device, AutocastPolicy policy) {
+  const c10::DispatchKey key = autocast_key(device);
+  const std::string name = qualified(op);
+  install(name, key);
+  std::unique_lock lock(registry().mutex);
+  for (auto& [k, entry] : registry().installed) {
+    if (k.rfind(name + ".", 0) == 0 && k.size() > name.size() &&
+        k.compare(k.size() - std::strlen(c10::toString(key)), std::string::npos, c10::toString(key)) == 0) {
+      entry.policy = policy;
+    }
+  }
+}
+
+}  // namespace ampkit

@@ -1,0 +1,150 @@
+"""ampkit.autocast, register_autocast, op_stats and decorate (O0-O3).
+
+``ampkit.autocast`` is ``torch.autocast`` plus per-scope op overrides (``fp32_ops`` / ``lowp_ops``) implemented by
+ampkit's C++ kernels on the Autocast dispatch keys (thread-local scopes; outside an override an op behaves exactly
+as under torch.autocast). ``register_autocast`` gives a custom op autocast behaviour with no Python in the
+dispatch path. ``op_stats`` counts which ops ran in which dtype. ``decorate`` applies the O-level presets.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterable, Optional, Union
+
+import torch
+from torch import nn
+
+from . import _C
+
+__all__ = ["autocast", "register_autocast", "op_stats", "decorate", "LEVELS"]
+
+
+class autocast(torch.autocast):
+    """``torch.autocast(device_type, dtype, enabled, cache_enabled)`` plus, for this scope and thread only,
+    ``fp32_ops`` forced to FP32 and ``lowp_ops`` forced to the low-precision dtype. Names: ``"softmax"`` (aten),
+    ``"aten::linear"``, ``"myns::myop"``; all overloads of a name. Usable as a context manager or decorator."""
+
+    def __init__(self, device_type: str, dtype: Optional[torch.dtype] = None, enabled: bool = True,
+                 cache_enabled: Optional[bool] = None, *, fp32_ops: Iterable[str] = (),
+                 lowp_ops: Iterable[str] = ()) -> None:
+        super().__init__(device_type, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
+        self._fp32_ops = [str(op) for op in fp32_ops]
+        self._lowp_ops = [str(op) for op in lowp_ops]
+        self._pushes: list[bool] = []  # one entry per active entry of this instance (decorators re-enter)
+
+    def __enter__(self):
+        push = bool(self._fp32_ops or self._lowp_ops) and self._enabled
+        if push:
+            _C._push_autocast_overrides(self.device, self._fp32_ops, self._lowp_ops)
+        self._pushes.append(push)
+        try:
+            return super().__enter__()
+        except BaseException:
+            if self._pushes.pop():
+                _C._pop_autocast_overrides()
+            raise
+
+    def __exit__(self, exc_type: Any, exc_val: Any, exc_tb: Any):
+        try:
+            return super().__exit__(exc_type, exc_val, exc_tb)
+        finally:
+            if self._pushes.pop():
+                _C._pop_autocast_overrides()
+
+
+def register_autocast(op: str, device_type: str, policy: str) -> None:
+    """Autocast behaviour for a custom op (C++ or Python defined) on ``device_type`` ("cpu"/"cuda"): ``policy``
+    ``"lowp"`` casts its floating inputs to the autocast dtype, ``"fp32"`` to FP32, ``"promote"`` to the widest
+    of them. Implemented in C++: no Python runs when the op is dispatched."""
+    _C.register_autocast(op, device_type, policy)
+
+
+class op_stats:
+    """Counts the ops run on this thread inside the ``with`` block, per dtype (outermost ops only; dtype of the
+    first floating output). ``counts`` maps ``(op, dtype)`` to calls; ``summary()`` formats them."""
+
+    def __enter__(self) -> "op_stats":
+        self.counts: dict[tuple[str, str], int] = {}
+        self._guard = _C.OpStatsGuard()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.counts = dict(self._guard.counts())
+        del self._guard
+
+    def summary(self) -> str:
+        dtypes = sorted({d for _, d in self.counts})
+        ops = sorted({o for o, _ in self.counts})
+        width = max([len(o) for o in ops] + [2])
+        lines = [f"{'op':<{width}} " + " ".join(f"{d:>9}" for d in dtypes)]
+        for o in ops:
+            lines.append(f"{o:<{width}} " + " ".join(f"{self.counts.get((o, d), 0):>9}" for d in dtypes))
+        return "\n".join(lines)
+
+
+LEVELS = {
+    "O0": "FP32 everywhere (the baseline).",
+    "O1": "Autocast (ampkit.autocast / AutocastGuard) + a GradScaler: matmuls and convolutions in low precision, "
+          "softmax, norms, losses and reductions in FP32, weights FP32. The safe default.",
+    "O2": "The model's weights in FP16/BF16, normalisation layers (and `excluded` modules) kept FP32, FP32 master "
+          "weights in the optimizer (taken from the FP32 weights before the cast) + a GradScaler. Faster and "
+          "leaner than O1; keep embeddings that take sparse updates in `excluded`.",
+    "O3": "Everything in FP16/BF16, no masters unless the optimizer keeps them: fastest, least stable; mainly a "
+          "speed baseline.",
+}
+
+_NORMS = (nn.modules.batchnorm._BatchNorm, nn.LayerNorm, nn.GroupNorm, nn.modules.instancenorm._InstanceNorm,
+          nn.LocalResponseNorm)
+
+
+def _to(value: Any, dtype: torch.dtype) -> Any:
+    if isinstance(value, torch.Tensor) and value.is_floating_point() and value.dtype != torch.float64:
+        return value.to(dtype)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to(v, dtype) for v in value)
+    if isinstance(value, dict):
+        return {k: _to(v, dtype) for k, v in value.items()}
+    return value
+
+
+def decorate(model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = None, *, level: str = "O2",
+             dtype: torch.dtype = torch.float16, keep_norm_fp32: bool = True,
+             excluded: Iterable[Union[str, nn.Module, type]] = ()):
+    """Applies an O-level preset (see ``LEVELS``) to ``model`` in place; returns the model, or
+    ``(model, optimizer)`` when an optimizer is given. For O2/O3 the optimizer must be an ``ampkit.optim`` one:
+    its FP32 masters are taken from the FP32 weights before the cast (as Apex O2), not from rounded copies.
+    Modules kept FP32 (norms in O2, ``excluded`` in O2/O3; names, modules or module types) take low-precision
+    inputs: they compute in FP32 and hand their outputs back in ``dtype``."""
+    if level not in LEVELS:
+        raise ValueError(f"decorate: level must be one of {sorted(LEVELS)}, but got {level!r}")
+    if dtype not in (torch.float16, torch.bfloat16):
+        raise ValueError(f"decorate: dtype must be torch.float16 or torch.bfloat16, but got {dtype}")
+    result = model if optimizer is None else (model, optimizer)
+    if level in ("O0", "O1"):
+        return result
+    from .optim import _FusedOptimizer
+
+    if optimizer is not None and not isinstance(optimizer, _FusedOptimizer):
+        raise TypeError("decorate: O2/O3 keep FP32 masters in the optimizer; pass an ampkit.optim optimizer, "
+                        f"not {type(optimizer).__name__}")
+    excluded = list(excluded)
+    named = dict(model.named_modules())
+    kept: set[nn.Module] = set()
+    for name, module in named.items():
+        is_norm = level == "O2" and keep_norm_fp32 and isinstance(module, _NORMS)
+        is_excluded = any(e == name if isinstance(e, str) else
+                          (isinstance(module, e) if isinstance(e, type) else e is module) for e in excluded)
+        if is_norm or is_excluded:
+            kept.update(module.modules())
+            module.register_forward_pre_hook(lambda _m, args: _to(args, torch.float32))
+            module.register_forward_hook(lambda _m, _args, out: _to(out, dtype))
+    for module in model.modules():
+        if module in kept:
+            continue
+        for p in module.parameters(recurse=False):
+            if p.is_floating_point():
+                if optimizer is not None:
+                    optimizer.state[p]["master_param"] = p.detach().to(torch.float32, copy=True)
+                p.data = p.data.to(dtype)
+        for name, buf in module.named_buffers(recurse=False):
+            if buf.is_floating_point():
+                setattr(module, name, buf.to(dtype))
+    return result

@@ -1,0 +1,258 @@
+"""ampkit.autocast against torch.autocast (no overrides: same dtypes and values), per-scope overrides (FP32 and low
+precision, overloads, nesting, exceptions, two threads), register_autocast for a Python-defined custom op, op_stats,
+and decorate's O-levels training a model with LayerNorm and BatchNorm."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import ampkit
+from conftest import bits_equal
+
+DT = torch.bfloat16
+
+
+def _inputs(dtype=torch.float32):
+    g = torch.Generator().manual_seed(0)
+    r = lambda *s: torch.randn(*s, generator=g).to(dtype)  # noqa: E731
+    return dict(a=r(8, 16), b=r(16, 12), c=r(4, 8, 16), d=r(4, 16, 5), w=r(12, 16), bias=r(12), img=r(2, 3, 10, 10),
+                k=r(4, 3, 3, 3), v=r(8, 12), t=torch.randint(0, 12, (8,), generator=g), ln_w=r(16), ln_b=r(16))
+
+
+OPS = {
+    "mm": lambda x: torch.mm(x["a"], x["b"]),
+    "matmul": lambda x: x["a"] @ x["b"],
+    "bmm": lambda x: torch.bmm(x["c"], x["d"]),
+    "addmm": lambda x: torch.addmm(x["bias"], x["a"], x["b"]),
+    "baddbmm": lambda x: torch.baddbmm(torch.bmm(x["c"], x["d"]), x["c"], x["d"]),
+    "linear": lambda x: F.linear(x["a"], x["w"], x["bias"]),
+    "conv2d": lambda x: F.conv2d(x["img"], x["k"]),
+    "softmax": lambda x: torch.softmax(x["v"], -1),
+    "log_softmax": lambda x: F.log_softmax(x["v"], -1),
+    "layer_norm": lambda x: F.layer_norm(x["a"], (16,), x["ln_w"], x["ln_b"]),
+    "group_norm": lambda x: F.group_norm(x["img"], 3),
+    "cross_entropy": lambda x: F.cross_entropy(x["v"], x["t"]),
+    "mse_loss": lambda x: F.mse_loss(x["v"], x["v"] * 0.5),
+    "sum": lambda x: x["v"].sum(),
+    "mean": lambda x: x["v"].mean(1),
+    "cat": lambda x: torch.cat([torch.mm(x["a"], x["b"]), x["v"]]),
+    "stack": lambda x: torch.stack([torch.mm(x["a"], x["b"]), x["v"]]),
+    "relu": lambda x: torch.relu(torch.mm(x["a"], x["b"])),
+}
+
+
+@pytest.mark.parametrize("name", sorted(OPS))
+@pytest.mark.parametrize("input_dtype", [torch.float32, DT])
+def test_no_override_matches_torch_autocast(name, input_dtype):
+    x = _inputs(input_dtype)
+    with torch.autocast("cpu", dtype=DT):
+        expected = OPS[name](x)
+    with ampkit.autocast("cpu", dtype=DT):
+        got = OPS[name](x)
+    assert got.dtype == expected.dtype
+    assert bits_equal(got, expected)
+
+
+def test_installed_override_kernels_leave_torch_behaviour_unchanged_outside_overrides():
+    """In a fresh process: every op's torch.autocast result before and after ampkit installs its override kernels
+    (on every op of the set) must be bit-identical, with FP32 and BF16 inputs."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).with_name("autocast_parity_check.py")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "checked 36 results" in done.stdout
+
+
+def test_forced_fp32_and_forced_low_precision():
+    x = _inputs()
+    with ampkit.autocast("cpu", dtype=DT, fp32_ops=["linear", "aten::mm"], lowp_ops=["sum"]):
+        out = OPS["linear"](x)
+        assert out.dtype == torch.float32
+        assert bits_equal(out, OPS["linear"](x).float())  # really computed in FP32
+        assert torch.mm(x["a"], x["b"]).dtype == torch.float32
+        assert x["v"].sum().dtype == DT  # sum is FP32 by default
+        assert torch.bmm(x["c"], x["d"]).dtype == DT  # untouched ops keep torch's behaviour
+    assert F.linear(x["a"], x["w"]).dtype == torch.float32  # outside autocast
+
+
+def test_all_overloads_of_a_name():
+    a, b = torch.randn(4), torch.randn(4)
+    with ampkit.autocast("cpu", dtype=DT, lowp_ops=["add"]):
+        assert (a + b).dtype == DT  # add.Tensor
+        assert torch.add(a, 1.5).dtype == DT  # add.Scalar
+
+
+def test_nested_scopes_inner_wins_and_outer_returns():
+    x = _inputs()
+    with ampkit.autocast("cpu", dtype=DT, fp32_ops=["linear"]):
+        assert OPS["linear"](x).dtype == torch.float32
+        with ampkit.autocast("cpu", dtype=DT, lowp_ops=["linear"]):
+            assert OPS["linear"](x).dtype == DT
+        assert OPS["linear"](x).dtype == torch.float32
+    with ampkit.autocast("cpu", dtype=DT):
+        assert OPS["linear"](x).dtype == DT
+
+
+def test_exception_inside_the_scope_restores_everything():
+    x = _inputs()
+    with pytest.raises(ZeroDivisionError):
+        with ampkit.autocast("cpu", dtype=DT, fp32_ops=["linear"]):
+            1 / 0
+    assert not torch.is_autocast_enabled("cpu")
+    with ampkit.autocast("cpu", dtype=DT):
+        assert OPS["linear"](x).dtype == DT  # the fp32 override is gone
+    with pytest.raises(ValueError, match="no operator named 'aten::not_an_op'"):
+        with ampkit.autocast("cpu", dtype=DT, fp32_ops=["not_an_op"]):
+            pass
+    assert not torch.is_autocast_enabled("cpu")
+
+
+def test_decorator_form():
+    @ampkit.autocast("cpu", dtype=DT, fp32_ops=["linear"])
+    def f(x):
+        return OPS["linear"](x), OPS["mm"](x)
+
+    lin, mm = f(_inputs())
+    assert lin.dtype == torch.float32 and mm.dtype == DT
+
+
+def test_two_threads_each_see_only_their_own_overrides():
+    x = _inputs()
+    barrier = threading.Barrier(2)
+    results = {}
+
+    def worker(name, kwargs):
+        with ampkit.autocast("cpu", dtype=DT, **kwargs):
+            barrier.wait()
+            outs = [OPS["linear"](x).dtype for _ in range(50)]
+            barrier.wait()
+        results[name] = set(outs)
+
+    t1 = threading.Thread(target=worker, args=("fp32", dict(fp32_ops=["linear"])))
+    t2 = threading.Thread(target=worker, args=("plain", {}))
+    t1.start(), t2.start()
+    t1.join(), t2.join()
+    assert results == {"fp32": {torch.float32}, "plain": {DT}}
+
+
+# A Python-defined custom op that reports the dtype it ran in.
+@torch.library.custom_op("ampkit_test::scale_by_two", mutates_args=())
+def scale_by_two(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return x * 2 + y.to(x.dtype)
+
+
+@scale_by_two.register_fake
+def _(x, y):
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("ampkit_test::plain", mutates_args=())
+def plain_op(x: torch.Tensor) -> torch.Tensor:
+    return x.clone()
+
+
+@plain_op.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+@pytest.mark.parametrize("policy,expected", [("lowp", DT), ("fp32", torch.float32), ("promote", torch.float32)])
+def test_register_autocast_for_a_custom_op(policy, expected):
+    ampkit.register_autocast("ampkit_test::scale_by_two", "cpu", policy)
+    x32, y16 = torch.randn(4), torch.randn(4).to(DT)
+    with torch.autocast("cpu", dtype=DT):
+        out = torch.ops.ampkit_test.scale_by_two(x32, y16)
+    assert out.dtype == expected
+    assert torch.ops.ampkit_test.scale_by_two(x32, y16).dtype == torch.float32  # no autocast: no cast
+    with ampkit.autocast("cpu", dtype=DT, fp32_ops=["ampkit_test::scale_by_two"]):
+        assert torch.ops.ampkit_test.scale_by_two(y16, y16).dtype == torch.float32  # scope beats the policy
+
+
+def test_override_a_custom_op_without_a_policy():
+    x = torch.randn(4, dtype=DT)
+    with ampkit.autocast("cpu", dtype=DT, fp32_ops=["ampkit_test::plain"]):
+        assert torch.ops.ampkit_test.plain(x).dtype == torch.float32
+    with ampkit.autocast("cpu", dtype=DT):
+        assert torch.ops.ampkit_test.plain(x).dtype == DT  # falls through, as before
+    with pytest.raises(ValueError, match="policy must be"):
+        ampkit.register_autocast("ampkit_test::plain", "cpu", "fast")
+
+
+def test_op_stats_answer_is_my_model_running_in_low_precision():
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.LayerNorm(32), torch.nn.Linear(32, 4))
+    x = torch.randn(8, 16)
+    with ampkit.op_stats() as stats:
+        with ampkit.autocast("cpu", dtype=DT, fp32_ops=["linear"]):
+            model(x)
+        with ampkit.autocast("cpu", dtype=DT):
+            model(x)
+    assert stats.counts[("aten::linear", "Float")] == 2
+    assert stats.counts[("aten::linear", "BFloat16")] == 2
+    assert "aten::linear" in stats.summary()
+
+
+def _o2_model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.BatchNorm1d(64), torch.nn.ReLU(),
+                               torch.nn.Linear(64, 64), torch.nn.LayerNorm(64), torch.nn.ReLU(),
+                               torch.nn.Linear(64, 1))
+
+
+def test_decorate_o2_trains_with_norms_in_fp32_and_fp32_masters():
+    model = _o2_model()
+    fp32_weight = model[0].weight.detach().clone()
+    opt = ampkit.optim.AdamW(model.parameters(), lr=3e-3)
+    model, opt = ampkit.decorate(model, opt, level="O2", dtype=DT)
+    assert model[0].weight.dtype == DT and model[3].weight.dtype == DT
+    assert model[1].weight.dtype == torch.float32 and model[1].running_mean.dtype == torch.float32
+    assert model[4].weight.dtype == torch.float32
+    assert bits_equal(opt.state[model[0].weight]["master_param"], fp32_weight)  # not the rounded copy
+    scaler = ampkit.GradScaler("cpu", scaling=False)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(256, 16, generator=g)
+    y = x[:, :3].sum(1, keepdim=True)
+    losses = []
+    for _ in range(60):
+        opt.zero_grad()
+        out = model(x.to(DT))
+        assert out.dtype == DT
+        loss = F.mse_loss(out.float(), y)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0] / 4
+    assert bits_equal(model[0].weight.detach(), opt.state[model[0].weight]["master_param"].to(DT))
+
+
+def test_decorate_levels_and_bad_arguments():
+    model = _o2_model()
+    assert ampkit.decorate(model, level="O1") is model and model[0].weight.dtype == torch.float32
+    ampkit.decorate(model, level="O3", dtype=DT, excluded=["4"])
+    assert model[1].weight.dtype == DT and model[4].weight.dtype == torch.float32
+    with pytest.raises(ValueError, match="level must be one of"):
+        ampkit.decorate(_o2_model(), level="O4")
+    with pytest.raises(TypeError, match="pass an ampkit.optim optimizer"):
+        m = _o2_model()
+        ampkit.decorate(m, torch.optim.AdamW(m.parameters()), level="O2")
+    assert set(ampkit.LEVELS) == {"O0", "O1", "O2", "O3"}
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_overrides_and_parity():
+    a, b = torch.randn(32, 32, device="cuda"), torch.randn(32, 32, device="cuda")
+    with torch.autocast("cuda", dtype=torch.float16):
+        expected = torch.mm(a, b)
+    with ampkit.autocast("cuda", dtype=torch.float16, fp32_ops=["mm"], lowp_ops=["sum"]):
+        assert torch.mm(a, b).dtype == torch.float32
+        assert a.sum().dtype == torch.float16
+        assert torch.softmax(a, -1).dtype == torch.float32  # torch's CUDA fp32 list, untouched
+    with ampkit.autocast("cuda", dtype=torch.float16):
+        got = torch.mm(a, b)
+    assert got.dtype == torch.float16 and bits_equal(got, expected)
