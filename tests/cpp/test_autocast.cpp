@@ -143,3 +143,37 @@ TEST_CASE("OpStatsGuard: counts ops per dtype", "[autocast][cpu]") {
   CHECK(counts.at({"aten::linear", "BFloat16"}) == 1);
   CHECK(counts.at({"aten::linear", "Float"}) == 1);
 }
+
+TEST_CASE("decorate: O2 keeps norms FP32, casts the rest, and the model trains with FP32 masters", "[autocast][cpu]") {
+  torch::manual_seed(0);
+  torch::nn::Sequential model(torch::nn::Linear(16, 32), torch::nn::BatchNorm1d(32), torch::nn::ReLU(),
+                              torch::nn::Linear(32, 32), torch::nn::LayerNorm(torch::nn::LayerNormOptions({32})),
+                              torch::nn::Linear(32, 1));
+  const auto fp32_weight = model->parameters()[0].detach().clone();
+  ampkit::optim::AdamW opt(model->parameters(), ampkit::optim::AdamWOptions(3e-3));
+  opt.init_master_params();
+  ampkit::decorate(*model, ampkit::OptLevel::kO2, at::kBFloat16);
+  const auto params = model->named_parameters();
+  CHECK(params["0.weight"].scalar_type() == at::kBFloat16);
+  CHECK(params["1.weight"].scalar_type() == at::kFloat);
+  CHECK(model->named_buffers()["1.running_mean"].scalar_type() == at::kFloat);
+  CHECK(params["4.weight"].scalar_type() == at::kFloat);
+  CHECK(params["5.weight"].scalar_type() == at::kBFloat16);
+  const auto& state =
+      static_cast<ampkit::optim::AdamParamState&>(*opt.state().at(params["0.weight"].unsafeGetTensorImpl()));
+  CHECK(torch::equal(state.master_param(), fp32_weight));
+  const auto x = torch::randn({128, 16});
+  const auto y = x.narrow(1, 0, 3).sum(1, true);
+  double first = 0;
+  double last = 0;
+  for (int step = 0; step < 60; ++step) {
+    opt.zero_grad();
+    auto loss = torch::mse_loss(model->forward(x.to(at::kBFloat16)).to(at::kFloat), y);
+    loss.backward();
+    opt.step();
+    (step == 0 ? first : last) = loss.item<double>();
+  }
+  CHECK(last < first / 4);
+  REQUIRE_THROWS_WITH(ampkit::decorate(*model, ampkit::OptLevel::kO3, at::kBFloat16, true, {"nope"}),
+                      Catch::Contains("excluded module 'nope' is not in the model"));
+}

@@ -13,6 +13,10 @@
 
 #include "ampkit/export.h"
 
+namespace torch::nn {
+class Module;
+}
+
 namespace ampkit {
 
 // How autocast runs an op: in the low-precision dtype, in FP32, or in the widest floating dtype of its inputs.
@@ -82,5 +86,17 @@ class AMPKIT_API OpStatsGuard {
   uint64_t handle_;
   void* stats_;
 };
+
+// The O-level presets of ampkit.decorate, for LibTorch modules.
+enum class OptLevel { kO0, kO1, kO2, kO3 };
+
+// Applies an O-level to `module` in place: O0/O1 leave it FP32 (O1 is AutocastGuard + GradScaler in the loop);
+// O2 casts every parameter and floating buffer to `dtype` except those of normalisation layers (BatchNorm,
+// LayerNorm, GroupNorm, InstanceNorm; when keep_norm_fp32) and of modules whose qualified name is in `excluded`,
+// which stay FP32 and take low-precision inputs (ATen's norms accept mixed input/weight dtypes); O3 casts
+// everything but `excluded`. Call the optimizer's init_master_params() before, so that its FP32 masters are the
+// FP32 weights rather than rounded copies.
+AMPKIT_API void decorate(torch::nn::Module& module, OptLevel level, c10::ScalarType dtype = c10::kHalf,
+                         bool keep_norm_fp32 = true, const std::vector<std::string>& excluded = {});
 
 }  // namespace ampkit
