@@ -47,6 +47,10 @@ step "ctest" ctest.log ctest --test-dir "$AMPKIT_BUILD_DIR" --output-on-failure 
 step "catch2 [cuda] tests" catch2_cuda.log "$AMPKIT_BUILD_DIR/tests/cpp/test_ops" "[cuda]" --success --reporter compact
 step "pytest" pytest.log "$PY" -m pytest -q -rs tests/python
 step "examples/cpp" examples.log bash -c "source scripts/common.sh && build_examples && \"\$AMPKIT_BUILD_DIR/examples/ops_demo/ops_demo\""
+DIGITS="$ROOT/.deps/digits.bin"  # staged by scripts/stage_gpu_deps.sh (no scikit-learn there)
+step "demo (C++, FP16)" demo_cpp.log "$AMPKIT_BUILD_DIR/examples/train_demo/train_demo" "$DIGITS" --epochs 20 \
+  --inject-overflow 300 --history "$OUT/history.csv"
+step "demo (Python, CUDA graph)" demo_py.log "$PY" examples/python/train_demo.py --epochs 10 --data "$DIGITS"
 step "bench" bench.log "$PY" bench/run.py --json "$OUT/bench.json" ${BENCH_ARGS:-}
 
 echo
@@ -54,6 +58,8 @@ echo "==== gpu_check summary ($(date -u +%Y-%m-%d), $(head -n 3 "$OUT/env.txt" |
 printf '%s\n' "${status[@]}"
 grep -E "passed|failed" "$OUT/pytest.log" | tail -n 1
 grep -E "^(test cases|All tests)" "$OUT/catch2_cuda.log" | tail -n 2
+[ -f "$OUT/demo_cpp.log" ] && grep -A 4 "^mode" "$OUT/demo_cpp.log"
+[ -f "$OUT/demo_py.log" ] && tail -n 5 "$OUT/demo_py.log"
 [ -f "$OUT/bench.log" ] && grep -A 100 "^name" "$OUT/bench.log"
 printf '%s\n' "${status[@]}" | grep -q FAIL && exit 1
 exit 0

@@ -10,10 +10,15 @@ log "ctest"
 ctest --test-dir "$AMPKIT_BUILD_DIR" --output-on-failure -j "$CMAKE_BUILD_PARALLEL_LEVEL"
 
 build_examples
-log "examples/cpp: ops_demo, scaler_loop, o2_loop"
-"$AMPKIT_BUILD_DIR/examples/ops_demo/ops_demo"
-"$AMPKIT_BUILD_DIR/examples/scaler_loop/scaler_loop"
+log "examples/cpp: ops_demo, scaler_loop, o2_loop (each checks its own outcome)"
+"$AMPKIT_BUILD_DIR/examples/ops_demo/ops_demo" >/dev/null
+"$AMPKIT_BUILD_DIR/examples/scaler_loop/scaler_loop" >/dev/null
 "$AMPKIT_BUILD_DIR/examples/o2_loop/o2_loop"
+log "examples/cpp: train_demo (short run)"
+mkdir -p "$AMPKIT_BUILD_DIR/demo"
+"$PY" "$AMPKIT_ROOT/examples/python/export_digits.py" "$AMPKIT_BUILD_DIR/demo/digits.bin" >/dev/null
+"$AMPKIT_BUILD_DIR/examples/train_demo/train_demo" "$AMPKIT_BUILD_DIR/demo/digits.bin" --epochs 8 \
+  --inject-overflow 50 --history "$AMPKIT_BUILD_DIR/demo/history_test.csv" | tail -n 5
 
 log "pytest"
 cd "$AMPKIT_ROOT" && "$PY" -m pytest -q tests/python "$@"
