@@ -200,7 +200,7 @@ def bench_optimizers(device: str, quick: bool, repeats: int, copy_bw: float) -> 
     rows: list[Row] = []
     inner = 2 if device == "cpu" else 10
     lowp = torch.float16 if device == "cuda" else torch.bfloat16
-    cases = ["flat", "transformer"]
+    cases = ["flat", "transformer", "many_small"]
     for case in cases:
         shapes = model_shapes(case, quick, device)
         if case == "flat" and device == "cpu":

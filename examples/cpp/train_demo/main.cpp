@@ -64,6 +64,23 @@ struct Result {
   double scale = 1;
 };
 
+// Peak resident set of this process since the last reset, in MB (Linux: VmHWM; reset by writing 5 to
+// /proc/self/clear_refs). -1 where unavailable.
+double peak_rss_mb() {
+  std::ifstream status("/proc/self/status");
+  std::string key;
+  while (status >> key) {
+    if (key == "VmHWM:") {
+      double kb = 0;
+      status >> kb;
+      return kb / 1e3;
+    }
+  }
+  return -1;
+}
+
+void reset_peak_rss() { std::ofstream("/proc/self/clear_refs") << "5"; }
+
 double state_mb(const torch::nn::Module& model, const torch::optim::Optimizer& opt) {
   double bytes = 0;
   for (const auto& p : model.parameters()) {
@@ -105,6 +122,8 @@ Result train(const std::string& mode, const Data& data, const torch::Device& dev
   }());
   if (device.is_cuda()) {
     c10::cuda::CUDACachingAllocator::resetPeakStats(device.index() < 0 ? 0 : device.index());
+  } else {
+    reset_peak_rss();
   }
   const int64_t n = data.x_train.size(0);
   const int64_t batch = 50;
@@ -170,6 +189,8 @@ Result train(const std::string& mode, const Data& data, const torch::Device& dev
   if (device.is_cuda()) {
     const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index() < 0 ? 0 : device.index());
     r.peak_mb = static_cast<double>(stats.allocated_bytes[0].peak) / 1e6;
+  } else {
+    r.peak_mb = peak_rss_mb();
   }
   const auto s = scaler.stats();
   r.skipped = s.skipped_steps;
@@ -212,7 +233,7 @@ int main(int argc, char** argv) {
     results.push_back(train(mode, data, device, lowp, epochs, inject, history));
   }
   std::printf("\n%-5s %11s %9s %9s %9s %9s %8s %12s\n", "mode", "final loss", "test acc", "steps/s", "state MB",
-              "peak MB", "skipped", "final scale");
+              cuda ? "peak MB" : "peak RSS", "skipped", "final scale");
   bool ok = true;
   for (const auto& r : results) {
     std::printf("%-5s %11.4f %8.1f%% %9.1f %9.2f %9s %8lld %12.0f\n", r.mode.c_str(), r.loss, 100 * r.accuracy,
