@@ -23,6 +23,11 @@ __device__ AMPKIT_INLINE void store(__half* p, int64_t i, float v) { p[i] = __fl
 __device__ AMPKIT_INLINE void store(__nv_bfloat16* p, int64_t i, float v) { p[i] = __float2bfloat16_rn(v); }
 __device__ AMPKIT_INLINE void store(float* p, int64_t i, float v) { p[i] = v; }
 
+template <typename T, int kVec>
+struct alignas(sizeof(T) * kVec) Pack {
+  T v[kVec];
+};
+
 template <typename T, typename Body>
 __device__ void for_each_element(const cuda::MultiTensorArgs<kStreams>& a, int t, int64_t start, int64_t n,
                                  const Body& body) {
@@ -46,8 +51,66 @@ __device__ void for_each_element(const cuda::MultiTensorArgs<kStreams>& a, int t
       return;
     }
   }
-#pragma unroll 4
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+  // Four elements per thread and iteration with one access per stream (16 bytes for the FP32 streams, 8 for the
+  // 16-bit ones) when every stream of the chunk is aligned for it; the scalar loop does the tail, or everything.
+  constexpr int kVec = 4;
+  auto aligned = [](const void* p, size_t bytes) { return p == nullptr || reinterpret_cast<uintptr_t>(p) % bytes == 0; };
+  int64_t first_scalar = 0;
+  if (aligned(param, sizeof(T) * kVec) && aligned(grad, sizeof(T) * kVec) && aligned(master, 16) &&
+      aligned(m, 16) && aligned(v, 16) && aligned(vmax, 16)) {
+    using PackT = Pack<T, kVec>;
+    using PackF = Pack<float, kVec>;
+    const int64_t n_vec = n / kVec;
+    for (int64_t i = threadIdx.x; i < n_vec; i += blockDim.x) {
+      PackT p4 = reinterpret_cast<const PackT*>(param)[i];
+      const PackT g4 = reinterpret_cast<const PackT*>(grad)[i];
+      PackF w4;
+      PackF m4;
+      PackF v4;
+      PackF vm4;
+      if (master) {
+        w4 = reinterpret_cast<const PackF*>(master)[i];
+      }
+      if (m) {
+        m4 = reinterpret_cast<const PackF*>(m)[i];
+      }
+      if (v) {
+        v4 = reinterpret_cast<const PackF*>(v)[i];
+      }
+      if (vmax) {
+        vm4 = reinterpret_cast<const PackF*>(vmax)[i];
+      }
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) {
+        // Scalars, not array elements, go to the functor: their addresses stay in registers.
+        float w = master ? w4.v[j] : load(p4.v, j);
+        float mj = m4.v[j];
+        float vj = v4.v[j];
+        float vmj = vm4.v[j];
+        body(w, load(g4.v, j), m ? &mj : nullptr, v ? &vj : nullptr, vmax ? &vmj : nullptr);
+        m4.v[j] = mj;
+        v4.v[j] = vj;
+        vm4.v[j] = vmj;
+        w4.v[j] = w;
+        store(p4.v, j, w);
+      }
+      reinterpret_cast<PackT*>(param)[i] = p4;
+      if (master) {
+        reinterpret_cast<PackF*>(master)[i] = w4;
+      }
+      if (m) {
+        reinterpret_cast<PackF*>(m)[i] = m4;
+      }
+      if (v) {
+        reinterpret_cast<PackF*>(v)[i] = v4;
+      }
+      if (vmax) {
+        reinterpret_cast<PackF*>(vmax)[i] = vm4;
+      }
+    }
+    first_scalar = n_vec * kVec;
+  }
+  for (int64_t i = first_scalar + threadIdx.x; i < n; i += blockDim.x) {
     float w = master ? master[i] : load(param, i);
     body(w, load(grad, i), m ? m + i : nullptr, v ? v + i : nullptr, vmax ? vmax + i : nullptr);
     if (master) {
