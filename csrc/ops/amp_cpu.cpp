@@ -42,13 +42,8 @@ void update_scale_hysteresis_cpu(const at::Tensor& scale, const at::Tensor& grow
                                  bool dynamic) {
   check_update_scale_hysteresis_args(scale, growth_tracker, hysteresis_tracker, stats, found_inf, growth_factor,
                                      backoff_factor, growth_interval, hysteresis, min_scale, max_scale);
-  const kernels::HysteresisScaleOp op{growth_factor,
-                                      backoff_factor,
-                                      growth_interval,
-                                      static_cast<int32_t>(hysteresis),
-                                      static_cast<float>(min_scale),
-                                      static_cast<float>(max_scale),
-                                      dynamic};
+  const kernels::HysteresisScaleOp op =
+      hysteresis_scale_op(growth_factor, backoff_factor, growth_interval, hysteresis, min_scale, max_scale, dynamic);
   op(scale.mutable_data_ptr<float>(), growth_tracker.mutable_data_ptr<int32_t>(),
      hysteresis_tracker.mutable_data_ptr<int32_t>(), stats.mutable_data_ptr<int64_t>(),
      *found_inf.const_data_ptr<float>());

@@ -54,13 +54,8 @@ void update_scale_hysteresis_cuda(const at::Tensor& scale, const at::Tensor& gro
   check_update_scale_hysteresis_args(scale, growth_tracker, hysteresis_tracker, stats, found_inf, growth_factor,
                                      backoff_factor, growth_interval, hysteresis, min_scale, max_scale);
   const c10::cuda::OptionalCUDAGuard guard(scale.device());
-  const kernels::HysteresisScaleOp op{growth_factor,
-                                      backoff_factor,
-                                      growth_interval,
-                                      static_cast<int32_t>(hysteresis),
-                                      static_cast<float>(min_scale),
-                                      static_cast<float>(max_scale),
-                                      dynamic};
+  const kernels::HysteresisScaleOp op =
+      hysteresis_scale_op(growth_factor, backoff_factor, growth_interval, hysteresis, min_scale, max_scale, dynamic);
   check_launch("update_scale_hysteresis_",
                kernels::launch_update_scale_hysteresis(
                    scale.mutable_data_ptr<float>(), growth_tracker.mutable_data_ptr<int32_t>(),

@@ -7,6 +7,7 @@
 #include <optional>
 #include <vector>
 
+#include "../../kernels/amp_functors.h"
 #include "../../kernels/common.h"
 
 namespace ampkit::detail {
@@ -50,5 +51,18 @@ void check_update_scale_hysteresis_args(const at::Tensor& scale, const at::Tenso
                                         const at::Tensor& found_inf, double growth_factor, double backoff_factor,
                                         int64_t growth_interval, int64_t hysteresis, double min_scale,
                                         double max_scale);
+
+// The functor of update_scale_hysteresis_ for the op's (checked) arguments.
+inline kernels::HysteresisScaleOp hysteresis_scale_op(double growth_factor, double backoff_factor,
+                                                      int64_t growth_interval, int64_t hysteresis, double min_scale,
+                                                      double max_scale, bool dynamic) {
+  return {growth_factor,
+          backoff_factor,
+          growth_interval,
+          static_cast<int32_t>(hysteresis),
+          static_cast<float>(min_scale),
+          static_cast<float>(max_scale),
+          dynamic};
+}
 
 }  // namespace ampkit::detail

@@ -109,6 +109,19 @@ void check_sgd_hparams(const char* op, double lr, double momentum, double dampen
                     ": nesterov momentum requires a momentum > 0 and zero dampening");
 }
 
+kernels::AdamParams adam_params(double lr, double beta1, double beta2, double weight_decay, double eps, bool amsgrad,
+                                bool maximize, bool decoupled_weight_decay) {
+  return {static_cast<float>(lr),           static_cast<float>(beta1), static_cast<float>(beta2),
+          static_cast<float>(weight_decay), static_cast<float>(eps),   amsgrad,
+          maximize,                         decoupled_weight_decay};
+}
+
+kernels::SgdParams sgd_params(double lr, double momentum, double dampening, double weight_decay, bool nesterov,
+                              bool maximize) {
+  return {static_cast<float>(lr),           static_cast<float>(momentum), static_cast<float>(dampening),
+          static_cast<float>(weight_decay), nesterov,                     maximize};
+}
+
 std::vector<kernels::OptimTensor> optim_tensors(const OptimLists& l) {
   std::vector<kernels::OptimTensor> out;
   out.reserve(l.params.size());

@@ -33,6 +33,12 @@ void check_adam_hparams(const char* op, double lr, double beta1, double beta2, d
 void check_sgd_hparams(const char* op, double lr, double momentum, double dampening, double weight_decay,
                        bool nesterov);
 
+// The functors' hyper-parameters from the ops' (checked) arguments.
+kernels::AdamParams adam_params(double lr, double beta1, double beta2, double weight_decay, double eps, bool amsgrad,
+                                bool maximize, bool decoupled_weight_decay);
+kernels::SgdParams sgd_params(double lr, double momentum, double dampening, double weight_decay, bool nesterov,
+                              bool maximize);
+
 // One kernel descriptor per parameter.
 std::vector<kernels::OptimTensor> optim_tensors(const OptimLists& lists);
 

@@ -25,9 +25,8 @@ void adamw_step_cuda(AMPKIT_ADAMW_STEP_ARGS) {
   }
   const c10::cuda::OptionalCUDAGuard guard(params[0].device());
   const auto tensors = optim_tensors(lists);
-  const kernels::AdamParams hp{static_cast<float>(lr),  static_cast<float>(beta1),        static_cast<float>(beta2),
-                               static_cast<float>(weight_decay), static_cast<float>(eps), amsgrad,
-                               maximize,                decoupled_weight_decay};
+  const kernels::AdamParams hp =
+      adam_params(lr, beta1, beta2, weight_decay, eps, amsgrad, maximize, decoupled_weight_decay);
   check_launch("adamw_step_", kernels::launch_adam_step(tensors.data(), static_cast<int64_t>(tensors.size()), hp,
                                                         ptr_of(grad_scale), ptr_of(found_inf),
                                                         c10::cuda::getCurrentCUDAStream()));
@@ -40,8 +39,7 @@ void sgd_step_cuda(AMPKIT_SGD_STEP_ARGS) {
   }
   const c10::cuda::OptionalCUDAGuard guard(params[0].device());
   const auto tensors = optim_tensors(lists);
-  const kernels::SgdParams hp{static_cast<float>(lr), static_cast<float>(momentum), static_cast<float>(dampening),
-                              static_cast<float>(weight_decay), nesterov, maximize};
+  const kernels::SgdParams hp = sgd_params(lr, momentum, dampening, weight_decay, nesterov, maximize);
   check_launch("sgd_step_", kernels::launch_sgd_step(tensors.data(), static_cast<int64_t>(tensors.size()), hp,
                                                      ptr_of(grad_scale), ptr_of(found_inf),
                                                      c10::cuda::getCurrentCUDAStream()));

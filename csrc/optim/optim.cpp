@@ -28,6 +28,15 @@ struct Bucket {
 
 using BucketKey = std::pair<std::string, bool>;  // (device, has master)
 
+// The loss closure of torch::optim::Optimizer::step, run with grad enabled (as LibTorch's optimizers do).
+at::Tensor run_closure(const torch::optim::Optimizer::LossClosure& closure) {
+  if (!closure) {
+    return {};
+  }
+  const at::AutoGradMode enable_grad(true);
+  return closure();
+}
+
 }  // namespace
 
 std::optional<at::Tensor> AmpScalingOptimizer::grad_scale_for(const at::Device& device) const {
@@ -97,11 +106,7 @@ AdamT<kDecoupled>::AdamT(const std::vector<torch::optim::OptimizerParamGroup>& p
 
 template <bool kDecoupled>
 at::Tensor AdamT<kDecoupled>::step(LossClosure closure) {
-  at::Tensor loss;
-  if (closure) {
-    const at::AutoGradMode enable_grad(true);
-    loss = closure();
-  }
+  at::Tensor loss = run_closure(closure);
   const at::NoGradGuard no_grad;
   for (auto& group : param_groups_) {
     const auto& o = static_cast<const Options&>(group.options());
@@ -226,11 +231,7 @@ SGD::SGD(const std::vector<torch::optim::OptimizerParamGroup>& param_groups, SGD
 }
 
 at::Tensor SGD::step(LossClosure closure) {
-  at::Tensor loss;
-  if (closure) {
-    const at::AutoGradMode enable_grad(true);
-    loss = closure();
-  }
+  at::Tensor loss = run_closure(closure);
   const at::NoGradGuard no_grad;
   for (auto& group : param_groups_) {
     const auto& o = static_cast<const SGDOptions&>(group.options());

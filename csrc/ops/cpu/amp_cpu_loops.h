@@ -9,10 +9,12 @@
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "../../../kernels/amp_functors.h"
 #include "amp_cpu_loops.hpp"
+#include "work_items.h"
 
 namespace ampkit::detail::AMPKIT_CPU_NS {
 namespace {
@@ -71,37 +73,18 @@ bool unscale_ref(const TensorRef& t, int64_t begin, int64_t end, float inv_scale
 }  // namespace
 
 bool unscale_and_check(const TensorRef* tensors, int64_t n, float inv_scale, bool write) {
-  struct WorkItem {
-    int64_t tensor;
-    int64_t begin;
-    int64_t end;
-  };
-  std::vector<WorkItem> items;
-  int64_t total = 0;
-  for (int64_t t = 0; t < n; ++t) {
-    for (int64_t b = 0; b < tensors[t].numel; b += kCpuChunk) {
-      items.push_back({t, b, std::min(tensors[t].numel, b + kCpuChunk)});
-    }
-    total += tensors[t].numel;
-  }
-  if (items.empty()) {
-    return false;
-  }
   // Each work item keeps its own flag; they are reduced after the parallel region (no shared writes).
-  std::vector<uint8_t> flags(items.size(), 0);
-  const int64_t grain = total < kCpuParallelThreshold ? static_cast<int64_t>(items.size()) : 1;
-  at::parallel_for(0, static_cast<int64_t>(items.size()), grain, [&](int64_t begin, int64_t end) {
-    for (int64_t k = begin; k < end; ++k) {
-      const WorkItem& w = items[k];
-      flags[k] = unscale_ref(tensors[w.tensor], w.begin, w.end, inv_scale, write) ? 1 : 0;
-    }
-  });
-  for (const uint8_t f : flags) {
-    if (f != 0) {
-      return true;
-    }
+  size_t total_items = 0;
+  for (int64_t t = 0; t < n; ++t) {
+    total_items += static_cast<size_t>((tensors[t].numel + kCpuChunk - 1) / kCpuChunk);
   }
-  return false;
+  std::vector<uint8_t> flags(total_items, 0);
+  for_all_chunks(
+      n, [&](int64_t t) { return tensors[t].numel; }, kCpuParallelThreshold,
+      [&](size_t k, const WorkItem& w) {
+        flags[k] = unscale_ref(tensors[w.tensor], w.begin, w.end, inv_scale, write) ? 1 : 0;
+      });
+  return std::any_of(flags.begin(), flags.end(), [](uint8_t f) { return f != 0; });
 }
 
 }  // namespace ampkit::detail::AMPKIT_CPU_NS

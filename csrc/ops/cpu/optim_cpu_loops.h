@@ -15,6 +15,7 @@
 
 #include "../../../kernels/optim_launch.h"
 #include "amp_cpu_loops.hpp"
+#include "work_items.h"
 
 namespace ampkit::detail::AMPKIT_CPU_NS {
 namespace {
@@ -142,30 +143,6 @@ void dispatch_span(const OptimTensor& t, int64_t begin, int64_t end, float grad_
   }
 }
 
-template <typename PerItem>
-void for_all_chunks(const OptimTensor* tensors, int64_t n, const PerItem& per_item) {
-  struct WorkItem {
-    int64_t tensor;
-    int64_t begin;
-    int64_t end;
-  };
-  std::vector<WorkItem> items;
-  int64_t total = 0;
-  for (int64_t t = 0; t < n; ++t) {
-    for (int64_t b = 0; b < tensors[t].numel; b += kCpuChunk) {
-      items.push_back({t, b, std::min(tensors[t].numel, b + kCpuChunk)});
-    }
-    total += tensors[t].numel;
-  }
-  // Optimizer steps do ~20 flops per element: worth threads from a quarter of the unscale's threshold.
-  const int64_t grain = total < kCpuParallelThreshold / 4 ? std::max<int64_t>(1, items.size()) : 1;
-  at::parallel_for(0, static_cast<int64_t>(items.size()), grain, [&](int64_t b, int64_t e) {
-    for (int64_t k = b; k < e; ++k) {
-      per_item(items[k].tensor, items[k].begin, items[k].end);
-    }
-  });
-}
-
 }  // namespace
 
 void adam_step(const OptimTensor* tensors, int64_t n, const kernels::AdamParams& params, float grad_scale) {
@@ -175,10 +152,12 @@ void adam_step(const OptimTensor* tensors, int64_t n, const kernels::AdamParams&
     factors[t] = kernels::AdamStepFactors::at_step(params, *tensors[t].step + 1.f);
   }
   // Grads are divided by the scale, as torch's fused kernels do.
-  for_all_chunks(tensors, n, [&](int64_t t, int64_t b, int64_t e) {
-    const kernels::AdamStepFactors& f = factors[t];
+  // Optimizer steps do ~20 flops per element: worth threads from a quarter of the unscale's threshold.
+  for_all_chunks(n, [&](int64_t t) { return tensors[t].numel; }, kCpuParallelThreshold / 4,
+                 [&](size_t, const WorkItem& w) {
+    const kernels::AdamStepFactors& f = factors[w.tensor];
     dispatch_span(
-        tensors[t], b, e, grad_scale,
+        tensors[w.tensor], w.begin, w.end, grad_scale,
         [&](VecF& w, VecF g, VecF& m, VecF& v, VecF* vmax) { op.apply<VecF, VecMath>(w, g, m, v, vmax, f); },
         [&](float& w, float g, float* m, float* v, float* vmax) { op(w, g, *m, *v, vmax, f); });
   });
@@ -189,10 +168,11 @@ void adam_step(const OptimTensor* tensors, int64_t n, const kernels::AdamParams&
 
 void sgd_step(const OptimTensor* tensors, int64_t n, const kernels::SgdParams& params, float grad_scale) {
   const kernels::SgdOp op{params};
-  for_all_chunks(tensors, n, [&](int64_t t, int64_t b, int64_t e) {
-    const bool first = tensors[t].step == nullptr || *tensors[t].step == 0.f;
+  for_all_chunks(n, [&](int64_t t) { return tensors[t].numel; }, kCpuParallelThreshold / 4,
+                 [&](size_t, const WorkItem& w) {
+    const bool first = tensors[w.tensor].step == nullptr || *tensors[w.tensor].step == 0.f;
     dispatch_span(
-        tensors[t], b, e, grad_scale,
+        tensors[w.tensor], w.begin, w.end, grad_scale,
         [&](VecF& w, VecF g, VecF& buf, VecF&, VecF*) { op.apply<VecF, VecMath>(w, g, &buf, first); },
         [&](float& w, float g, float* buf, float*, float*) { op(w, g, buf, first); });
   });

@@ -1,0 +1,48 @@
+// The CPU loops' one parallel region: every tensor of a list cut into (tensor, chunk) work items of kCpuChunk
+// elements, all run by a single at::parallel_for (included by amp_cpu_loops.h and optim_cpu_loops.h inside their
+// per-ISA namespace).
+#pragma once
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "amp_cpu_loops.hpp"
+
+namespace ampkit::detail::AMPKIT_CPU_NS {
+namespace {
+
+struct WorkItem {
+  int64_t tensor;
+  int64_t begin;
+  int64_t end;
+};
+
+// Calls per_item(k, item) for every work item of the `n` tensors whose sizes numel_of(t) gives; returns the number
+// of items. Lists under `serial_below` elements run on the calling thread.
+template <typename NumelOf, typename PerItem>
+size_t for_all_chunks(int64_t n, const NumelOf& numel_of, int64_t serial_below, const PerItem& per_item) {
+  std::vector<WorkItem> items;
+  int64_t total = 0;
+  for (int64_t t = 0; t < n; ++t) {
+    const int64_t numel = numel_of(t);
+    for (int64_t b = 0; b < numel; b += kCpuChunk) {
+      items.push_back({t, b, std::min(numel, b + kCpuChunk)});
+    }
+    total += numel;
+  }
+  if (items.empty()) {
+    return 0;
+  }
+  const int64_t grain = total < serial_below ? static_cast<int64_t>(items.size()) : 1;
+  at::parallel_for(0, static_cast<int64_t>(items.size()), grain, [&](int64_t b, int64_t e) {
+    for (int64_t k = b; k < e; ++k) {
+      per_item(static_cast<size_t>(k), items[k]);
+    }
+  });
+  return items.size();
+}
+
+}  // namespace
+}  // namespace ampkit::detail::AMPKIT_CPU_NS
