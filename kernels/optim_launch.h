@@ -29,11 +29,12 @@ struct OptimTensor {
 // One Adam/AdamW step over all tensors: reads the grads (divided by *grad_scale when given), updates masters and
 // moments in FP32 and writes the params (rounded once); then each step count += 1. When *found_inf != 0 nothing
 // at all is written.
+// `lr` (a device FP32, may be null) replaces params.lr when given.
 cudaError_t launch_adam_step(const OptimTensor* tensors, int64_t n, const AdamParams& params, const float* grad_scale,
-                             const float* found_inf, cudaStream_t stream);
+                             const float* found_inf, const float* lr, cudaStream_t stream);
 
 // One SGD step over all tensors (momentum buffers in exp_avg), same skipping rule.
 cudaError_t launch_sgd_step(const OptimTensor* tensors, int64_t n, const SgdParams& params, const float* grad_scale,
-                            const float* found_inf, cudaStream_t stream);
+                            const float* found_inf, const float* lr, cudaStream_t stream);
 
 }  // namespace ampkit::kernels

@@ -51,26 +51,28 @@ void adamw_step_(at::TensorList params, at::TensorList grads, at::TensorList mas
                  at::TensorList exp_avg_sqs, at::TensorList max_exp_avg_sqs, at::TensorList state_steps, double lr,
                  double beta1, double beta2, double weight_decay, double eps, bool amsgrad, bool maximize,
                  bool decoupled_weight_decay, const std::optional<at::Tensor>& grad_scale,
-                 const std::optional<at::Tensor>& found_inf) {
+                 const std::optional<at::Tensor>& found_inf, const std::optional<at::Tensor>& lr_tensor) {
   static const auto op =
       find_op<void(at::TensorList, at::TensorList, at::TensorList, at::TensorList, at::TensorList, at::TensorList,
                    at::TensorList, at::TensorList, double, double, double, double, double, bool, bool, bool,
-                   const std::optional<at::Tensor>&, const std::optional<at::Tensor>&)>("ampkit::adamw_step_");
+                   const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
+                   const std::optional<at::Tensor>&)>("ampkit::adamw_step_");
   op.call(params, grads, master_params, param_remainders, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, lr, beta1, beta2,
-          weight_decay, eps, amsgrad, maximize, decoupled_weight_decay, grad_scale, found_inf);
+          weight_decay, eps, amsgrad, maximize, decoupled_weight_decay, grad_scale, found_inf, lr_tensor);
 }
 
 void sgd_step_(at::TensorList params, at::TensorList grads, at::TensorList master_params,
                at::TensorList param_remainders, at::TensorList momentum_buffers, at::TensorList state_steps, double lr, double momentum,
                double dampening, double weight_decay, bool nesterov, bool maximize,
-               const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
+               const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf,
+               const std::optional<at::Tensor>& lr_tensor) {
   static const auto op =
       find_op<void(at::TensorList, at::TensorList, at::TensorList, at::TensorList, at::TensorList, at::TensorList,
                    double, double, double, double, bool, bool, const std::optional<at::Tensor>&,
-                   const std::optional<at::Tensor>&)>(
+                   const std::optional<at::Tensor>&, const std::optional<at::Tensor>&)>(
           "ampkit::sgd_step_");
   op.call(params, grads, master_params, param_remainders, momentum_buffers, state_steps, lr, momentum, dampening, weight_decay, nesterov,
-          maximize, grad_scale, found_inf);
+          maximize, grad_scale, found_inf, lr_tensor);
 }
 
 BuildInfo build_info() {

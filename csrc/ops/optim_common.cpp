@@ -33,7 +33,7 @@ void check_companion(const char* op, const char* name, size_t i, const at::Tenso
 
 void check_optim_args(const char* op, const OptimLists& l, bool need_exp_avgs, bool need_exp_avg_sqs,
                       bool need_max_exp_avg_sqs, bool need_steps, const std::optional<at::Tensor>& grad_scale,
-                      const std::optional<at::Tensor>& found_inf) {
+                      const std::optional<at::Tensor>& found_inf, const std::optional<at::Tensor>& lr_tensor) {
   const size_t n = l.params.size();
   check_list_length(op, "grads", l.grads, n, true);
   check_list_length(op, "master_params", l.master_params, n, false);
@@ -89,6 +89,9 @@ void check_optim_args(const char* op, const OptimLists& l, bool need_exp_avgs, b
   }
   if (found_inf.has_value()) {
     check_scalar_tensor(op, "found_inf", *found_inf, at::kFloat, device);
+  }
+  if (lr_tensor.has_value()) {
+    check_scalar_tensor(op, "lr_tensor", *lr_tensor, at::kFloat, device);
   }
 }
 

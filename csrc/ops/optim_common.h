@@ -26,7 +26,7 @@ struct OptimLists {
 // Throws unless the lists, grad_scale and found_inf are consistent (see the op schemas in registration.cpp).
 void check_optim_args(const char* op, const OptimLists& lists, bool need_exp_avgs, bool need_exp_avg_sqs,
                       bool need_max_exp_avg_sqs, bool need_steps, const std::optional<at::Tensor>& grad_scale,
-                      const std::optional<at::Tensor>& found_inf);
+                      const std::optional<at::Tensor>& found_inf, const std::optional<at::Tensor>& lr_tensor);
 
 // Throws unless the hyper-parameters are in range (torch.optim's rules).
 void check_adam_hparams(const char* op, double lr, double beta1, double beta2, double weight_decay, double eps);

@@ -22,8 +22,9 @@ void adamw_step_cpu(AMPKIT_ADAMW_STEP_ARGS) {
     return;
   }
   const auto tensors = optim_tensors(lists);
+  const double step_lr = lr_tensor.has_value() ? *lr_tensor->const_data_ptr<float>() : lr;
   const kernels::AdamParams hp =
-      adam_params(lr, beta1, beta2, weight_decay, eps, amsgrad, maximize, decoupled_weight_decay);
+      adam_params(step_lr, beta1, beta2, weight_decay, eps, amsgrad, maximize, decoupled_weight_decay);
   cpu_adam_step(tensors.data(), static_cast<int64_t>(tensors.size()), hp, scale_of(grad_scale));
 }
 
@@ -33,7 +34,8 @@ void sgd_step_cpu(AMPKIT_SGD_STEP_ARGS) {
     return;
   }
   const auto tensors = optim_tensors(lists);
-  const kernels::SgdParams hp = sgd_params(lr, momentum, dampening, weight_decay, nesterov, maximize);
+  const double step_lr = lr_tensor.has_value() ? *lr_tensor->const_data_ptr<float>() : lr;
+  const kernels::SgdParams hp = sgd_params(step_lr, momentum, dampening, weight_decay, nesterov, maximize);
   cpu_sgd_step(tensors.data(), static_cast<int64_t>(tensors.size()), hp, scale_of(grad_scale));
 }
 

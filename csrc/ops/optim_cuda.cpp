@@ -28,7 +28,7 @@ void adamw_step_cuda(AMPKIT_ADAMW_STEP_ARGS) {
   const kernels::AdamParams hp =
       adam_params(lr, beta1, beta2, weight_decay, eps, amsgrad, maximize, decoupled_weight_decay);
   check_launch("adamw_step_", kernels::launch_adam_step(tensors.data(), static_cast<int64_t>(tensors.size()), hp,
-                                                        ptr_of(grad_scale), ptr_of(found_inf),
+                                                        ptr_of(grad_scale), ptr_of(found_inf), ptr_of(lr_tensor),
                                                         c10::cuda::getCurrentCUDAStream()));
 }
 
@@ -41,7 +41,7 @@ void sgd_step_cuda(AMPKIT_SGD_STEP_ARGS) {
   const auto tensors = optim_tensors(lists);
   const kernels::SgdParams hp = sgd_params(lr, momentum, dampening, weight_decay, nesterov, maximize);
   check_launch("sgd_step_", kernels::launch_sgd_step(tensors.data(), static_cast<int64_t>(tensors.size()), hp,
-                                                     ptr_of(grad_scale), ptr_of(found_inf),
+                                                     ptr_of(grad_scale), ptr_of(found_inf), ptr_of(lr_tensor),
                                                      c10::cuda::getCurrentCUDAStream()));
 }
 

@@ -20,16 +20,17 @@ TORCH_LIBRARY(ampkit, m) {
       {at::Tag::pt2_compliant_tag});
   // Fused optimizer steps over tensor lists: grads (same dtype as params) divided by grad_scale in registers,
   // FP32 masters or, for BF16 params, int16 remainders (optional: empty lists) and FP32 states updated, params written once; nothing is written when
-  // found_inf is nonzero. Optional lists are empty or one tensor per param.
+  // found_inf is nonzero. Optional lists are empty or one tensor per param. lr_tensor (one FP32 element on the
+  // params' device), when given, is read on the device instead of lr (schedules inside a captured graph).
   m.def(
       "adamw_step_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] master_params, Tensor(g!)[] param_remainders, "
       "Tensor(c!)[] exp_avgs, Tensor(d!)[] exp_avg_sqs, Tensor(e!)[] max_exp_avg_sqs, Tensor(f!)[] state_steps, *, float lr, float beta1, "
       "float beta2, float weight_decay, float eps, bool amsgrad, bool maximize, bool decoupled_weight_decay, "
-      "Tensor? grad_scale=None, Tensor? found_inf=None) -> ()",
+      "Tensor? grad_scale=None, Tensor? found_inf=None, Tensor? lr_tensor=None) -> ()",
       {at::Tag::pt2_compliant_tag});
   m.def(
       "sgd_step_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] master_params, Tensor(e!)[] param_remainders, "
       "Tensor(c!)[] momentum_buffers, Tensor(d!)[] state_steps, *, float lr, float momentum, float dampening, float weight_decay, bool nesterov, "
-      "bool maximize, Tensor? grad_scale=None, Tensor? found_inf=None) -> ()",
+      "bool maximize, Tensor? grad_scale=None, Tensor? found_inf=None, Tensor? lr_tensor=None) -> ()",
       {at::Tag::pt2_compliant_tag});
 }

@@ -140,17 +140,22 @@ struct AdamChunkOp {
   AdamOp op;
   const float* grad_scale;
   const float* found_inf;
+  const float* lr;
 
   __device__ void operator()(const cuda::MultiTensorArgs<kStreams>& a, int t, int64_t start, int64_t n) const {
     if (found_inf != nullptr && *found_inf != 0.f) {
       return;
     }
+    AdamOp step_op = op;
+    if (lr != nullptr) {
+      step_op.p.lr = *lr;
+    }
     const float step = *static_cast<const float*>(a.data[6][t]) + 1.f;
-    const AdamStepFactors f = AdamStepFactors::at_step(op.p, step);
+    const AdamStepFactors f = AdamStepFactors::at_step(step_op.p, step);
     const float scale = grad_scale != nullptr ? *grad_scale : 1.f;
     const bool unscale = grad_scale != nullptr;
     dispatch_dtype(a, t, start, n, [&](float& w, float g, float* m, float* v, float* vmax) {
-      op(w, unscale ? g / scale : g, *m, *v, vmax, f);
+      step_op(w, unscale ? g / scale : g, *m, *v, vmax, f);
     });
   }
 };
@@ -159,16 +164,21 @@ struct SgdChunkOp {
   SgdOp op;
   const float* grad_scale;
   const float* found_inf;
+  const float* lr;
 
   __device__ void operator()(const cuda::MultiTensorArgs<kStreams>& a, int t, int64_t start, int64_t n) const {
     if (found_inf != nullptr && *found_inf != 0.f) {
       return;
     }
+    SgdOp step_op = op;
+    if (lr != nullptr) {
+      step_op.p.lr = *lr;
+    }
     const bool first = a.data[6][t] == nullptr || *static_cast<const float*>(a.data[6][t]) == 0.f;
     const float scale = grad_scale != nullptr ? *grad_scale : 1.f;
     const bool unscale = grad_scale != nullptr;
     dispatch_dtype(a, t, start, n, [&](float& w, float g, float* buf, float*, float*) {
-      op(w, unscale ? g / scale : g, buf, first);
+      step_op(w, unscale ? g / scale : g, buf, first);
     });
   }
 };
@@ -236,13 +246,13 @@ cudaError_t launch_step(const OptimTensor* tensors, int64_t n, const ChunkOp& op
 }  // namespace
 
 cudaError_t launch_adam_step(const OptimTensor* tensors, int64_t n, const AdamParams& params, const float* grad_scale,
-                             const float* found_inf, cudaStream_t stream) {
-  return launch_step(tensors, n, AdamChunkOp{AdamOp{params}, grad_scale, found_inf}, found_inf, stream);
+                             const float* found_inf, const float* lr, cudaStream_t stream) {
+  return launch_step(tensors, n, AdamChunkOp{AdamOp{params}, grad_scale, found_inf, lr}, found_inf, stream);
 }
 
 cudaError_t launch_sgd_step(const OptimTensor* tensors, int64_t n, const SgdParams& params, const float* grad_scale,
-                            const float* found_inf, cudaStream_t stream) {
-  return launch_step(tensors, n, SgdChunkOp{SgdOp{params}, grad_scale, found_inf}, found_inf, stream);
+                            const float* found_inf, const float* lr, cudaStream_t stream) {
+  return launch_step(tensors, n, SgdChunkOp{SgdOp{params}, grad_scale, found_inf, lr}, found_inf, stream);
 }
 
 }  // namespace ampkit::kernels

@@ -79,6 +79,14 @@ class _FusedOptimizer(torch.optim.Optimizer):
             for p in group["params"]:
                 self.state[p]["master_param"] = p.detach().to(torch.float32, copy=True)
 
+    @staticmethod
+    def _lr(group: dict, device: torch.device) -> tuple[float, Optional[torch.Tensor]]:
+        """(float lr, device tensor lr or None): a tensor lr is read on the device (graph-capturable schedules)."""
+        lr = group["lr"]
+        if isinstance(lr, torch.Tensor):
+            return 0.0, lr.to(device=device, dtype=torch.float32)
+        return float(lr), None
+
     def _scaling(self, device: torch.device) -> tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
         grad_scale = getattr(self, "grad_scale", None)
         found_inf = getattr(self, "found_inf", None)
@@ -125,8 +133,8 @@ class Adam(_FusedOptimizer):
                  maximize: bool = False, capturable: bool = False, differentiable: bool = False,
                  fused: Optional[bool] = None, decoupled_weight_decay: Optional[bool] = None,
                  master_weights: Optional[bool] = None) -> None:
-        if isinstance(lr, torch.Tensor):
-            lr = float(lr)
+        if isinstance(lr, torch.Tensor) and lr.numel() != 1:
+            raise ValueError("Tensor lr must be 1-element")
         if not 0.0 <= lr:
             raise ValueError(f"Invalid learning rate: {lr}")
         if not 0.0 <= eps:
@@ -156,6 +164,7 @@ class Adam(_FusedOptimizer):
             keys = ("step", "exp_avg", "exp_avg_sq") + (("max_exp_avg_sq",) if group["amsgrad"] else ())
             for (device, mode), entries in self._buckets(group, keys).items():
                 grad_scale, found_inf = self._scaling(device)
+                lr, lr_tensor = self._lr(group, device)
                 torch.ops.ampkit.adamw_step_(
                     [p for p, _ in entries], [p.grad for p, _ in entries],
                     [s["master_param"] for _, s in entries] if mode == "master" else [],
@@ -163,10 +172,10 @@ class Adam(_FusedOptimizer):
                     [s["exp_avg"] for _, s in entries], [s["exp_avg_sq"] for _, s in entries],
                     [s["max_exp_avg_sq"] for _, s in entries] if group["amsgrad"] else [],
                     [s["step"] for _, s in entries],
-                    lr=float(group["lr"]), beta1=float(group["betas"][0]), beta2=float(group["betas"][1]),
+                    lr=lr, beta1=float(group["betas"][0]), beta2=float(group["betas"][1]),
                     weight_decay=float(group["weight_decay"]), eps=float(group["eps"]), amsgrad=group["amsgrad"],
                     maximize=group["maximize"], decoupled_weight_decay=group["decoupled_weight_decay"],
-                    grad_scale=grad_scale, found_inf=found_inf)
+                    grad_scale=grad_scale, found_inf=found_inf, lr_tensor=lr_tensor)
         return loss
 
 
@@ -188,8 +197,8 @@ class SGD(_FusedOptimizer):
                  weight_decay: float = 0.0, nesterov: bool = False, *, maximize: bool = False,
                  foreach: Optional[bool] = None, differentiable: bool = False, fused: Optional[bool] = None,
                  master_weights: Optional[bool] = None) -> None:
-        if isinstance(lr, torch.Tensor):
-            lr = float(lr)
+        if isinstance(lr, torch.Tensor) and lr.numel() != 1:
+            raise ValueError("Tensor lr must be 1-element")
         if lr < 0.0:
             raise ValueError(f"Invalid learning rate: {lr}")
         if momentum < 0.0:
@@ -216,13 +225,14 @@ class SGD(_FusedOptimizer):
             keys = ("step", "momentum_buffer") if momentum != 0.0 else ()
             for (device, mode), entries in self._buckets(group, keys).items():
                 grad_scale, found_inf = self._scaling(device)
+                lr, lr_tensor = self._lr(group, device)
                 torch.ops.ampkit.sgd_step_(
                     [p for p, _ in entries], [p.grad for p, _ in entries],
                     [s["master_param"] for _, s in entries] if mode == "master" else [],
                     [s["param_remainder"] for _, s in entries] if mode == "remainder" else [],
                     [s["momentum_buffer"] for _, s in entries] if momentum != 0.0 else [],
                     [s["step"] for _, s in entries] if momentum != 0.0 else [],
-                    lr=float(group["lr"]), momentum=momentum, dampening=float(group["dampening"]),
+                    lr=lr, momentum=momentum, dampening=float(group["dampening"]),
                     weight_decay=float(group["weight_decay"]), nesterov=group["nesterov"],
-                    maximize=group["maximize"], grad_scale=grad_scale, found_inf=found_inf)
+                    maximize=group["maximize"], grad_scale=grad_scale, found_inf=found_inf, lr_tensor=lr_tensor)
         return loss

@@ -200,7 +200,8 @@ def test_opcheck_optimizer_ops(device):
     fi = torch.zeros((), device=device)
     torch.library.opcheck(torch.ops.ampkit.adamw_step_.default, args,
                           dict(lr=0.1, beta1=0.9, beta2=0.999, weight_decay=0.01, eps=1e-8, amsgrad=False,
-                               maximize=False, decoupled_weight_decay=True, grad_scale=gs, found_inf=fi))
+                               maximize=False, decoupled_weight_decay=True, grad_scale=gs, found_inf=fi,
+                               lr_tensor=torch.full((), 0.05, device=device)))
     params, grads, masters, _, bufs, _, _, steps = _op_args(device)
     torch.library.opcheck(torch.ops.ampkit.sgd_step_.default, (params, grads, masters, [], bufs, steps),
                           dict(lr=0.1, momentum=0.9, dampening=0.0, weight_decay=0.0, nesterov=False,
@@ -286,3 +287,23 @@ def test_remainder_split_is_exact_for_ties_and_extremes():
     master = ampkit.optim.SGD.master_from_remainder(p, opt.state[p]["param_remainder"])
     assert bits_equal(master, values)
     assert torch.isfinite(p.detach()[2:4]).all() or True  # FLT_MAX rounds like RNE would (to Inf or max)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("cls", [ampkit.optim.AdamW, ampkit.optim.SGD])
+def test_tensor_lr_equals_float_lr(device, cls):
+    a_params = make_params(device)
+    b_params = [p.detach().clone().requires_grad_() for p in a_params]
+    kwargs = dict(momentum=0.9) if cls is ampkit.optim.SGD else {}
+    a = cls(a_params, lr=torch.tensor(0.01, device=device), **kwargs)
+    b = cls(b_params, lr=0.01, **kwargs)
+    for step in range(10):
+        for p, q, g in zip(a_params, b_params, grads_for(a_params, step)):
+            p.grad, q.grad = g.clone(), g.clone()
+        if step == 5:  # a schedule changes the tensor in place
+            a.param_groups[0]["lr"].fill_(0.005)
+            b.param_groups[0]["lr"] = float(torch.tensor(0.005, dtype=torch.float32))
+        a.step()
+        b.step()
+    for p, q in zip(a_params, b_params):
+        assert bits_equal(p.detach(), q.detach())

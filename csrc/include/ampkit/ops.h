@@ -55,20 +55,23 @@ AMPKIT_API void update_scale_hysteresis_(const at::Tensor& scale, const at::Tens
 // written once, step counts += 1; nothing is written when found_inf is nonzero. For BF16 params,
 // param_remainders (int16) may replace master_params: the exact FP32 master for 2 bytes per param (NOTE [BF16
 // weight + 16-bit remainder] in kernels/optim_functors.h). Optional lists are empty or one
-// tensor per param (max_exp_avg_sqs: iff amsgrad).
+// tensor per param (max_exp_avg_sqs: iff amsgrad). lr_tensor (one FP32 element on the params' device) replaces
+// lr when given: read on the device, so an LR schedule can live in a captured CUDA graph.
 AMPKIT_API void adamw_step_(at::TensorList params, at::TensorList grads, at::TensorList master_params,
                             at::TensorList param_remainders, at::TensorList exp_avgs, at::TensorList exp_avg_sqs, at::TensorList max_exp_avg_sqs,
                             at::TensorList state_steps, double lr, double beta1, double beta2, double weight_decay,
                             double eps, bool amsgrad, bool maximize, bool decoupled_weight_decay,
                             const std::optional<at::Tensor>& grad_scale = std::nullopt,
-                            const std::optional<at::Tensor>& found_inf = std::nullopt);
+                            const std::optional<at::Tensor>& found_inf = std::nullopt,
+                            const std::optional<at::Tensor>& lr_tensor = std::nullopt);
 
 // One fused SGD step (momentum buffers and step counts needed iff momentum != 0); same skipping rule.
 AMPKIT_API void sgd_step_(at::TensorList params, at::TensorList grads, at::TensorList master_params,
                           at::TensorList param_remainders, at::TensorList momentum_buffers, at::TensorList state_steps, double lr, double momentum,
                           double dampening, double weight_decay, bool nesterov, bool maximize,
                           const std::optional<at::Tensor>& grad_scale = std::nullopt,
-                          const std::optional<at::Tensor>& found_inf = std::nullopt);
+                          const std::optional<at::Tensor>& found_inf = std::nullopt,
+                          const std::optional<at::Tensor>& lr_tensor = std::nullopt);
 
 // What this build of ampkit contains: whether its CUDA kernels were compiled, for which architectures, and
 // which instruction set the CPU loops use on this machine.
