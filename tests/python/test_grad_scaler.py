@@ -380,3 +380,24 @@ def test_cuda_bf16_grads_are_checked_and_skipped():
     scaler.step(opt)
     scaler.update()
     assert (p == 1).all().item() and scaler.get_scale() == 4.0
+
+
+def test_sparse_gradients_like_torch():
+    """Sparse grads (nn.Embedding(sparse=True)) are unscaled through their values, FP16 ones coalesced first."""
+    results = {}
+    for kind in SCALERS:
+        torch.manual_seed(0)
+        emb = torch.nn.Embedding(50, 8, sparse=True)
+        opt = torch.optim.SGD(emb.parameters(), lr=0.1)
+        scaler = SCALERS[kind]("cpu", init_scale=64.0)
+        for step in range(4):
+            opt.zero_grad()
+            idx = torch.tensor([[1, 2, 2, 7], [7, 3, 1, 1]])
+            scaler.scale(emb(idx).square().sum()).backward()
+            if step == 2:
+                emb.weight.grad._values()[0, 0] = math.inf
+            scaler.step(opt)
+            scaler.update()
+        results[kind] = (emb.weight.detach().clone(), scaler.get_scale())
+    assert bits_equal(results["ampkit"][0], results["torch"][0])
+    assert results["ampkit"][1] == results["torch"][1] == 32.0
