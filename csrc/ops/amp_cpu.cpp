@@ -35,13 +35,8 @@ void update_scale_cpu(const at::Tensor& scale, const at::Tensor& growth_tracker,
   op(scale.mutable_data_ptr<float>(), growth_tracker.mutable_data_ptr<int32_t>(), *found_inf.const_data_ptr<float>());
 }
 
-void update_scale_hysteresis_cpu(const at::Tensor& scale, const at::Tensor& growth_tracker,
-                                 const at::Tensor& hysteresis_tracker, const at::Tensor& stats,
-                                 const at::Tensor& found_inf, double growth_factor, double backoff_factor,
-                                 int64_t growth_interval, int64_t hysteresis, double min_scale, double max_scale,
-                                 bool dynamic) {
-  check_update_scale_hysteresis_args(scale, growth_tracker, hysteresis_tracker, stats, found_inf, growth_factor,
-                                     backoff_factor, growth_interval, hysteresis, min_scale, max_scale);
+void update_scale_hysteresis_cpu(AMPKIT_UPDATE_SCALE_HYSTERESIS_ARGS) {
+  AMPKIT_CHECK_UPDATE_SCALE_HYSTERESIS();
   const kernels::HysteresisScaleOp op =
       hysteresis_scale_op(growth_factor, backoff_factor, growth_interval, hysteresis, min_scale, max_scale, dynamic);
   op(scale.mutable_data_ptr<float>(), growth_tracker.mutable_data_ptr<int32_t>(),

@@ -22,13 +22,8 @@ void update_scale_meta(const at::Tensor& scale, const at::Tensor& growth_tracker
   check_update_scale_args(scale, growth_tracker, found_inf, growth_factor, backoff_factor, growth_interval);
 }
 
-void update_scale_hysteresis_meta(const at::Tensor& scale, const at::Tensor& growth_tracker,
-                                  const at::Tensor& hysteresis_tracker, const at::Tensor& stats,
-                                  const at::Tensor& found_inf, double growth_factor, double backoff_factor,
-                                  int64_t growth_interval, int64_t hysteresis, double min_scale, double max_scale,
-                                  bool dynamic) {
-  check_update_scale_hysteresis_args(scale, growth_tracker, hysteresis_tracker, stats, found_inf, growth_factor,
-                                     backoff_factor, growth_interval, hysteresis, min_scale, max_scale);
+void update_scale_hysteresis_meta(AMPKIT_UPDATE_SCALE_HYSTERESIS_ARGS) {
+  AMPKIT_CHECK_UPDATE_SCALE_HYSTERESIS();
 }
 
 void adamw_step_meta(AMPKIT_ADAMW_STEP_ARGS) { AMPKIT_CHECK_ADAMW_STEP("adamw_step_"); }

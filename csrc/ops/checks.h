@@ -52,6 +52,16 @@ void check_update_scale_hysteresis_args(const at::Tensor& scale, const at::Tenso
                                         int64_t growth_interval, int64_t hysteresis, double min_scale,
                                         double max_scale);
 
+// The kernel signature of update_scale_hysteresis_, shared by its CPU, CUDA and Meta kernels.
+#define AMPKIT_UPDATE_SCALE_HYSTERESIS_ARGS                                                                        \
+  const at::Tensor &scale, const at::Tensor &growth_tracker, const at::Tensor &hysteresis_tracker,                \
+      const at::Tensor &stats, const at::Tensor &found_inf, double growth_factor, double backoff_factor,           \
+      int64_t growth_interval, int64_t hysteresis, double min_scale, double max_scale, bool dynamic
+#define AMPKIT_CHECK_UPDATE_SCALE_HYSTERESIS()                                                                      \
+  ::ampkit::detail::check_update_scale_hysteresis_args(scale, growth_tracker, hysteresis_tracker, stats, found_inf, \
+                                                       growth_factor, backoff_factor, growth_interval, hysteresis,  \
+                                                       min_scale, max_scale)
+
 // The functor of update_scale_hysteresis_ for the op's (checked) arguments.
 inline kernels::HysteresisScaleOp hysteresis_scale_op(double growth_factor, double backoff_factor,
                                                       int64_t growth_interval, int64_t hysteresis, double min_scale,

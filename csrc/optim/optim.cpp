@@ -26,7 +26,50 @@ struct Bucket {
   std::vector<at::Tensor> params, grads, masters, first, second, third, steps;
 };
 
-using BucketKey = std::pair<std::string, bool>;  // (device, has master)
+// The parameter's state in `states`, created by `make()` when it has none.
+template <typename State, typename Make>
+State& state_for(ska::flat_hash_map<void*, std::unique_ptr<torch::optim::OptimizerParamState>>& states,
+                 const at::Tensor& p, const Make& make) {
+  auto& slot = states[p.unsafeGetTensorImpl()];
+  if (!slot) {
+    slot = make();
+  }
+  return static_cast<State&>(*slot);
+}
+
+// Adds the param, its grad and its master (if any) to the bucket of its (device, has master).
+Bucket& add_to_bucket(std::map<std::pair<std::string, bool>, Bucket>& buckets, const at::Tensor& p,
+                      const at::Tensor& master) {
+  Bucket& b = buckets[{p.device().str(), master.defined()}];
+  b.params.push_back(p);
+  b.grads.push_back(p.grad());
+  if (master.defined()) {
+    b.masters.push_back(master);
+  }
+  return b;
+}
+
+at::Tensor fp32_copy(const at::Tensor& p) { return p.detach().to(at::kFloat, /*non_blocking=*/false, /*copy=*/true); }
+
+std::unique_ptr<AdamParamState> new_adam_state(const at::Tensor& p, bool with_master) {
+  auto s = std::make_unique<AdamParamState>();
+  s->step(at::zeros({}, p.options().dtype(at::kFloat)));
+  s->exp_avg(fp32_zeros_like(p));
+  s->exp_avg_sq(fp32_zeros_like(p));
+  if (with_master) {
+    s->master_param(fp32_copy(p));
+  }
+  return s;
+}
+
+std::unique_ptr<SGDParamState> new_sgd_state(const at::Tensor& p, bool with_master) {
+  auto s = std::make_unique<SGDParamState>();
+  s->step(at::zeros({}, p.options().dtype(at::kFloat)));
+  if (with_master) {
+    s->master_param(fp32_copy(p));
+  }
+  return s;
+}
 
 // The loss closure of torch::optim::Optimizer::step, run with grad enabled (as LibTorch's optimizers do).
 at::Tensor run_closure(const torch::optim::Optimizer::LossClosure& closure) {
@@ -110,33 +153,18 @@ at::Tensor AdamT<kDecoupled>::step(LossClosure closure) {
   const at::NoGradGuard no_grad;
   for (auto& group : param_groups_) {
     const auto& o = static_cast<const Options&>(group.options());
-    std::map<BucketKey, Bucket> buckets;
+    std::map<std::pair<std::string, bool>, Bucket> buckets;  // (device, has master)
     for (const auto& p : group.params()) {
       if (!p.grad().defined()) {
         continue;
       }
       TORCH_CHECK(!p.grad().is_sparse(), "ampkit::optim::Adam(W) does not support sparse gradients");
-      auto& slot = state_[p.unsafeGetTensorImpl()];
-      if (!slot) {
-        auto s = std::make_unique<AdamParamState>();
-        s->step(at::zeros({}, p.options().dtype(at::kFloat)));
-        s->exp_avg(fp32_zeros_like(p));
-        s->exp_avg_sq(fp32_zeros_like(p));
-        if (wants_master(o.master_weights(), p)) {
-          s->master_param(p.detach().to(at::kFloat, /*non_blocking=*/false, /*copy=*/true));
-        }
-        slot = std::move(s);
-      }
-      auto& s = static_cast<AdamParamState&>(*slot);
+      auto& s = state_for<AdamParamState>(state_, p,
+                                          [&] { return new_adam_state(p, wants_master(o.master_weights(), p)); });
       if (o.amsgrad() && !s.max_exp_avg_sq().defined()) {
         s.max_exp_avg_sq(fp32_zeros_like(p));
       }
-      Bucket& b = buckets[{p.device().str(), s.master_param().defined()}];
-      b.params.push_back(p);
-      b.grads.push_back(p.grad());
-      if (s.master_param().defined()) {
-        b.masters.push_back(s.master_param());
-      }
+      Bucket& b = add_to_bucket(buckets, p, s.master_param());
       b.first.push_back(s.exp_avg());
       b.second.push_back(s.exp_avg_sq());
       if (o.amsgrad()) {
@@ -159,15 +187,7 @@ void AdamT<kDecoupled>::init_master_params() {
   const at::NoGradGuard no_grad;
   for (auto& group : param_groups_) {
     for (const auto& p : group.params()) {
-      auto& slot = state_[p.unsafeGetTensorImpl()];
-      if (!slot) {
-        auto s = std::make_unique<AdamParamState>();
-        s->step(at::zeros({}, p.options().dtype(at::kFloat)));
-        s->exp_avg(fp32_zeros_like(p));
-        s->exp_avg_sq(fp32_zeros_like(p));
-        slot = std::move(s);
-      }
-      static_cast<AdamParamState&>(*slot).master_param(p.detach().to(at::kFloat, false, /*copy=*/true));
+      state_for<AdamParamState>(state_, p, [&] { return new_adam_state(p, false); }).master_param(fp32_copy(p));
     }
   }
 }
@@ -236,31 +256,18 @@ at::Tensor SGD::step(LossClosure closure) {
   for (auto& group : param_groups_) {
     const auto& o = static_cast<const SGDOptions&>(group.options());
     const bool momentum = o.momentum() != 0;
-    std::map<BucketKey, Bucket> buckets;
+    std::map<std::pair<std::string, bool>, Bucket> buckets;  // (device, has master)
     for (const auto& p : group.params()) {
       if (!p.grad().defined()) {
         continue;
       }
       TORCH_CHECK(!p.grad().is_sparse(), "ampkit::optim::SGD does not support sparse gradients");
-      auto& slot = state_[p.unsafeGetTensorImpl()];
-      if (!slot) {
-        auto s = std::make_unique<SGDParamState>();
-        s->step(at::zeros({}, p.options().dtype(at::kFloat)));
-        if (wants_master(o.master_weights(), p)) {
-          s->master_param(p.detach().to(at::kFloat, /*non_blocking=*/false, /*copy=*/true));
-        }
-        slot = std::move(s);
-      }
-      auto& s = static_cast<SGDParamState&>(*slot);
+      auto& s = state_for<SGDParamState>(state_, p,
+                                         [&] { return new_sgd_state(p, wants_master(o.master_weights(), p)); });
       if (momentum && !s.momentum_buffer().defined()) {
         s.momentum_buffer(fp32_zeros_like(p));
       }
-      Bucket& b = buckets[{p.device().str(), s.master_param().defined()}];
-      b.params.push_back(p);
-      b.grads.push_back(p.grad());
-      if (s.master_param().defined()) {
-        b.masters.push_back(s.master_param());
-      }
+      Bucket& b = add_to_bucket(buckets, p, s.master_param());
       if (momentum) {
         b.first.push_back(s.momentum_buffer());
         b.steps.push_back(s.step());
@@ -279,13 +286,7 @@ void SGD::init_master_params() {
   const at::NoGradGuard no_grad;
   for (auto& group : param_groups_) {
     for (const auto& p : group.params()) {
-      auto& slot = state_[p.unsafeGetTensorImpl()];
-      if (!slot) {
-        auto s = std::make_unique<SGDParamState>();
-        s->step(at::zeros({}, p.options().dtype(at::kFloat)));
-        slot = std::move(s);
-      }
-      static_cast<SGDParamState&>(*slot).master_param(p.detach().to(at::kFloat, false, /*copy=*/true));
+      state_for<SGDParamState>(state_, p, [&] { return new_sgd_state(p, false); }).master_param(fp32_copy(p));
     }
   }
 }
