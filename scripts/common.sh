@@ -78,7 +78,7 @@ build_ampkit_cmake_only() {
   log "building ampkit with CMake only (in $AMPKIT_BUILD_DIR)"
   local gen=()
   if [ ! -f "$AMPKIT_BUILD_DIR/CMakeCache.txt" ]; then
-    gen=(-G Ninja)
+    command -v ninja >/dev/null && gen+=(-G Ninja)
     command -v ccache >/dev/null && gen+=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
   fi
   cmake -S "$AMPKIT_ROOT" -B "$AMPKIT_BUILD_DIR" "${gen[@]}" -DPython3_EXECUTABLE="$(command -v "$PY")" \
@@ -93,7 +93,10 @@ build_examples() {
   prefix="$(cd /tmp && "$PY" -c 'import ampkit; print(ampkit.cmake_prefix_path)')"
   log "building examples/cpp against the installed package ($prefix)"
   local gen=()
-  [ -f "$AMPKIT_BUILD_DIR/examples/CMakeCache.txt" ] || gen=(-G Ninja -DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+  if [ ! -f "$AMPKIT_BUILD_DIR/examples/CMakeCache.txt" ]; then
+    command -v ninja >/dev/null && gen+=(-G Ninja)
+    command -v ccache >/dev/null && gen+=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+  fi
   cmake -S "$AMPKIT_ROOT/examples/cpp" -B "$AMPKIT_BUILD_DIR/examples" "${gen[@]}" \
     -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_BUILD_TYPE=Release >/dev/null
   cmake --build "$AMPKIT_BUILD_DIR/examples"

@@ -394,7 +394,21 @@ void GradScaler::update() {
     warn_at_min_scale(stats_[3].item<int64_t>());
   }
   host_saw_overflow_ = false;
+  forget_unused_buffers();
   per_optimizer_.clear();
+}
+
+void GradScaler::forget_unused_buffers() {
+  // Buffers are reused step after step; those of optimizers that took no part in this iteration (replaced or
+  // destroyed ones) are released, so that recreating optimizers does not accumulate them.
+  for (auto it = found_inf_buffers_.begin(); it != found_inf_buffers_.end();) {
+    const int64_t key = std::stoll(it->first.substr(0, it->first.find('/')));
+    if (key != 0 && per_optimizer_.count(key) == 0) {
+      it = found_inf_buffers_.erase(it);
+    } else {
+      ++it;
+    }
+  }
 }
 
 void GradScaler::update(double new_scale) {

@@ -163,6 +163,7 @@ class AMPKIT_API GradScaler {
   const at::Tensor& inv_scale_on(const at::Device& device);
   void apply_state(const ScalerState& state);
   void warn_at_min_scale(int64_t overflows_at_min) const;
+  void forget_unused_buffers();
 
   GradScalerOptions options_;
   bool enabled_;
