@@ -54,12 +54,13 @@ step "demo (Python, CUDA graph)" demo_py.log "$PY" examples/python/train_demo.py
 step "bench" bench.log "$PY" bench/run.py --json "$OUT/bench.json" ${BENCH_ARGS:-}
 
 echo
-echo "==== gpu_check summary ($(date -u +%Y-%m-%d), $(head -n 3 "$OUT/env.txt" | tail -n 2 | tr '\n' ' '))"
-printf '%s\n' "${status[@]}"
-grep -E "passed|failed" "$OUT/pytest.log" | tail -n 1
-grep -E "^(test cases|All tests)" "$OUT/catch2_cuda.log" | tail -n 2
+[ -f "$OUT/bench.log" ] && grep -A 100 "^name" "$OUT/bench.log"
 [ -f "$OUT/demo_cpp.log" ] && grep -A 4 "^mode" "$OUT/demo_cpp.log"
 [ -f "$OUT/demo_py.log" ] && tail -n 5 "$OUT/demo_py.log"
-[ -f "$OUT/bench.log" ] && grep -A 100 "^name" "$OUT/bench.log"
+echo
+echo "==== gpu_check summary ($(date -u +%Y-%m-%d), $(head -n 3 "$OUT/env.txt" | tail -n 2 | tr '\n' ' '))"
+grep -E "passed|failed" "$OUT/pytest.log" | tail -n 1
+grep -E "^(test cases|All tests|Passed|Failed)" "$OUT/catch2_cuda.log" | tail -n 2
+printf '%s\n' "${status[@]}" | tee -a "$OUT/summary.txt"
 printf '%s\n' "${status[@]}" | grep -q FAIL && exit 1
 exit 0
