@@ -136,49 +136,56 @@ __device__ void dispatch_dtype(const cuda::MultiTensorArgs<kStreams>& a, int t, 
   }
 }
 
-struct AdamChunkOp {
-  AdamOp op;
+// What every fused step reads from the device besides the tensors: the skip flag, the grad scale and the lr.
+struct DeviceScalars {
   const float* grad_scale;
   const float* found_inf;
   const float* lr;
 
+  __device__ bool skipped() const { return found_inf != nullptr && *found_inf != 0.f; }
+  // The unscale as torch's fused kernels do it: a division by the scale.
+  __device__ float unscale(float g, float scale) const { return grad_scale != nullptr ? g / scale : g; }
+  __device__ float scale() const { return grad_scale != nullptr ? *grad_scale : 1.f; }
+  template <typename Params>
+  __device__ Params with_lr(Params p) const {
+    if (lr != nullptr) {
+      p.lr = *lr;
+    }
+    return p;
+  }
+};
+
+struct AdamChunkOp {
+  AdamOp op;
+  DeviceScalars dev;
+
   __device__ void operator()(const cuda::MultiTensorArgs<kStreams>& a, int t, int64_t start, int64_t n) const {
-    if (found_inf != nullptr && *found_inf != 0.f) {
+    if (dev.skipped()) {
       return;
     }
-    AdamOp step_op = op;
-    if (lr != nullptr) {
-      step_op.p.lr = *lr;
-    }
+    const AdamOp step_op{dev.with_lr(op.p)};
     const float step = *static_cast<const float*>(a.data[6][t]) + 1.f;
     const AdamStepFactors f = AdamStepFactors::at_step(step_op.p, step);
-    const float scale = grad_scale != nullptr ? *grad_scale : 1.f;
-    const bool unscale = grad_scale != nullptr;
+    const float scale = dev.scale();
     dispatch_dtype(a, t, start, n, [&](float& w, float g, float* m, float* v, float* vmax) {
-      step_op(w, unscale ? g / scale : g, *m, *v, vmax, f);
+      step_op(w, dev.unscale(g, scale), *m, *v, vmax, f);
     });
   }
 };
 
 struct SgdChunkOp {
   SgdOp op;
-  const float* grad_scale;
-  const float* found_inf;
-  const float* lr;
+  DeviceScalars dev;
 
   __device__ void operator()(const cuda::MultiTensorArgs<kStreams>& a, int t, int64_t start, int64_t n) const {
-    if (found_inf != nullptr && *found_inf != 0.f) {
+    if (dev.skipped()) {
       return;
     }
-    SgdOp step_op = op;
-    if (lr != nullptr) {
-      step_op.p.lr = *lr;
-    }
+    const SgdOp step_op{dev.with_lr(op.p)};
     const bool first = a.data[6][t] == nullptr || *static_cast<const float*>(a.data[6][t]) == 0.f;
-    const float scale = grad_scale != nullptr ? *grad_scale : 1.f;
-    const bool unscale = grad_scale != nullptr;
+    const float scale = dev.scale();
     dispatch_dtype(a, t, start, n, [&](float& w, float g, float* buf, float*, float*) {
-      step_op(w, unscale ? g / scale : g, buf, first);
+      step_op(w, dev.unscale(g, scale), buf, first);
     });
   }
 };
@@ -247,12 +254,12 @@ cudaError_t launch_step(const OptimTensor* tensors, int64_t n, const ChunkOp& op
 
 cudaError_t launch_adam_step(const OptimTensor* tensors, int64_t n, const AdamParams& params, const float* grad_scale,
                              const float* found_inf, const float* lr, cudaStream_t stream) {
-  return launch_step(tensors, n, AdamChunkOp{AdamOp{params}, grad_scale, found_inf, lr}, found_inf, stream);
+  return launch_step(tensors, n, AdamChunkOp{AdamOp{params}, DeviceScalars{grad_scale, found_inf, lr}}, found_inf, stream);
 }
 
 cudaError_t launch_sgd_step(const OptimTensor* tensors, int64_t n, const SgdParams& params, const float* grad_scale,
                             const float* found_inf, const float* lr, cudaStream_t stream) {
-  return launch_step(tensors, n, SgdChunkOp{SgdOp{params}, grad_scale, found_inf, lr}, found_inf, stream);
+  return launch_step(tensors, n, SgdChunkOp{SgdOp{params}, DeviceScalars{grad_scale, found_inf, lr}}, found_inf, stream);
 }
 
 }  // namespace ampkit::kernels

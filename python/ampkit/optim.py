@@ -96,6 +96,23 @@ class _FusedOptimizer(torch.optim.Optimizer):
             found_inf = found_inf.to(device, non_blocking=True)
         return grad_scale, found_inf
 
+    @staticmethod
+    def _run_closure(closure: Optional[Callable[[], float]]):
+        if closure is None:
+            return None
+        with torch.enable_grad():
+            return closure()
+
+    def _common_args(self, group: dict, device: torch.device, mode: str, entries: list) -> tuple[list, dict]:
+        """The leading lists (params, grads, masters, remainders) and keyword arguments (lr, grad_scale, found_inf,
+        lr_tensor) that both fused ops take, for one bucket."""
+        grad_scale, found_inf = self._scaling(device)
+        lr, lr_tensor = self._lr(group, device)
+        lists = [[p for p, _ in entries], [p.grad for p, _ in entries],
+                 [s["master_param"] for _, s in entries] if mode == "master" else [],
+                 [s["param_remainder"] for _, s in entries] if mode == "remainder" else []]
+        return lists, dict(lr=lr, grad_scale=grad_scale, found_inf=found_inf, lr_tensor=lr_tensor)
+
     def _buckets(self, group: dict, state_keys: tuple[str, ...]) -> dict:
         """Params with grads, grouped by (device, master mode) — one kernel launch sequence each."""
         buckets: dict = {}
@@ -156,26 +173,18 @@ class Adam(_FusedOptimizer):
 
     @torch.no_grad()
     def step(self, closure: Optional[Callable[[], float]] = None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = self._run_closure(closure)
         for group in self.param_groups:
             keys = ("step", "exp_avg", "exp_avg_sq") + (("max_exp_avg_sq",) if group["amsgrad"] else ())
             for (device, mode), entries in self._buckets(group, keys).items():
-                grad_scale, found_inf = self._scaling(device)
-                lr, lr_tensor = self._lr(group, device)
+                lists, kwargs = self._common_args(group, device, mode, entries)
                 torch.ops.ampkit.adamw_step_(
-                    [p for p, _ in entries], [p.grad for p, _ in entries],
-                    [s["master_param"] for _, s in entries] if mode == "master" else [],
-                    [s["param_remainder"] for _, s in entries] if mode == "remainder" else [],
-                    [s["exp_avg"] for _, s in entries], [s["exp_avg_sq"] for _, s in entries],
+                    *lists, [s["exp_avg"] for _, s in entries], [s["exp_avg_sq"] for _, s in entries],
                     [s["max_exp_avg_sq"] for _, s in entries] if group["amsgrad"] else [],
                     [s["step"] for _, s in entries],
-                    lr=lr, beta1=float(group["betas"][0]), beta2=float(group["betas"][1]),
+                    beta1=float(group["betas"][0]), beta2=float(group["betas"][1]),
                     weight_decay=float(group["weight_decay"]), eps=float(group["eps"]), amsgrad=group["amsgrad"],
-                    maximize=group["maximize"], decoupled_weight_decay=group["decoupled_weight_decay"],
-                    grad_scale=grad_scale, found_inf=found_inf, lr_tensor=lr_tensor)
+                    maximize=group["maximize"], decoupled_weight_decay=group["decoupled_weight_decay"], **kwargs)
         return loss
 
 
@@ -216,23 +225,16 @@ class SGD(_FusedOptimizer):
 
     @torch.no_grad()
     def step(self, closure: Optional[Callable[[], float]] = None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = self._run_closure(closure)
         for group in self.param_groups:
             momentum = float(group["momentum"])
             keys = ("step", "momentum_buffer") if momentum != 0.0 else ()
             for (device, mode), entries in self._buckets(group, keys).items():
-                grad_scale, found_inf = self._scaling(device)
-                lr, lr_tensor = self._lr(group, device)
+                lists, kwargs = self._common_args(group, device, mode, entries)
                 torch.ops.ampkit.sgd_step_(
-                    [p for p, _ in entries], [p.grad for p, _ in entries],
-                    [s["master_param"] for _, s in entries] if mode == "master" else [],
-                    [s["param_remainder"] for _, s in entries] if mode == "remainder" else [],
-                    [s["momentum_buffer"] for _, s in entries] if momentum != 0.0 else [],
+                    *lists, [s["momentum_buffer"] for _, s in entries] if momentum != 0.0 else [],
                     [s["step"] for _, s in entries] if momentum != 0.0 else [],
-                    lr=lr, momentum=momentum, dampening=float(group["dampening"]),
+                    momentum=momentum, dampening=float(group["dampening"]),
                     weight_decay=float(group["weight_decay"]), nesterov=group["nesterov"],
-                    maximize=group["maximize"], grad_scale=grad_scale, found_inf=found_inf, lr_tensor=lr_tensor)
+                    maximize=group["maximize"], **kwargs)
         return loss
