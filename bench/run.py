@@ -6,14 +6,21 @@ Each row times ampkit and torch interleaved (median of many runs) on the same in
   that device, measured in the same run with tensor.copy_).
 
 Usage: python bench/run.py [--quick] [--device cpu|cuda|all] [--json PATH]
+       python bench/run.py --traffic [--json PATH]
+
+--traffic prints, for each CUDA kernel, the bytes of tensor data it reads and writes per parameter, counted by
+running the kernels through the emulated host build (no GPU needed: the build's bench/ampkit_traffic), next to
+the minimum the design promises.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import math
+import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -289,12 +296,35 @@ def print_table(rows: list[Row]) -> None:
               f"{r.gbps:8.1f} {r.pct_of_copy_bw:6.1f}  {r.note}")
 
 
+def traffic_rows() -> list[dict]:
+    """Runs the build's ampkit_traffic tool (emulated CUDA kernels) and returns its rows."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    build = os.environ.get("AMPKIT_BUILD_DIR", os.path.join(root, "build"))
+    tool = os.path.join(build, "bench", "ampkit_traffic")
+    if not os.path.exists(tool):
+        sys.exit(f"bench/run.py --traffic: {tool} not found; build with the tests (scripts/test.sh, or "
+                 "AMPKIT_BUILD_TESTS=1) on a machine with the CUDA toolkit's headers")
+    out = subprocess.run([tool], check=True, capture_output=True, text=True).stdout
+    return [json.loads(line) for line in out.splitlines() if line.strip()]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="smaller inputs and fewer repeats")
     parser.add_argument("--device", default="all", choices=["cpu", "cuda", "all"])
     parser.add_argument("--json", metavar="PATH", help="write the rows as a JSON list of objects")
+    parser.add_argument("--traffic", action="store_true",
+                        help="bytes per parameter each CUDA kernel moves, counted in the emulated build")
     args = parser.parse_args()
+    if args.traffic:
+        rows = traffic_rows()
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(rows, f, indent=1)
+        print(f"{'kernel':<20} {'dtype':<18} {'bytes/param':>11} {'minimum':>8}")
+        for r in rows:
+            print(f"{r['kernel']:<20} {r['dtype']:<18} {r['bytes_per_param']:11.2f} {r['min_bytes_per_param']:8.0f}")
+        return
     devices = ["cpu", "cuda"] if args.device == "all" else [args.device]
     devices = [d for d in devices if d == "cpu" or torch.cuda.is_available()]
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "none"

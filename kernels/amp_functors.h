@@ -37,70 +37,56 @@ struct UnscaleOp {
   }
 };
 
-// One step of dynamic loss scaling, exactly as torch._amp_update_scale_: back off on overflow, grow by
-// `growth_factor` after `growth_interval` consecutive clean steps, never grow past the largest finite float.
-// The products are formed in double and rounded once to float, as ATen's CPU and CUDA kernels do.
+// Slots of the int64 statistics vector that UpdateScaleOp maintains on the device.
+enum ScaleStat : int { kStatSteps = 0, kStatSkipped = 1, kStatLastOverflow = 2, kStatOverflowsAtMin = 3, kNumStats = 4 };
+
+// One step of dynamic loss scaling. With the defaults (hysteresis 1, no bounds, dynamic) it is exactly
+// torch._amp_update_scale_: back off on overflow, grow by `growth_factor` after `growth_interval` consecutive
+// clean steps, never grow past the largest finite float; the products are formed in double and rounded once to
+// float, as ATen's CPU and CUDA kernels do.
+//
+// The GradScaler adds hysteresis and bounds (Megatron-LM / DeepSpeed semantics) and statistics: on overflow the
+// growth count restarts and the hysteresis count drops by one; the scale backs off only when that count reaches
+// zero (the `hysteresis`-th overflow since the last growth, and every one after it), never below `min_scale`.
+// A growth never passes `max_scale` and refills the hysteresis count. `dynamic == false` keeps the scale fixed
+// (check and skip, never rescale).
+//
+// Args of operator():
+//   hysteresis_tracker: the overflows left before a back-off; null: every overflow backs off (hysteresis 1).
+//   stats: kNumStats slots [steps, skipped steps, number of the last overflow step (0: none), overflows met at
+//          min_scale]; null: none kept.
 struct UpdateScaleOp {
   double growth_factor;
   double backoff_factor;
   int64_t growth_interval;
-
-  AMPKIT_HOST_DEVICE void operator()(float* scale, int32_t* growth_tracker, float found_inf) const {
-    if (found_inf != 0.f) {
-      *scale = static_cast<float>(static_cast<double>(*scale) * backoff_factor);
-      *growth_tracker = 0;
-      return;
-    }
-    const int64_t successful = static_cast<int64_t>(*growth_tracker) + 1;
-    if (successful == growth_interval) {
-      const float grown = static_cast<float>(static_cast<double>(*scale) * growth_factor);
-      if (!is_non_finite(grown)) {
-        *scale = grown;
-      }
-      *growth_tracker = 0;
-    } else {
-      *growth_tracker = static_cast<int32_t>(successful);
-    }
-  }
-};
-
-// Slots of the int64 statistics vector that HysteresisScaleOp maintains on the device.
-enum ScaleStat : int { kStatSteps = 0, kStatSkipped = 1, kStatLastOverflow = 2, kStatOverflowsAtMin = 3, kNumStats = 4 };
-
-// Dynamic loss scaling with hysteresis and bounds (Megatron-LM / DeepSpeed semantics), plus step statistics.
-// On overflow the growth count restarts and the hysteresis count drops by one; the scale backs off only when
-// that count reaches zero (the `hysteresis`-th overflow since the last growth, and every one after it), never
-// below `min_scale`. After `growth_interval` clean steps the scale grows (never past `max_scale`, never to Inf)
-// and the hysteresis count is refilled. With hysteresis 1, min_scale 0 and max_scale Inf this is exactly
-// UpdateScaleOp. `dynamic == false` keeps the scale fixed (BF16 runs: check and skip, never rescale).
-//
-// stats: [steps, skipped steps, number of the last overflow step (0: none), overflows met at min_scale].
-struct HysteresisScaleOp {
-  double growth_factor;
-  double backoff_factor;
-  int64_t growth_interval;
-  int32_t hysteresis;
-  float min_scale;
-  float max_scale;
-  bool dynamic;
+  int32_t hysteresis = 1;
+  float min_scale = 0.f;
+  float max_scale = 3.40282347e+38f;  // FP32 max: a finite product never exceeds it
+  bool dynamic = true;
 
   AMPKIT_HOST_DEVICE void operator()(float* scale, int32_t* growth_tracker, int32_t* hysteresis_tracker,
                                      int64_t* stats, float found_inf) const {
-    stats[kStatSteps] += 1;
+    int32_t no_tracker = hysteresis;
+    int32_t* left = hysteresis_tracker != nullptr ? hysteresis_tracker : &no_tracker;
+    if (stats != nullptr) {
+      stats[kStatSteps] += 1;
+    }
     if (found_inf != 0.f) {
-      stats[kStatSkipped] += 1;
-      stats[kStatLastOverflow] = stats[kStatSteps];
+      if (stats != nullptr) {
+        stats[kStatSkipped] += 1;
+        stats[kStatLastOverflow] = stats[kStatSteps];
+      }
       *growth_tracker = 0;
       if (!dynamic) {
         return;
       }
-      if (*scale <= min_scale) {
+      if (stats != nullptr && *scale <= min_scale) {
         stats[kStatOverflowsAtMin] += 1;
       }
-      if (*hysteresis_tracker > 0) {
-        *hysteresis_tracker -= 1;
+      if (*left > 0) {
+        *left -= 1;
       }
-      if (*hysteresis_tracker == 0) {
+      if (*left == 0) {
         const float backed_off = static_cast<float>(static_cast<double>(*scale) * backoff_factor);
         *scale = backed_off < min_scale ? min_scale : backed_off;
       }
@@ -116,10 +102,15 @@ struct HysteresisScaleOp {
         *scale = grown > max_scale ? max_scale : grown;
       }
       *growth_tracker = 0;
-      *hysteresis_tracker = hysteresis;
+      *left = hysteresis;
     } else {
       *growth_tracker = static_cast<int32_t>(successful);
     }
+  }
+
+  // torch._amp_update_scale_'s form: no hysteresis tracker, no statistics.
+  AMPKIT_HOST_DEVICE void operator()(float* scale, int32_t* growth_tracker, float found_inf) const {
+    (*this)(scale, growth_tracker, nullptr, nullptr, found_inf);
   }
 };
 

@@ -4,7 +4,6 @@
 #pragma once
 
 #include <cmath>
-#include <cstring>
 
 #include "common.h"
 
@@ -16,23 +15,12 @@ namespace ampkit::kernels {
 // half rounded to nearest with ties away from zero (round-to-nearest-even everywhere but exact ties), so that
 // remainder = low half as a signed int16 and master bits = (weight bits << 16) + remainder, exactly.
 AMPKIT_HOST_DEVICE AMPKIT_INLINE float join_remainder(uint16_t weight_bits, int16_t remainder) {
-  const uint32_t bits = (static_cast<uint32_t>(weight_bits) << 16) + static_cast<uint32_t>(static_cast<int32_t>(remainder));
-#if defined(__CUDA_ARCH__)
-  return __uint_as_float(bits);
-#else
-  float f;
-  std::memcpy(&f, &bits, sizeof(f));
-  return f;
-#endif
+  return float_from_bits((static_cast<uint32_t>(weight_bits) << 16) +
+                         static_cast<uint32_t>(static_cast<int32_t>(remainder)));
 }
 
 AMPKIT_HOST_DEVICE AMPKIT_INLINE void split_remainder(float master, uint16_t* weight_bits, int16_t* remainder) {
-#if defined(__CUDA_ARCH__)
-  const uint32_t bits = __float_as_uint(master);
-#else
-  uint32_t bits;
-  std::memcpy(&bits, &master, sizeof(bits));
-#endif
+  const uint32_t bits = bits_of(master);
   const uint32_t low = bits & 0xffffu;
   *weight_bits = static_cast<uint16_t>((bits >> 16) + (low >> 15));
   *remainder = static_cast<int16_t>(static_cast<uint16_t>(low));

@@ -1,15 +1,15 @@
-// Argument checks shared by the CPU, CUDA and Meta kernels of the AMP ops (see checks.h).
-#include "checks.h"
-
-#include "../../kernels/amp_functors.h"
-
+// Argument checks of every ampkit op, shared by its CPU, CUDA and Meta kernels (see op_args.h), and the
+// functors' parameters built from checked arguments.
 #include <ATen/MemoryOverlap.h>
 #include <c10/util/Exception.h>
 
 #include <cmath>
 #include <limits>
 
+#include "op_args.h"
+
 namespace ampkit::detail {
+namespace {
 
 void check_scalar_tensor(const char* op, const char* arg, const at::Tensor& t, at::ScalarType dtype,
                          const std::optional<at::Device>& device) {
@@ -44,61 +44,107 @@ void check_float_list(const char* op, const char* arg, at::TensorList list, cons
   }
 }
 
-kernels::DType kernel_dtype(at::ScalarType t) {
-  switch (t) {
-    case at::kHalf:
-      return kernels::DType::kFloat16;
-    case at::kBFloat16:
-      return kernels::DType::kBFloat16;
-    case at::kFloat:
-      return kernels::DType::kFloat32;
-    case at::kDouble:
-      return kernels::DType::kFloat64;
-    default:
-      TORCH_INTERNAL_ASSERT(false, "ampkit: no kernel dtype for ", t);
-  }
+void check_list_length(const char* op, const char* name, at::TensorList list, size_t expected, bool required) {
+  TORCH_CHECK_VALUE(list.size() == expected || (!required && list.empty()), "ampkit::", op, ": ", name, " must have ",
+                    expected, " tensors (one per param)", required ? "" : " or none", ", but has ", list.size());
 }
 
-DenseList::DenseList(at::TensorList list) {
-  refs_.reserve(list.size());
-  for (const at::Tensor& t : list) {
-    if (t.numel() == 0) {
-      continue;
+// `t` must be a companion of params[i]: same shape and strides, on the same device, of `dtype`.
+void check_companion(const char* op, const char* name, size_t i, const at::Tensor& t, const at::Tensor& param,
+                     at::ScalarType dtype) {
+  TORCH_CHECK(t.defined(), "ampkit::", op, ": ", name, "[", i, "] is undefined");
+  TORCH_CHECK(t.layout() == at::kStrided, "ampkit::", op, ": ", name, "[", i,
+              "] must be a strided (dense) tensor, but got layout ", t.layout());
+  TORCH_CHECK(t.device() == param.device(), "ampkit::", op, ": ", name, "[", i, "] must be on ", param.device(),
+              " like params[", i, "], but is on ", t.device());
+  TORCH_CHECK_TYPE(t.scalar_type() == dtype, "ampkit::", op, ": ", name, "[", i, "] must be ", dtype,
+                   ", but got ", t.scalar_type());
+  // Symbolic-size aware (fake tensors under torch.compile carry SymInts).
+  TORCH_CHECK(t.sym_sizes() == param.sym_sizes() && t.sym_strides() == param.sym_strides(), "ampkit::", op, ": ",
+              name, "[", i, "] must have the shape and strides of params[", i, "] (", param.sym_sizes(), ", ",
+              param.sym_strides(), "), but has ", t.sym_sizes(), ", ", t.sym_strides());
+}
+
+void check_optim_args(const char* op, const OptimLists& l, bool need_exp_avgs, bool need_exp_avg_sqs,
+                      bool need_max_exp_avg_sqs, bool need_steps, const std::optional<at::Tensor>& grad_scale,
+                      const std::optional<at::Tensor>& found_inf, const std::optional<at::Tensor>& lr_tensor) {
+  const size_t n = l.params.size();
+  check_list_length(op, "grads", l.grads, n, true);
+  check_list_length(op, "master_params", l.master_params, n, false);
+  check_list_length(op, "param_remainders", l.param_remainders, n, false);
+  TORCH_CHECK_VALUE(l.master_params.empty() || l.param_remainders.empty(), "ampkit::", op,
+                    ": give master_params or param_remainders, not both");
+  check_list_length(op, need_exp_avg_sqs ? "exp_avgs" : "momentum_buffers", l.exp_avgs, need_exp_avgs ? n : 0, true);
+  check_list_length(op, "exp_avg_sqs", l.exp_avg_sqs, need_exp_avg_sqs ? n : 0, true);
+  check_list_length(op, "max_exp_avg_sqs", l.max_exp_avg_sqs, need_max_exp_avg_sqs ? n : 0, true);
+  check_list_length(op, "state_steps", l.state_steps, n, need_steps);
+  if (n == 0) {
+    return;
+  }
+  const at::Device device = l.params[0].device();
+  for (size_t i = 0; i < n; ++i) {
+    const at::Tensor& p = l.params[i];
+    TORCH_CHECK(p.defined(), "ampkit::", op, ": params[", i, "] is undefined");
+    TORCH_CHECK(p.layout() == at::kStrided, "ampkit::", op, ": params[", i,
+                "] must be a strided (dense) tensor, but got layout ", p.layout());
+    TORCH_CHECK(p.device() == device, "ampkit::", op, ": params[", i, "] must be on ", device,
+                " like params[0], but is on ", p.device());
+    const auto dtype = p.scalar_type();
+    TORCH_CHECK_TYPE(dtype == at::kHalf || dtype == at::kBFloat16 || dtype == at::kFloat, "ampkit::", op,
+                     ": params[", i, "] must be Half, BFloat16 or Float, but got ", dtype);
+    TORCH_CHECK(p.sym_numel() == 0 || p.is_non_overlapping_and_dense(), "ampkit::", op, ": params[", i,
+                "] must be dense (non-overlapping, no gaps)");
+    check_companion(op, "grads", i, l.grads[i], p, dtype);
+    if (!l.master_params.empty()) {
+      check_companion(op, "master_params", i, l.master_params[i], p, at::kFloat);
     }
-    if (t.is_non_overlapping_and_dense()) {
-      refs_.push_back({t.data_ptr(), t.numel(), kernel_dtype(t.scalar_type())});
-    } else {
-      at::Tensor dense = t.contiguous();
-      refs_.push_back({dense.data_ptr(), dense.numel(), kernel_dtype(dense.scalar_type())});
-      staged_.emplace_back(t, std::move(dense));
+    if (!l.param_remainders.empty()) {
+      TORCH_CHECK_TYPE(dtype == at::kBFloat16, "ampkit::", op, ": params[", i,
+                       "] must be BFloat16 when param_remainders are given, but got ", dtype);
+      check_companion(op, "param_remainders", i, l.param_remainders[i], p, at::kShort);
+    }
+    if (need_exp_avgs) {
+      check_companion(op, need_exp_avg_sqs ? "exp_avgs" : "momentum_buffers", i, l.exp_avgs[i], p, at::kFloat);
+    }
+    if (need_exp_avg_sqs) {
+      check_companion(op, "exp_avg_sqs", i, l.exp_avg_sqs[i], p, at::kFloat);
+    }
+    if (need_max_exp_avg_sqs) {
+      check_companion(op, "max_exp_avg_sqs", i, l.max_exp_avg_sqs[i], p, at::kFloat);
+    }
+    if (!l.state_steps.empty()) {
+      const at::Tensor& s = l.state_steps[i];
+      TORCH_CHECK(s.defined() && s.sym_numel() == 1 && s.scalar_type() == at::kFloat && s.device() == device, "ampkit::",
+                  op, ": state_steps[", i, "] must be a one-element Float tensor on ", device);
     }
   }
-}
-
-void DenseList::write_back() {
-  for (auto& [original, dense] : staged_) {
-    original.copy_(dense);
+  if (grad_scale.has_value()) {
+    check_scalar_tensor(op, "grad_scale", *grad_scale, at::kFloat, device);
+  }
+  if (found_inf.has_value()) {
+    check_scalar_tensor(op, "found_inf", *found_inf, at::kFloat, device);
+  }
+  if (lr_tensor.has_value()) {
+    check_scalar_tensor(op, "lr_tensor", *lr_tensor, at::kFloat, device);
   }
 }
 
-}  // namespace ampkit::detail
-
-namespace ampkit::detail {
-
-void check_unscale_and_check_args(at::TensorList grads, const at::Tensor& found_inf, const at::Tensor& inv_scale) {
-  constexpr const char* kOp = "unscale_and_check_";
-  check_scalar_tensor(kOp, "found_inf", found_inf, at::kFloat, std::nullopt);
-  check_scalar_tensor(kOp, "inv_scale", inv_scale, at::kFloat, found_inf.device());
-  check_float_list(kOp, "grads", grads, found_inf.device(), /*mutated=*/true);
+void check_adam_hparams(const char* op, double lr, double beta1, double beta2, double weight_decay, double eps) {
+  TORCH_CHECK_VALUE(lr >= 0.0, "ampkit::", op, ": lr must be >= 0, but got ", lr);
+  TORCH_CHECK_VALUE(beta1 >= 0.0 && beta1 < 1.0, "ampkit::", op, ": beta1 must be in [0, 1), but got ", beta1);
+  TORCH_CHECK_VALUE(beta2 >= 0.0 && beta2 < 1.0, "ampkit::", op, ": beta2 must be in [0, 1), but got ", beta2);
+  TORCH_CHECK_VALUE(weight_decay >= 0.0, "ampkit::", op, ": weight_decay must be >= 0, but got ", weight_decay);
+  TORCH_CHECK_VALUE(eps >= 0.0, "ampkit::", op, ": eps must be >= 0, but got ", eps);
 }
 
-void check_check_finite_args(at::TensorList tensors, const at::Tensor& found_inf) {
-  constexpr const char* kOp = "check_finite_";
-  check_scalar_tensor(kOp, "found_inf", found_inf, at::kFloat, std::nullopt);
-  check_float_list(kOp, "tensors", tensors, found_inf.device(), /*mutated=*/false);
+void check_sgd_hparams(const char* op, double lr, double momentum, double dampening, double weight_decay,
+                       bool nesterov) {
+  TORCH_CHECK_VALUE(lr >= 0.0, "ampkit::", op, ": lr must be >= 0, but got ", lr);
+  TORCH_CHECK_VALUE(momentum >= 0.0, "ampkit::", op, ": momentum must be >= 0, but got ", momentum);
+  TORCH_CHECK_VALUE(weight_decay >= 0.0, "ampkit::", op, ": weight_decay must be >= 0, but got ", weight_decay);
+  TORCH_CHECK_VALUE(!nesterov || (momentum > 0.0 && dampening == 0.0), "ampkit::", op,
+                    ": nesterov momentum requires a momentum > 0 and zero dampening");
 }
-
-namespace {
 
 void check_scale_factors(const char* op, double growth_factor, double backoff_factor, int64_t growth_interval) {
   TORCH_CHECK_VALUE(std::isfinite(growth_factor) && growth_factor > 0, "ampkit::", op,
@@ -111,39 +157,77 @@ void check_scale_factors(const char* op, double growth_factor, double backoff_fa
 
 }  // namespace
 
-void check_update_scale_args(const at::Tensor& scale, const at::Tensor& growth_tracker, const at::Tensor& found_inf,
-                             double growth_factor, double backoff_factor, int64_t growth_interval) {
-  constexpr const char* kOp = "update_scale_";
-  check_scalar_tensor(kOp, "scale", scale, at::kFloat, std::nullopt);
-  check_scalar_tensor(kOp, "growth_tracker", growth_tracker, at::kInt, scale.device());
-  check_scalar_tensor(kOp, "found_inf", found_inf, at::kFloat, scale.device());
-  check_scale_factors(kOp, growth_factor, backoff_factor, growth_interval);
+void check(const UnscaleArgs& a) {
+  check_scalar_tensor(a.op, "found_inf", a.found_inf, at::kFloat, std::nullopt);
+  const bool unscale = a.inv_scale.defined();
+  if (unscale) {
+    check_scalar_tensor(a.op, "inv_scale", a.inv_scale, at::kFloat, a.found_inf.device());
+  }
+  check_float_list(a.op, unscale ? "grads" : "tensors", a.grads, a.found_inf.device(), /*mutated=*/unscale);
 }
 
-void check_update_scale_hysteresis_args(const at::Tensor& scale, const at::Tensor& growth_tracker,
-                                        const at::Tensor& hysteresis_tracker, const at::Tensor& stats,
-                                        const at::Tensor& found_inf, double growth_factor, double backoff_factor,
-                                        int64_t growth_interval, int64_t hysteresis, double min_scale,
-                                        double max_scale) {
-  constexpr const char* kOp = "update_scale_hysteresis_";
-  check_scalar_tensor(kOp, "scale", scale, at::kFloat, std::nullopt);
-  check_scalar_tensor(kOp, "growth_tracker", growth_tracker, at::kInt, scale.device());
-  check_scalar_tensor(kOp, "hysteresis_tracker", hysteresis_tracker, at::kInt, scale.device());
-  check_scalar_tensor(kOp, "found_inf", found_inf, at::kFloat, scale.device());
+void check(const UpdateScaleArgs& a) {
+  check_scalar_tensor(a.op, "scale", a.scale, at::kFloat, std::nullopt);
+  check_scalar_tensor(a.op, "growth_tracker", a.growth_tracker, at::kInt, a.scale.device());
+  check_scalar_tensor(a.op, "found_inf", a.found_inf, at::kFloat, a.scale.device());
+  check_scale_factors(a.op, a.growth_factor, a.backoff_factor, a.growth_interval);
+  if (!a.hysteresis_tracker.defined() && !a.stats.defined()) {
+    return;  // update_scale_
+  }
+  check_scalar_tensor(a.op, "hysteresis_tracker", a.hysteresis_tracker, at::kInt, a.scale.device());
+  const at::Tensor& stats = a.stats;
   TORCH_CHECK(stats.defined() && stats.layout() == at::kStrided && stats.dim() == 1 &&
                   stats.numel() == kernels::kNumStats && stats.is_contiguous(),
-              "ampkit::", kOp, ": stats must be a contiguous 1-D tensor of ", static_cast<int>(kernels::kNumStats),
+              "ampkit::", a.op, ": stats must be a contiguous 1-D tensor of ", static_cast<int>(kernels::kNumStats),
               " elements, but got ", stats.defined() ? stats.sizes() : at::IntArrayRef{});
-  TORCH_CHECK_TYPE(stats.scalar_type() == at::kLong, "ampkit::", kOp, ": stats must be a Long tensor, but got ",
+  TORCH_CHECK_TYPE(stats.scalar_type() == at::kLong, "ampkit::", a.op, ": stats must be a Long tensor, but got ",
                    stats.scalar_type());
-  TORCH_CHECK(stats.device() == scale.device(), "ampkit::", kOp, ": stats must be on ", scale.device(),
+  TORCH_CHECK(stats.device() == a.scale.device(), "ampkit::", a.op, ": stats must be on ", a.scale.device(),
               " like the other arguments, but is on ", stats.device());
-  check_scale_factors(kOp, growth_factor, backoff_factor, growth_interval);
-  TORCH_CHECK_VALUE(hysteresis >= 1 && hysteresis <= std::numeric_limits<int32_t>::max(), "ampkit::", kOp,
-                    ": hysteresis must be in [1, 2^31 - 1], but got ", hysteresis);
-  TORCH_CHECK_VALUE(min_scale >= 0 && max_scale >= min_scale && !std::isnan(max_scale), "ampkit::", kOp,
+  TORCH_CHECK_VALUE(a.hysteresis >= 1 && a.hysteresis <= std::numeric_limits<int32_t>::max(), "ampkit::", a.op,
+                    ": hysteresis must be in [1, 2^31 - 1], but got ", a.hysteresis);
+  TORCH_CHECK_VALUE(a.min_scale >= 0 && a.max_scale >= a.min_scale && !std::isnan(a.max_scale), "ampkit::", a.op,
                     ": min_scale and max_scale must satisfy 0 <= min_scale <= max_scale, but got min_scale=",
-                    min_scale, ", max_scale=", max_scale);
+                    a.min_scale, ", max_scale=", a.max_scale);
+}
+
+void check(const AdamStepArgs& a) {
+  check_adam_hparams(a.op, a.lr, a.beta1, a.beta2, a.weight_decay, a.eps);
+  check_optim_args(a.op, a.lists, true, true, a.amsgrad, true, a.scalars.grad_scale, a.scalars.found_inf,
+                   a.scalars.lr_tensor);
+}
+
+void check(const SgdStepArgs& a) {
+  check_sgd_hparams(a.op, a.lr, a.momentum, a.dampening, a.weight_decay, a.nesterov);
+  const bool momentum = a.momentum != 0.0;
+  check_optim_args(a.op, a.lists, momentum, false, false, momentum, a.scalars.grad_scale, a.scalars.found_inf,
+                   a.scalars.lr_tensor);
+}
+
+kernels::UpdateScaleOp update_scale_op(const UpdateScaleArgs& a) {
+  return {a.growth_factor,
+          a.backoff_factor,
+          a.growth_interval,
+          static_cast<int32_t>(a.hysteresis),
+          static_cast<float>(a.min_scale),
+          static_cast<float>(a.max_scale),
+          a.dynamic};
+}
+
+kernels::AdamParams adam_params(const AdamStepArgs& a, double lr) {
+  return {static_cast<float>(lr),
+          static_cast<float>(a.beta1),
+          static_cast<float>(a.beta2),
+          static_cast<float>(a.weight_decay),
+          static_cast<float>(a.eps),
+          a.amsgrad,
+          a.maximize,
+          a.decoupled_weight_decay};
+}
+
+kernels::SgdParams sgd_params(const SgdStepArgs& a, double lr) {
+  return {static_cast<float>(lr),           static_cast<float>(a.momentum), static_cast<float>(a.dampening),
+          static_cast<float>(a.weight_decay), a.nesterov,                    a.maximize};
 }
 
 }  // namespace ampkit::detail

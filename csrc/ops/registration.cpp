@@ -1,5 +1,6 @@
 // The one TORCH_LIBRARY block of ampkit: every op schema, declared once. Each backend registers its kernels next
-// to their implementation (<op>_cpu.cpp, <op>_cuda.cpp, meta_kernels.cpp).
+// to their implementation (amp_cpu.cpp / optim_cpu.cpp, amp_cuda.cpp / optim_cuda.cpp, meta_kernels.cpp,
+// sparse_reject.cpp); the kernels' C++ signatures come from op_kernels.h.
 #include <torch/library.h>
 
 TORCH_LIBRARY(ampkit, m) {

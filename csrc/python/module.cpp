@@ -111,6 +111,8 @@ PYBIND11_MODULE(_C, m) {
       },
       "What this build contains: CUDA kernels compiled and for which architectures, the CPU loops' instruction "
       "set on this machine, and the torch version it was built against.");
+  m.def("cuda_arch_supported", &ampkit::cuda_arch_supported, py::arg("major"), py::arg("minor"),
+        "Whether this build's CUDA kernels run on a GPU of compute capability major.minor.");
 
   using ampkit::GradScaler;
   using Params = std::vector<at::Tensor>;

@@ -466,15 +466,27 @@ GradScalerStats GradScaler::stats() const {
   if (!enabled_) {
     return s;
   }
-  const std::vector<int64_t> v =
-      stats_.defined() ? std::vector<int64_t>(stats_.cpu().data_ptr<int64_t>(), stats_.cpu().data_ptr<int64_t>() + 4)
-                       : init_stats_;
-  s.steps = v[0];
-  s.skipped_steps = v[1];
-  s.last_overflow_step = v[2];
-  s.overflows_at_min_scale = v[3];
-  s.growth_tracker = get_growth_tracker();
-  s.hysteresis_tracker = hysteresis_tracker_.defined() ? hysteresis_tracker_.item<int64_t>() : init_hysteresis_tracker_;
+  if (stats_.defined()) {
+    // One host copy of [stats..., growth_tracker, hysteresis_tracker]: a single sync, and one buffer to read
+    // from (a host copy is always a new tensor, on the CPU as on a GPU, so this path is the same everywhere).
+    const at::Tensor host = at::cat({stats_, growth_tracker_.reshape({1}).to(at::kLong),
+                                       hysteresis_tracker_.reshape({1}).to(at::kLong)})
+                                .to(at::kCPU, /*non_blocking=*/false, /*copy=*/true);
+    const int64_t* v = host.const_data_ptr<int64_t>();
+    s.steps = v[0];
+    s.skipped_steps = v[1];
+    s.last_overflow_step = v[2];
+    s.overflows_at_min_scale = v[3];
+    s.growth_tracker = v[4];
+    s.hysteresis_tracker = v[5];
+  } else {
+    s.steps = init_stats_[0];
+    s.skipped_steps = init_stats_[1];
+    s.last_overflow_step = init_stats_[2];
+    s.overflows_at_min_scale = init_stats_[3];
+    s.growth_tracker = init_growth_tracker_;
+    s.hysteresis_tracker = init_hysteresis_tracker_;
+  }
   if (options_.min_scale().has_value()) {
     warn_at_min_scale(s.overflows_at_min_scale);
   }

@@ -1,10 +1,8 @@
 // CUDA kernels of gradient unscaling, the read-only Inf/NaN check and the loss-scale update, on ampkit's
 // multi-tensor apply. Element types are dispatched per tensor inside the kernel, so one launch takes a list
 // of mixed FP16, BF16, FP32 and FP64 tensors.
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
-#include "../amp_launch.h"
+#include "amp_launch.h"
+#include "launch.cuh"
 #include "multi_tensor_apply.cuh"
 
 namespace ampkit::kernels {
@@ -53,7 +51,7 @@ __device__ bool unscale_chunk(T* p, int64_t n, float inv_scale, bool write) {
     const int64_t n_vec = n / kVec;
     auto* packs = reinterpret_cast<Pack<T, kVec>*>(p);
     for (int64_t i = threadIdx.x; i < n_vec; i += blockDim.x) {
-      Pack<T, kVec> pk = packs[i];
+      Pack<T, kVec> pk = cuda::global_load(packs + i);
 #pragma unroll
       for (int j = 0; j < kVec; ++j) {
         const opmath x = Storage<T>::load(pk.v[j]);
@@ -61,16 +59,16 @@ __device__ bool unscale_chunk(T* p, int64_t n, float inv_scale, bool write) {
         pk.v[j] = Storage<T>::store(op(x));
       }
       if (write) {
-        packs[i] = pk;
+        cuda::global_store(packs + i, pk);
       }
     }
     scalar_begin = n_vec * kVec;
   }
   for (int64_t i = scalar_begin + threadIdx.x; i < n; i += blockDim.x) {
-    const opmath x = Storage<T>::load(p[i]);
+    const opmath x = Storage<T>::load(cuda::global_load(p + i));
     bad |= is_non_finite(x);
     if (write) {
-      p[i] = Storage<T>::store(op(x));
+      cuda::global_store(p + i, Storage<T>::store(op(x)));
     }
   }
   return bad;
@@ -81,7 +79,8 @@ struct UnscaleChunkOp {
   float* found_inf;
   const float* inv_scale;
 
-  __device__ void operator()(const cuda::MultiTensorArgs<1>& args, int t, int64_t start, int64_t n) const {
+  template <typename Args>
+  __device__ void operator()(const Args& args, int t, int64_t start, int64_t n) const {
     const float inv = inv_scale != nullptr ? *inv_scale : 1.f;
     const bool write = inv_scale != nullptr;
     bool bad = false;
@@ -106,39 +105,31 @@ struct UnscaleChunkOp {
   }
 };
 
-__global__ void update_scale_kernel(float* scale, int32_t* growth_tracker, const float* found_inf, UpdateScaleOp op) {
-  op(scale, growth_tracker, *found_inf);
-}
-
-__global__ void update_scale_hysteresis_kernel(float* scale, int32_t* growth_tracker, int32_t* hysteresis_tracker,
-                                               int64_t* stats, const float* found_inf, HysteresisScaleOp op) {
+__global__ void update_scale_kernel(float* scale, int32_t* growth_tracker, int32_t* hysteresis_tracker,
+                                    int64_t* stats, const float* found_inf, UpdateScaleOp op) {
   op(scale, growth_tracker, hysteresis_tracker, stats, *found_inf);
 }
 
 }  // namespace
 
-cudaError_t launch_unscale_and_check(const TensorRef* grads, int64_t n, float* found_inf, const float* inv_scale,
-                                     cudaStream_t stream) {
+LaunchStatus launch_unscale_and_check(const TensorRef* grads, int64_t n, float* found_inf, const float* inv_scale,
+                                      cudaStream_t stream) {
   const TensorRef* lists[1] = {grads};
   return cuda::multi_tensor_apply<1>(lists, n, UnscaleChunkOp{found_inf, inv_scale}, stream);
 }
 
-cudaError_t launch_check_finite(const TensorRef* tensors, int64_t n, float* found_inf, cudaStream_t stream) {
+LaunchStatus launch_check_finite(const TensorRef* tensors, int64_t n, float* found_inf, cudaStream_t stream) {
   const TensorRef* lists[1] = {tensors};
   return cuda::multi_tensor_apply<1>(lists, n, UnscaleChunkOp{found_inf, nullptr}, stream);
 }
 
-cudaError_t launch_update_scale(float* scale, int32_t* growth_tracker, const float* found_inf, UpdateScaleOp op,
-                                cudaStream_t stream) {
-  update_scale_kernel<<<1, 1, 0, stream>>>(scale, growth_tracker, found_inf, op);
-  return cudaGetLastError();
-}
-
-cudaError_t launch_update_scale_hysteresis(float* scale, int32_t* growth_tracker, int32_t* hysteresis_tracker,
-                                           int64_t* stats, const float* found_inf, HysteresisScaleOp op,
-                                           cudaStream_t stream) {
-  update_scale_hysteresis_kernel<<<1, 1, 0, stream>>>(scale, growth_tracker, hysteresis_tracker, stats, found_inf, op);
-  return cudaGetLastError();
+LaunchStatus launch_update_scale(float* scale, int32_t* growth_tracker, int32_t* hysteresis_tracker, int64_t* stats,
+                                 const float* found_inf, const UpdateScaleOp& op, cudaStream_t stream) {
+  LaunchStatus status;
+  status.error = cuda::launch_kernel(update_scale_kernel, dim3(1), dim3(1), stream, scale, growth_tracker,
+                                     hysteresis_tracker, stats, found_inf, op);
+  status.launches = status.ok() ? 1 : 0;
+  return status;
 }
 
 }  // namespace ampkit::kernels

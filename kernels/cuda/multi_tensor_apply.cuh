@@ -3,33 +3,41 @@
 // can be captured in a CUDA graph), tensors of different dtypes share a launch, and sizes are 64-bit.
 #pragma once
 
-#include <cuda_runtime.h>
-
 #include <cstddef>
 #include <cstdint>
 
-#include "../common.h"
+#include "amp_launch.h"
+#include "launch.cuh"
 
 namespace ampkit::kernels::cuda {
 
 // Elements of one tensor handled by one block. A multiple of every vector width, so every chunk of a tensor
-// whose base is 16-byte aligned is 16-byte aligned too.
+// whose base is 16-byte aligned is 16-byte aligned too. (The emulated tests build a second copy with small
+// chunks, to reach lists that need several launches without gigabytes of data.)
+#if defined(AMPKIT_MTA_CHUNK_SIZE)
+constexpr int64_t kChunkSize = AMPKIT_MTA_CHUNK_SIZE;
+#else
 constexpr int64_t kChunkSize = 65536;
+#endif
+static_assert(kChunkSize % 8 == 0, "chunks must keep 16-byte alignment for 2-byte elements");
 constexpr int kBlockThreads = 512;
 
 // NOTE [Kernel parameter budget]
-// Since CUDA 12.1 a kernel on Volta or newer may take 32764 bytes of parameters (4 KB before). The chunk table
-// is sized to fill 32000 of them, leaving room for the functor, so that a model of a thousand tensors is one
-// launch instead of the dozens a 4 KB table needs. Lists beyond one table are split across launches.
+// Since CUDA 12.1 a kernel on Volta or newer may take 32764 bytes of parameters (4 KB before; every GPU and
+// driver CUDA 13 supports has the larger limit, and ampkit refuses older toolkits at configure time). The chunk
+// table fills 32000 of them minus the functor, so that a model of a thousand tensors is one launch instead of
+// the dozens a 4 KB table needs. Lists beyond one table are split across launches.
+constexpr size_t kParamLimit = 32764;
 constexpr size_t kParamBudget = 32000;
 
-template <int kDepth>
+template <int kDepth, size_t kOpBytes = 0>
 struct MultiTensorArgs {
   // Per tensor: kDepth pointers, one numel, kDepth dtype codes. Per block: a tensor index and a chunk index.
   static constexpr int kTensorBytes = kDepth * (8 + 1) + 8;
-  static constexpr int kMaxTensors = static_cast<int>((kParamBudget / 2) / kTensorBytes) / 8 * 8;
+  static constexpr size_t kBudget = kParamBudget - kOpBytes;
+  static constexpr int kMaxTensors = static_cast<int>((kBudget / 2) / kTensorBytes) / 8 * 8;
   static constexpr int kMaxBlocks =
-      static_cast<int>((kParamBudget - static_cast<size_t>(kMaxTensors) * kTensorBytes - 64) / 6) / 8 * 8;
+      static_cast<int>((kBudget - static_cast<size_t>(kMaxTensors) * kTensorBytes - 64) / 6) / 8 * 8;
 
   void* data[kDepth][kMaxTensors];
   int64_t numel[kMaxTensors];
@@ -38,14 +46,14 @@ struct MultiTensorArgs {
   DType dtype[kDepth][kMaxTensors];
 };
 
-static_assert(sizeof(MultiTensorArgs<1>) <= kParamBudget, "chunk table exceeds the kernel parameter budget");
-static_assert(sizeof(MultiTensorArgs<8>) <= kParamBudget, "chunk table exceeds the kernel parameter budget");
-static_assert(MultiTensorArgs<1>::kMaxTensors < 65536, "block_tensor is 16-bit");
+// The chunk table sized for functor `Op`: table and functor together stay within the launch's parameter limit.
+template <int kDepth, typename Op>
+using MultiTensorArgsFor = MultiTensorArgs<kDepth, (sizeof(Op) + 7) / 8 * 8>;
 
 // Calls `op(args, tensor, start, n)` for the block's chunk: elements [start, start + n) of tensor `tensor`.
 template <int kDepth, typename Op>
 __global__ void __launch_bounds__(kBlockThreads)
-    multi_tensor_kernel(const __grid_constant__ MultiTensorArgs<kDepth> args, const Op op) {
+    multi_tensor_kernel(AMPKIT_GRID_CONSTANT(MultiTensorArgsFor<kDepth, Op>) args, const Op op) {
   const int tensor = args.block_tensor[blockIdx.x];
   const int64_t start = static_cast<int64_t>(args.block_chunk[blockIdx.x]) * kChunkSize;
   const int64_t left = args.numel[tensor] - start;
@@ -53,17 +61,22 @@ __global__ void __launch_bounds__(kBlockThreads)
 }
 
 // Launches `op` over `n_tensors` tensors; lists[d][i] is stream d of tensor i (all streams of a tensor have
-// lists[0][i].numel elements). Zero-size tensors are skipped. Returns the first launch error, if any.
+// lists[0][i].numel elements). Zero-size tensors are skipped. Stops at the first launch error and reports how
+// many launches were queued before it.
 template <int kDepth, typename Op>
-cudaError_t multi_tensor_apply(const TensorRef* const* lists, int64_t n_tensors, const Op& op, cudaStream_t stream) {
-  using Args = MultiTensorArgs<kDepth>;
+LaunchStatus multi_tensor_apply(const TensorRef* const* lists, int64_t n_tensors, const Op& op, cudaStream_t stream) {
+  using Args = MultiTensorArgsFor<kDepth, Op>;
+  static_assert(sizeof(Args) + sizeof(Op) <= kParamLimit, "chunk table and functor exceed the parameter limit");
+  static_assert(Args::kMaxTensors < 65536, "block_tensor is 16-bit");
   constexpr int64_t kMaxChunks = int64_t{1} << 31;
   Args args;
   int tensors = 0;
   int blocks = 0;
-  auto launch = [&]() -> cudaError_t {
-    multi_tensor_kernel<kDepth, Op><<<blocks, kBlockThreads, 0, stream>>>(args, op);
-    return cudaGetLastError();
+  LaunchStatus status;
+  auto launch = [&]() {
+    status.error = launch_kernel(multi_tensor_kernel<kDepth, Op>, dim3(blocks), dim3(kBlockThreads), stream, args, op);
+    status.launches += status.ok() ? 1 : 0;
+    return status.ok();
   };
   for (int64_t i = 0; i < n_tensors; ++i) {
     const int64_t numel = lists[0][i].numel;
@@ -72,7 +85,8 @@ cudaError_t multi_tensor_apply(const TensorRef* const* lists, int64_t n_tensors,
     }
     const int64_t chunks = (numel + kChunkSize - 1) / kChunkSize;
     if (chunks > kMaxChunks) {
-      return cudaErrorInvalidValue;
+      status.error = cudaErrorInvalidValue;
+      return status;
     }
     for (int d = 0; d < kDepth; ++d) {
       args.data[d][tensors] = lists[d][i].data;
@@ -86,8 +100,8 @@ cudaError_t multi_tensor_apply(const TensorRef* const* lists, int64_t n_tensors,
       ++blocks;
       const bool tensors_full = tensors == Args::kMaxTensors && c == chunks - 1;
       if (blocks == Args::kMaxBlocks || tensors_full) {
-        if (const cudaError_t err = launch(); err != cudaSuccess) {
-          return err;
+        if (!launch()) {
+          return status;
         }
         blocks = 0;
         if (c == chunks - 1) {
@@ -104,7 +118,10 @@ cudaError_t multi_tensor_apply(const TensorRef* const* lists, int64_t n_tensors,
       }
     }
   }
-  return blocks > 0 ? launch() : cudaSuccess;
+  if (blocks > 0) {
+    launch();
+  }
+  return status;
 }
 
 }  // namespace ampkit::kernels::cuda

@@ -1,13 +1,12 @@
 // CUDA kernels of the fused optimizer steps on ampkit's multi-tensor apply: one pass per parameter reads the
 // grad, unscales it in registers, updates the FP32 master and moments and writes the low-precision weight; a
 // device-side found_inf skips every write, step counts included.
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
 #include <type_traits>
+#include <vector>
 
-#include "../optim_launch.h"
+#include "launch.cuh"
 #include "multi_tensor_apply.cuh"
+#include "optim_launch.h"
 
 namespace ampkit::kernels {
 namespace {
@@ -16,20 +15,43 @@ namespace {
 // 7 remainder.
 constexpr int kStreams = 8;
 
-__device__ AMPKIT_INLINE float load(const __half* p, int64_t i) { return __half2float(p[i]); }
-__device__ AMPKIT_INLINE float load(const __nv_bfloat16* p, int64_t i) { return __bfloat162float(p[i]); }
-__device__ AMPKIT_INLINE float load(const float* p, int64_t i) { return p[i]; }
-__device__ AMPKIT_INLINE void store(__half* p, int64_t i, float v) { p[i] = __float2half_rn(v); }
-__device__ AMPKIT_INLINE void store(__nv_bfloat16* p, int64_t i, float v) { p[i] = __float2bfloat16_rn(v); }
-__device__ AMPKIT_INLINE void store(float* p, int64_t i, float v) { p[i] = v; }
+using cuda::global_load;
+using cuda::global_store;
+
+// FP32 values of FP16/BF16/FP32 elements, and back with one rounding to nearest-even.
+__device__ AMPKIT_INLINE float to_float(__half v) { return __half2float(v); }
+__device__ AMPKIT_INLINE float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ AMPKIT_INLINE float to_float(float v) { return v; }
+template <typename T>
+__device__ AMPKIT_INLINE T from_float(float v);
+template <>
+__device__ AMPKIT_INLINE __half from_float<__half>(float v) { return __float2half_rn(v); }
+template <>
+__device__ AMPKIT_INLINE __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+template <>
+__device__ AMPKIT_INLINE float from_float<float>(float v) { return v; }
 
 template <typename T, int kVec>
 struct alignas(sizeof(T) * kVec) Pack {
   T v[kVec];
 };
 
-template <typename T, typename Body>
-__device__ void for_each_element(const cuda::MultiTensorArgs<kStreams>& a, int t, int64_t start, int64_t n,
+// Writes back the optimizer states of element i that exist.
+__device__ AMPKIT_INLINE void store_moments(float* m, float* v, float* vmax, int64_t i, float mi, float vi,
+                                            float vmi) {
+  if (m) {
+    global_store(m + i, mi);
+  }
+  if (v) {
+    global_store(v + i, vi);
+  }
+  if (vmax) {
+    global_store(vmax + i, vmi);
+  }
+}
+
+template <typename T, typename Args, typename Body>
+__device__ void for_each_element(const Args& a, int t, int64_t start, int64_t n,
                                  const Body& body) {
   auto* param = static_cast<T*>(a.data[0][t]) + start;
   const auto* grad = static_cast<const T*>(a.data[1][t]) + start;
@@ -44,9 +66,17 @@ __device__ void for_each_element(const cuda::MultiTensorArgs<kStreams>& a, int t
       auto* rem = static_cast<int16_t*>(a.data[7][t]) + start;
       auto* bits = reinterpret_cast<uint16_t*>(param);
       for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-        float w = join_remainder(bits[i], rem[i]);
-        body(w, load(grad, i), m ? m + i : nullptr, v ? v + i : nullptr, vmax ? vmax + i : nullptr);
-        split_remainder(w, &bits[i], &rem[i]);
+        float w = join_remainder(global_load(bits + i), global_load(rem + i));
+        float mi = m ? global_load(m + i) : 0.f;
+        float vi = v ? global_load(v + i) : 0.f;
+        float vmi = vmax ? global_load(vmax + i) : 0.f;
+        body(w, to_float(global_load(grad + i)), m ? &mi : nullptr, v ? &vi : nullptr, vmax ? &vmi : nullptr);
+        uint16_t wb;
+        int16_t rb;
+        split_remainder(w, &wb, &rb);
+        store_moments(m, v, vmax, i, mi, vi, vmi);
+        global_store(bits + i, wb);
+        global_store(rem + i, rb);
       }
       return;
     }
@@ -62,66 +92,74 @@ __device__ void for_each_element(const cuda::MultiTensorArgs<kStreams>& a, int t
     using PackF = Pack<float, kVec>;
     const int64_t n_vec = n / kVec;
     for (int64_t i = threadIdx.x; i < n_vec; i += blockDim.x) {
-      PackT p4 = reinterpret_cast<const PackT*>(param)[i];
-      const PackT g4 = reinterpret_cast<const PackT*>(grad)[i];
-      PackF w4;
-      PackF m4;
-      PackF v4;
-      PackF vm4;
+      // The param is read only when it is the weight (no master): a master-weight step only writes it.
+      PackT p4{};
+      if (!master) {
+        p4 = global_load(reinterpret_cast<const PackT*>(param) + i);
+      }
+      const PackT g4 = global_load(reinterpret_cast<const PackT*>(grad) + i);
+      PackF w4{};
+      PackF m4{};
+      PackF v4{};
+      PackF vm4{};
       if (master) {
-        w4 = reinterpret_cast<const PackF*>(master)[i];
+        w4 = global_load(reinterpret_cast<const PackF*>(master) + i);
       }
       if (m) {
-        m4 = reinterpret_cast<const PackF*>(m)[i];
+        m4 = global_load(reinterpret_cast<const PackF*>(m) + i);
       }
       if (v) {
-        v4 = reinterpret_cast<const PackF*>(v)[i];
+        v4 = global_load(reinterpret_cast<const PackF*>(v) + i);
       }
       if (vmax) {
-        vm4 = reinterpret_cast<const PackF*>(vmax)[i];
+        vm4 = global_load(reinterpret_cast<const PackF*>(vmax) + i);
       }
 #pragma unroll
       for (int j = 0; j < kVec; ++j) {
         // Scalars, not array elements, go to the functor: their addresses stay in registers.
-        float w = master ? w4.v[j] : load(p4.v, j);
+        float w = master ? w4.v[j] : to_float(p4.v[j]);
         float mj = m4.v[j];
         float vj = v4.v[j];
         float vmj = vm4.v[j];
-        body(w, load(g4.v, j), m ? &mj : nullptr, v ? &vj : nullptr, vmax ? &vmj : nullptr);
+        body(w, to_float(g4.v[j]), m ? &mj : nullptr, v ? &vj : nullptr, vmax ? &vmj : nullptr);
         m4.v[j] = mj;
         v4.v[j] = vj;
         vm4.v[j] = vmj;
         w4.v[j] = w;
-        store(p4.v, j, w);
+        p4.v[j] = from_float<T>(w);
       }
-      reinterpret_cast<PackT*>(param)[i] = p4;
+      global_store(reinterpret_cast<PackT*>(param) + i, p4);
       if (master) {
-        reinterpret_cast<PackF*>(master)[i] = w4;
+        global_store(reinterpret_cast<PackF*>(master) + i, w4);
       }
       if (m) {
-        reinterpret_cast<PackF*>(m)[i] = m4;
+        global_store(reinterpret_cast<PackF*>(m) + i, m4);
       }
       if (v) {
-        reinterpret_cast<PackF*>(v)[i] = v4;
+        global_store(reinterpret_cast<PackF*>(v) + i, v4);
       }
       if (vmax) {
-        reinterpret_cast<PackF*>(vmax)[i] = vm4;
+        global_store(reinterpret_cast<PackF*>(vmax) + i, vm4);
       }
     }
     first_scalar = n_vec * kVec;
   }
   for (int64_t i = first_scalar + threadIdx.x; i < n; i += blockDim.x) {
-    float w = master ? master[i] : load(param, i);
-    body(w, load(grad, i), m ? m + i : nullptr, v ? v + i : nullptr, vmax ? vmax + i : nullptr);
+    float w = master ? global_load(master + i) : to_float(global_load(param + i));
+    float mi = m ? global_load(m + i) : 0.f;
+    float vi = v ? global_load(v + i) : 0.f;
+    float vmi = vmax ? global_load(vmax + i) : 0.f;
+    body(w, to_float(global_load(grad + i)), m ? &mi : nullptr, v ? &vi : nullptr, vmax ? &vmi : nullptr);
+    store_moments(m, v, vmax, i, mi, vi, vmi);
     if (master) {
-      master[i] = w;
+      global_store(master + i, w);
     }
-    store(param, i, w);
+    global_store(param + i, from_float<T>(w));
   }
 }
 
-template <typename Body>
-__device__ void dispatch_dtype(const cuda::MultiTensorArgs<kStreams>& a, int t, int64_t start, int64_t n,
+template <typename Args, typename Body>
+__device__ void dispatch_dtype(const Args& a, int t, int64_t start, int64_t n,
                                const Body& body) {
   switch (a.dtype[0][t]) {
     case DType::kFloat16:
@@ -159,7 +197,8 @@ struct AdamChunkOp {
   AdamOp op;
   DeviceScalars dev;
 
-  __device__ void operator()(const cuda::MultiTensorArgs<kStreams>& a, int t, int64_t start, int64_t n) const {
+  template <typename Args>
+  __device__ void operator()(const Args& a, int t, int64_t start, int64_t n) const {
     if (dev.skipped()) {
       return;
     }
@@ -177,7 +216,8 @@ struct SgdChunkOp {
   SgdOp op;
   DeviceScalars dev;
 
-  __device__ void operator()(const cuda::MultiTensorArgs<kStreams>& a, int t, int64_t start, int64_t n) const {
+  template <typename Args>
+  __device__ void operator()(const Args& a, int t, int64_t start, int64_t n) const {
     if (dev.skipped()) {
       return;
     }
@@ -197,7 +237,7 @@ struct StepList {
   int n;
 };
 
-__global__ void increment_steps_kernel(const __grid_constant__ StepList list, const float* found_inf) {
+__global__ void increment_steps_kernel(AMPKIT_GRID_CONSTANT(StepList) list, const float* found_inf) {
   if (found_inf != nullptr && *found_inf != 0.f) {
     return;
   }
@@ -207,10 +247,10 @@ __global__ void increment_steps_kernel(const __grid_constant__ StepList list, co
 }
 
 template <typename ChunkOp>
-cudaError_t launch_step(const OptimTensor* tensors, int64_t n, const ChunkOp& op, const float* found_inf,
-                        cudaStream_t stream) {
-  // Build the seven stream lists the chunk table takes.
-  TensorRef* lists = new TensorRef[kStreams * n];
+LaunchStatus launch_step(const OptimTensor* tensors, int64_t n, const ChunkOp& op, const float* found_inf,
+                         cudaStream_t stream) {
+  // The chunk table's stream lists: lists[s * n + i] is stream s of tensor i.
+  std::vector<TensorRef> lists(static_cast<size_t>(kStreams * n));
   for (int64_t i = 0; i < n; ++i) {
     const OptimTensor& t = tensors[i];
     void* streams[kStreams] = {t.param, const_cast<void*>(t.grad), t.master, t.exp_avg, t.exp_avg_sq,
@@ -221,44 +261,40 @@ cudaError_t launch_step(const OptimTensor* tensors, int64_t n, const ChunkOp& op
   }
   const TensorRef* heads[kStreams];
   for (int s = 0; s < kStreams; ++s) {
-    heads[s] = lists + s * n;
+    heads[s] = lists.data() + s * n;
   }
-  cudaError_t err = cuda::multi_tensor_apply<kStreams>(heads, n, op, stream);
-  delete[] lists;
-  if (err != cudaSuccess) {
-    return err;
-  }
+  LaunchStatus status = cuda::multi_tensor_apply<kStreams>(heads, n, op, stream);
   StepList steps;
   steps.n = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    if (tensors[i].step == nullptr) {
-      continue;
-    }
-    steps.step[steps.n++] = tensors[i].step;
-    if (steps.n == kMaxStepsPerLaunch || i == n - 1) {
-      increment_steps_kernel<<<(steps.n + 255) / 256, 256, 0, stream>>>(steps, found_inf);
-      if ((err = cudaGetLastError()) != cudaSuccess) {
-        return err;
+  auto flush = [&]() {
+    status.error = cuda::launch_kernel(increment_steps_kernel, dim3((steps.n + 255) / 256), dim3(256), stream, steps,
+                                       found_inf);
+    status.launches += status.ok() ? 1 : 0;
+    steps.n = 0;
+  };
+  for (int64_t i = 0; i < n && status.ok(); ++i) {
+    if (tensors[i].step != nullptr) {
+      steps.step[steps.n++] = tensors[i].step;
+      if (steps.n == kMaxStepsPerLaunch) {
+        flush();
       }
-      steps.n = 0;
     }
   }
-  if (steps.n > 0) {
-    increment_steps_kernel<<<(steps.n + 255) / 256, 256, 0, stream>>>(steps, found_inf);
-    err = cudaGetLastError();
+  if (status.ok() && steps.n > 0) {
+    flush();
   }
-  return err;
+  return status;
 }
 
 }  // namespace
 
-cudaError_t launch_adam_step(const OptimTensor* tensors, int64_t n, const AdamParams& params, const float* grad_scale,
-                             const float* found_inf, const float* lr, cudaStream_t stream) {
+LaunchStatus launch_adam_step(const OptimTensor* tensors, int64_t n, const AdamParams& params,
+                              const float* grad_scale, const float* found_inf, const float* lr, cudaStream_t stream) {
   return launch_step(tensors, n, AdamChunkOp{AdamOp{params}, DeviceScalars{grad_scale, found_inf, lr}}, found_inf, stream);
 }
 
-cudaError_t launch_sgd_step(const OptimTensor* tensors, int64_t n, const SgdParams& params, const float* grad_scale,
-                            const float* found_inf, const float* lr, cudaStream_t stream) {
+LaunchStatus launch_sgd_step(const OptimTensor* tensors, int64_t n, const SgdParams& params, const float* grad_scale,
+                             const float* found_inf, const float* lr, cudaStream_t stream) {
   return launch_step(tensors, n, SgdChunkOp{SgdOp{params}, DeviceScalars{grad_scale, found_inf, lr}}, found_inf, stream);
 }
 

@@ -22,6 +22,26 @@ def build_info() -> dict:
     return dict(_C.build_info())
 
 
+def _check_cuda_devices() -> None:
+    """Raises unless every visible GPU is covered by the CUDA architectures this build compiled."""
+    info = _C.build_info()
+    if not info["cuda_compiled"]:
+        return
+    for index in range(_torch.cuda.device_count()):
+        major, minor = _torch.cuda.get_device_capability(index)
+        if not _C.cuda_arch_supported(major, minor):
+            raise RuntimeError(
+                f"ampkit: GPU {index} ({_torch.cuda.get_device_name(index)}, compute capability {major}.{minor}) "
+                f"is not covered by the CUDA architectures this ampkit was built for ({info['cuda_archs']}; PTX "
+                f"for the last). Rebuild with AMPKIT_CUDA_ARCHS including {major}{minor}.")
+
+
+# Checked when CUDA initialises (at once if it already has), so importing ampkit never initialises CUDA itself
+# (which would break fork-based workers) and a GPU no compiled architecture covers fails at its first use with
+# this message, not with "no kernel image" deep inside an op.
+_torch.cuda._lazy_call(_check_cuda_devices)
+
+
 __all__ = [
     "GradScaler",
     "LEVELS",

@@ -192,3 +192,27 @@ TEST_CASE("split_remainder / join_remainder: the FP32 master survives exactly, t
     }
   }
 }
+
+#include "csrc/ops/cuda_archs.h"
+
+TEST_CASE("cuda_archs_cover: SASS runs on the same major with a higher minor, PTX on anything newer", "[archs][cpu]") {
+  using ampkit::detail::cuda_archs_cover;
+  using ampkit::detail::parse_cuda_archs;
+  const auto torch_list = parse_cuda_archs("75,80,86,90,100,120");
+  CHECK(torch_list.sass.size() == 6);
+  CHECK(torch_list.ptx == 120);
+  CHECK(cuda_archs_cover(torch_list, 9, 0));   // H100/H200
+  CHECK(cuda_archs_cover(torch_list, 8, 9));   // L4/L40: sm_86 SASS
+  CHECK(cuda_archs_cover(torch_list, 12, 1));  // sm_120 SASS
+  CHECK(cuda_archs_cover(torch_list, 13, 0));  // PTX of sm_120
+  CHECK_FALSE(cuda_archs_cover(torch_list, 7, 0));  // V100: nothing compiled for it
+  const auto h100_only = parse_cuda_archs("90");
+  CHECK(cuda_archs_cover(h100_only, 9, 0));
+  CHECK(cuda_archs_cover(h100_only, 10, 0));  // PTX
+  CHECK_FALSE(cuda_archs_cover(h100_only, 8, 0));
+  CHECK_FALSE(cuda_archs_cover(h100_only, 8, 9));
+  const auto ampere = parse_cuda_archs("80");
+  CHECK(cuda_archs_cover(ampere, 8, 6));
+  CHECK_FALSE(cuda_archs_cover(ampere, 7, 5));
+  CHECK_FALSE(cuda_archs_cover(parse_cuda_archs(""), 9, 0));  // CPU-only build
+}

@@ -83,4 +83,9 @@ struct BuildInfo {
 };
 AMPKIT_API BuildInfo build_info();
 
+// Whether this build's CUDA kernels run on a GPU of compute capability major.minor: SASS compiled for the same
+// major and a minor no higher, or PTX (for the last architecture of the list) of a capability no higher. Always
+// false in a CPU-only build.
+AMPKIT_API bool cuda_arch_supported(int major, int minor);
+
 }  // namespace ampkit

@@ -1,5 +1,5 @@
 // The CPU loops' one parallel region: every tensor of a list cut into (tensor, chunk) work items of kCpuChunk
-// elements, all run by a single at::parallel_for (included by amp_cpu_loops.h and optim_cpu_loops.h inside their
+// elements, all run by a single at::parallel_for (included by unscale_loops.h and optim_loops.h inside their
 // per-ISA namespace).
 #pragma once
 
@@ -8,7 +8,7 @@
 #include <algorithm>
 #include <vector>
 
-#include "amp_cpu_loops.hpp"
+#include "cpu_loops.h"
 
 namespace ampkit::detail::AMPKIT_CPU_NS {
 namespace {

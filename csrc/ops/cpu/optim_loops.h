@@ -1,7 +1,7 @@
 // CPU loops of the fused optimizer steps: one at::parallel_for over every (tensor, chunk) work item; each item runs
 // the optim_functors.h functors on at::vec::Vectorized<float> (two vectors per iteration, so that a vector of
 // FP16/BF16 converts to exactly two of FP32), then the scalar functor on the tail. Compiled once per instruction
-// set by amp_cpu_loops_*.cpp, in the namespace AMPKIT_CPU_NS.
+// set by loops_<isa>.cpp, in the namespace AMPKIT_CPU_NS.
 #pragma once
 
 #include <ATen/Parallel.h>
@@ -13,8 +13,8 @@
 #include <type_traits>
 #include <vector>
 
-#include "../../../kernels/optim_launch.h"
-#include "amp_cpu_loops.hpp"
+#include "../../../kernels/optim_functors.h"
+#include "cpu_loops.h"
 #include "work_items.h"
 
 namespace ampkit::detail::AMPKIT_CPU_NS {

@@ -1,6 +1,6 @@
 // CPU loops of gradient unscaling and the Inf/NaN check: at::vec SIMD over one at::parallel_for that spans
 // every (tensor, chunk) work item of the list. This header is compiled once per instruction set (see
-// amp_cpu_loops_*.cpp), each copy in its own namespace named by AMPKIT_CPU_NS; amp_cpu_dispatch.cpp picks one.
+// loops_<isa>.cpp), each copy in its own namespace named by AMPKIT_CPU_NS; cpu_loops.cpp picks one.
 #pragma once
 
 #include <ATen/Parallel.h>
@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "../../../kernels/amp_functors.h"
-#include "amp_cpu_loops.hpp"
+#include "cpu_loops.h"
 #include "work_items.h"
 
 namespace ampkit::detail::AMPKIT_CPU_NS {

@@ -1,0 +1,98 @@
+// Bytes of tensor data each CUDA kernel reads and writes per parameter, counted by running the kernels through
+// the emulated host build (kernels/cuda/emulation.h counts every global_load / global_store), next to the
+// minimum the design promises. Prints one JSON object per line: {"kernel", "dtype", "bytes_per_param",
+// "min_bytes_per_param"}. Torch-free; bench/run.py --traffic runs it.
+#include <cstdint>
+#include <cstdio>
+#include <vector>
+
+#include "kernels/cuda/emulation.h"
+#include "kernels/cuda/optim_launch.h"
+
+namespace kern = ampkit::kernels;
+
+namespace {
+
+constexpr int64_t kN = 1 << 20;
+
+struct Buffers {
+  std::vector<uint16_t> half_param, half_grad;
+  std::vector<float> f_param, f_grad, master, m, v;
+  std::vector<int16_t> remainder;
+  float step = 0.f;
+  Buffers()
+      : half_param(kN, 0x3c00),  // 1.0 in FP16 and a small normal number in BF16
+        half_grad(kN, 0x3c00),
+        f_param(kN, 1.f),
+        f_grad(kN, 1.f),
+        master(kN, 1.f),
+        m(kN, 0.f),
+        v(kN, 0.f),
+        remainder(kN, 0) {}
+};
+
+void print_row(const char* kernel, const char* dtype, const kern::emulation::Traffic& t, double minimum) {
+  const double per_param = static_cast<double>(t.read + t.written) / static_cast<double>(kN);
+  std::printf("{\"kernel\": \"%s\", \"dtype\": \"%s\", \"bytes_per_param\": %.2f, \"min_bytes_per_param\": %.0f}\n",
+              kernel, dtype, per_param, minimum);
+}
+
+kern::DType dtype_of(const char* name) {
+  return name[0] == 'f' && name[1] == 'p' && name[2] == '1' ? kern::DType::kFloat16
+         : name[0] == 'b'                                     ? kern::DType::kBFloat16
+                                                              : kern::DType::kFloat32;
+}
+
+}  // namespace
+
+int main() {
+  Buffers b;
+  const float inv = 0.5f;
+  float found = 0.f;
+  for (const char* dtype : {"fp16", "bf16", "fp32"}) {
+    const kern::DType dt = dtype_of(dtype);
+    const int size = kern::dtype_size(dt);
+    void* data = dt == kern::DType::kFloat32 ? static_cast<void*>(b.f_grad.data()) : b.half_grad.data();
+    const kern::TensorRef ref{data, kN, dt};
+    kern::emulation::reset_traffic();
+    kern::launch_unscale_and_check(&ref, 1, &found, &inv, nullptr);
+    print_row("unscale_and_check", dtype, kern::emulation::reset_traffic(), 2 * size);
+    kern::launch_check_finite(&ref, 1, &found, nullptr);
+    print_row("check_finite", dtype, kern::emulation::reset_traffic(), size);
+  }
+  const float scale = 1024.f;
+  const kern::AdamParams adam{1e-3f, 0.9f, 0.999f, 0.01f, 1e-8f, false, false, true};
+  const kern::SgdParams sgd{0.01f, 0.9f, 0.f, 0.f, false, false};
+  struct Case {
+    const char* dtype;
+    bool master;
+    bool remainder;
+  };
+  for (const Case c : {Case{"fp16+fp32_master", true, false}, Case{"bf16+fp32_master", true, false},
+                       Case{"bf16+remainder", false, true}, Case{"fp32", false, false}}) {
+    const kern::DType dt = dtype_of(c.dtype);
+    const bool low = dt != kern::DType::kFloat32;
+    const int size = kern::dtype_size(dt);
+    kern::OptimTensor t{low ? static_cast<void*>(b.half_param.data()) : b.f_param.data(),
+                        low ? static_cast<const void*>(b.half_grad.data()) : b.f_grad.data(),
+                        c.master ? b.master.data() : nullptr,
+                        c.remainder ? b.remainder.data() : nullptr,
+                        b.m.data(),
+                        b.v.data(),
+                        nullptr,
+                        &b.step,
+                        kN,
+                        dt};
+    // Grad read; weight read and written (the master when there is one, else the param, plus the remainder);
+    // moments read and written; the low-precision param written once when a master holds the weight.
+    const double weight = c.master ? 8 + size : (c.remainder ? 2 * size + 4 : 2 * size);
+    kern::emulation::reset_traffic();
+    kern::launch_adam_step(&t, 1, adam, &scale, &found, nullptr, nullptr);
+    print_row("adamw_step", c.dtype, kern::emulation::reset_traffic(), size + weight + 16);
+    t.exp_avg_sq = nullptr;
+    b.step = 0.f;
+    kern::launch_sgd_step(&t, 1, sgd, &scale, &found, nullptr, nullptr);
+    print_row("sgd_step(momentum)", c.dtype, kern::emulation::reset_traffic(), size + weight + 8);
+  }
+  return 0;
+}

@@ -1,0 +1,29 @@
+// Picks the CPU loop variant once per process from the processor's features (as ATen's DispatchStub does: the
+// widest of AVX-512, AVX2 and the baseline that this machine supports).
+#include "cpu_loops.h"
+
+namespace ampkit::detail {
+namespace {
+
+const CpuLoops& detect() {
+#if defined(AMPKIT_HAVE_X86_LOOPS)
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("fma")) {
+    return cpu_avx512::kLoops;
+  }
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) {
+    return cpu_avx2::kLoops;
+  }
+#endif
+  return cpu_default::kLoops;
+}
+
+}  // namespace
+
+const CpuLoops& cpu_loops() {
+  static const CpuLoops& loops = detect();
+  return loops;
+}
+
+}  // namespace ampkit::detail

@@ -1,0 +1,42 @@
+// The CPU loops of ampkit's ops, compiled once per instruction set (loops_<isa>.cpp, each in its own namespace
+// named by AMPKIT_CPU_NS) and picked once per process from what the processor supports (cpu_loops.cpp), as
+// ATen's DispatchStub does: one table of entry points per instruction set.
+#pragma once
+
+#include <cstdint>
+
+#include "../../../kernels/common.h"
+#include "../../../kernels/optim_functors.h"
+
+namespace ampkit::detail {
+
+// Elements per CPU work item, and the list size under which the loop runs on the calling thread alone.
+constexpr int64_t kCpuChunk = 32768;
+constexpr int64_t kCpuParallelThreshold = 65536;
+
+struct CpuLoops {
+  // Checks every element of `tensors` for Inf/NaN and, when `write` and inv_scale != 1, multiplies it by
+  // inv_scale in place. Returns whether any element read was non-finite.
+  bool (*unscale_and_check)(const kernels::TensorRef* tensors, int64_t n, float inv_scale, bool write);
+  // One fused Adam/AdamW or SGD step over `tensors` (grads divided by grad_scale), then step += 1.
+  void (*adam_step)(const kernels::OptimTensor* tensors, int64_t n, const kernels::AdamParams& params,
+                    float grad_scale);
+  void (*sgd_step)(const kernels::OptimTensor* tensors, int64_t n, const kernels::SgdParams& params,
+                   float grad_scale);
+  const char* isa;  // "avx512", "avx2" or "default"
+};
+
+namespace cpu_default {
+extern const CpuLoops kLoops;
+}
+namespace cpu_avx2 {
+extern const CpuLoops kLoops;
+}
+namespace cpu_avx512 {
+extern const CpuLoops kLoops;
+}
+
+// The widest variant this processor runs.
+const CpuLoops& cpu_loops();
+
+}  // namespace ampkit::detail

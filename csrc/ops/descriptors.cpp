@@ -1,0 +1,60 @@
+// Tensor lists as kernel descriptors (see descriptors.h).
+#include "descriptors.h"
+
+#include <c10/util/Exception.h>
+
+namespace ampkit::detail {
+
+kernels::DType kernel_dtype(at::ScalarType t) {
+  switch (t) {
+    case at::kHalf:
+      return kernels::DType::kFloat16;
+    case at::kBFloat16:
+      return kernels::DType::kBFloat16;
+    case at::kFloat:
+      return kernels::DType::kFloat32;
+    case at::kDouble:
+      return kernels::DType::kFloat64;
+    default:
+      TORCH_INTERNAL_ASSERT(false, "ampkit: no kernel dtype for ", t);
+  }
+}
+
+DenseList::DenseList(at::TensorList list) {
+  refs_.reserve(list.size());
+  for (const at::Tensor& t : list) {
+    if (t.numel() == 0) {
+      continue;
+    }
+    if (t.is_non_overlapping_and_dense()) {
+      refs_.push_back({t.data_ptr(), t.numel(), kernel_dtype(t.scalar_type())});
+    } else {
+      at::Tensor dense = t.contiguous();
+      refs_.push_back({dense.data_ptr(), dense.numel(), kernel_dtype(dense.scalar_type())});
+      staged_.emplace_back(t, std::move(dense));
+    }
+  }
+}
+
+void DenseList::write_back() {
+  for (auto& [original, dense] : staged_) {
+    original.copy_(dense);
+  }
+}
+
+std::vector<kernels::OptimTensor> optim_tensors(const OptimLists& l) {
+  std::vector<kernels::OptimTensor> out;
+  out.reserve(l.params.size());
+  auto ptr = [](at::TensorList list, size_t i) -> float* {
+    return list.empty() ? nullptr : list[i].mutable_data_ptr<float>();
+  };
+  for (size_t i = 0; i < l.params.size(); ++i) {
+    int16_t* remainder = l.param_remainders.empty() ? nullptr : l.param_remainders[i].mutable_data_ptr<int16_t>();
+    out.push_back({l.params[i].data_ptr(), l.grads[i].const_data_ptr(), ptr(l.master_params, i), remainder,
+                   ptr(l.exp_avgs, i), ptr(l.exp_avg_sqs, i), ptr(l.max_exp_avg_sqs, i), ptr(l.state_steps, i),
+                   l.params[i].numel(), kernel_dtype(l.params[i].scalar_type())});
+  }
+  return out;
+}
+
+}  // namespace ampkit::detail

@@ -1,0 +1,38 @@
+// The conversion of checked tensor lists into the Torch-free descriptors the kernels take (kernels/common.h).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <utility>
+#include <vector>
+
+#include "../../kernels/common.h"
+#include "op_args.h"
+
+namespace ampkit::detail {
+
+kernels::DType kernel_dtype(at::ScalarType t);
+
+// Dense descriptors of a tensor list. Tensors whose memory is one dense block (any permutation of a contiguous
+// tensor) are used in place; the others go through a contiguous staging copy that `write_back()` copies back.
+class DenseList {
+ public:
+  explicit DenseList(at::TensorList list);
+  const kernels::TensorRef* data() const { return refs_.data(); }
+  int64_t size() const { return static_cast<int64_t>(refs_.size()); }
+  void write_back();
+
+ private:
+  std::vector<kernels::TensorRef> refs_;
+  std::vector<std::pair<at::Tensor, at::Tensor>> staged_;  // (original, contiguous copy)
+};
+
+// One kernel descriptor per parameter (zero-size params included: their step counts advance).
+std::vector<kernels::OptimTensor> optim_tensors(const OptimLists& lists);
+
+// The data pointer of an optional one-element FP32 tensor, or null.
+inline const float* float_ptr(const std::optional<at::Tensor>& t) {
+  return t.has_value() ? t->const_data_ptr<float>() : nullptr;
+}
+
+}  // namespace ampkit::detail

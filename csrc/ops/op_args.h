@@ -1,0 +1,97 @@
+// The arguments of each ampkit op as one plain struct (flash-attention's params-struct pattern): built once from
+// the dispatcher's call by the kernel templates in op_kernels.h, validated by one check function per op (shared
+// by the CPU, CUDA and Meta kernels), then handed to the backend's run function. Everything is checked before
+// the first write, so a failed call changes nothing.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <optional>
+
+#include "../../kernels/amp_functors.h"
+#include "../../kernels/optim_functors.h"
+
+namespace ampkit::detail {
+
+// unscale_and_check_ (inv_scale defined) and check_finite_ (inv_scale undefined: read only).
+struct UnscaleArgs {
+  const char* op;
+  at::TensorList grads;
+  at::Tensor found_inf;
+  at::Tensor inv_scale;
+};
+
+// update_scale_ (hysteresis_tracker and stats undefined) and update_scale_hysteresis_.
+struct UpdateScaleArgs {
+  const char* op;
+  at::Tensor scale;
+  at::Tensor growth_tracker;
+  at::Tensor hysteresis_tracker;
+  at::Tensor stats;
+  at::Tensor found_inf;
+  double growth_factor;
+  double backoff_factor;
+  int64_t growth_interval;
+  int64_t hysteresis = 1;
+  double min_scale = 0.0;
+  double max_scale = 3.40282347e+38;
+  bool dynamic = true;
+};
+
+// The tensor lists of one fused optimizer step. Optional lists are either empty or as long as params.
+struct OptimLists {
+  at::TensorList params;
+  at::TensorList grads;
+  at::TensorList master_params;     // optional
+  at::TensorList param_remainders;  // optional, BF16 params only, exclusive with master_params
+  at::TensorList exp_avgs;          // Adam: required; SGD: momentum buffers, required iff momentum != 0
+  at::TensorList exp_avg_sqs;       // Adam: required; SGD: empty
+  at::TensorList max_exp_avg_sqs;   // required iff amsgrad
+  at::TensorList state_steps;       // Adam: required; SGD: optional (needed with momentum)
+};
+
+// The device scalars every fused step may read: the grad scale, the skip flag and a device learning rate.
+struct StepScalars {
+  std::optional<at::Tensor> grad_scale;
+  std::optional<at::Tensor> found_inf;
+  std::optional<at::Tensor> lr_tensor;
+};
+
+struct AdamStepArgs {
+  const char* op;
+  OptimLists lists;
+  double lr;  // scalars.lr_tensor, when given, replaces it (read on the device)
+  double beta1;
+  double beta2;
+  double weight_decay;
+  double eps;
+  bool amsgrad;
+  bool maximize;
+  bool decoupled_weight_decay;
+  StepScalars scalars;
+};
+
+struct SgdStepArgs {
+  const char* op;
+  OptimLists lists;
+  double lr;
+  double momentum;
+  double dampening;
+  double weight_decay;
+  bool nesterov;
+  bool maximize;
+  StepScalars scalars;
+};
+
+// Throw (naming the op, the argument and the list index) unless the arguments are consistent.
+void check(const UnscaleArgs& a);
+void check(const UpdateScaleArgs& a);
+void check(const AdamStepArgs& a);
+void check(const SgdStepArgs& a);
+
+// The functors' parameters from checked arguments (`lr` replaces the op's lr: the CPU reads lr_tensor on the host).
+kernels::UpdateScaleOp update_scale_op(const UpdateScaleArgs& a);
+kernels::AdamParams adam_params(const AdamStepArgs& a, double lr);
+kernels::SgdParams sgd_params(const SgdStepArgs& a, double lr);
+
+}  // namespace ampkit::detail

@@ -1,0 +1,90 @@
+// The kernel of each ampkit op for the dispatcher, written once as a template over the backend's run function:
+// it gathers the call's arguments into the op's struct (op_args.h), checks them, and runs the backend
+// (`Run == nullptr` for Meta: checks only). m.impl infers each kernel's signature from these templates, and
+// static_asserts tie them to the public C++ entry points of <ampkit/ops.h>, so a signature has one spelling per
+// role: the schema (registration.cpp), the public declaration, and this file.
+#pragma once
+
+#include <type_traits>
+
+#include "ampkit/ops.h"
+#include "op_args.h"
+
+namespace ampkit::detail {
+
+template <typename Args>
+using RunFn = void (*)(const Args&);
+
+template <typename Args, RunFn<Args> Run>
+void check_and_run(const Args& args) {
+  check(args);
+  if constexpr (Run != nullptr) {
+    Run(args);
+  }
+}
+
+template <RunFn<UnscaleArgs> Run>
+void unscale_and_check_kernel(at::TensorList grads, const at::Tensor& found_inf, const at::Tensor& inv_scale) {
+  check_and_run<UnscaleArgs, Run>({"unscale_and_check_", grads, found_inf, inv_scale});
+}
+
+template <RunFn<UnscaleArgs> Run>
+void check_finite_kernel(at::TensorList tensors, const at::Tensor& found_inf) {
+  check_and_run<UnscaleArgs, Run>({"check_finite_", tensors, found_inf, at::Tensor()});
+}
+
+template <RunFn<UpdateScaleArgs> Run>
+void update_scale_kernel(const at::Tensor& scale, const at::Tensor& growth_tracker, const at::Tensor& found_inf,
+                         double growth_factor, double backoff_factor, int64_t growth_interval) {
+  check_and_run<UpdateScaleArgs, Run>({"update_scale_", scale, growth_tracker, at::Tensor(), at::Tensor(), found_inf,
+                                       growth_factor, backoff_factor, growth_interval});
+}
+
+template <RunFn<UpdateScaleArgs> Run>
+void update_scale_hysteresis_kernel(const at::Tensor& scale, const at::Tensor& growth_tracker,
+                                    const at::Tensor& hysteresis_tracker, const at::Tensor& stats,
+                                    const at::Tensor& found_inf, double growth_factor, double backoff_factor,
+                                    int64_t growth_interval, int64_t hysteresis, double min_scale, double max_scale,
+                                    bool dynamic) {
+  check_and_run<UpdateScaleArgs, Run>({"update_scale_hysteresis_", scale, growth_tracker, hysteresis_tracker, stats,
+                                       found_inf, growth_factor, backoff_factor, growth_interval, hysteresis,
+                                       min_scale, max_scale, dynamic});
+}
+
+template <RunFn<AdamStepArgs> Run>
+void adamw_step_kernel(at::TensorList params, at::TensorList grads, at::TensorList master_params,
+                       at::TensorList param_remainders, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
+                       at::TensorList max_exp_avg_sqs, at::TensorList state_steps, double lr, double beta1,
+                       double beta2, double weight_decay, double eps, bool amsgrad, bool maximize,
+                       bool decoupled_weight_decay, const std::optional<at::Tensor>& grad_scale,
+                       const std::optional<at::Tensor>& found_inf, const std::optional<at::Tensor>& lr_tensor) {
+  check_and_run<AdamStepArgs, Run>(
+      {"adamw_step_",
+       {params, grads, master_params, param_remainders, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps},
+       lr, beta1, beta2, weight_decay, eps, amsgrad, maximize, decoupled_weight_decay,
+       {grad_scale, found_inf, lr_tensor}});
+}
+
+template <RunFn<SgdStepArgs> Run>
+void sgd_step_kernel(at::TensorList params, at::TensorList grads, at::TensorList master_params,
+                     at::TensorList param_remainders, at::TensorList momentum_buffers, at::TensorList state_steps,
+                     double lr, double momentum, double dampening, double weight_decay, bool nesterov, bool maximize,
+                     const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf,
+                     const std::optional<at::Tensor>& lr_tensor) {
+  check_and_run<SgdStepArgs, Run>({"sgd_step_",
+                                   {params, grads, master_params, param_remainders, momentum_buffers, {}, {},
+                                    state_steps},
+                                   lr, momentum, dampening, weight_decay, nesterov, maximize,
+                                   {grad_scale, found_inf, lr_tensor}});
+}
+
+// Each kernel has exactly the signature of its public entry point.
+static_assert(std::is_same_v<decltype(unscale_and_check_kernel<nullptr>), decltype(ampkit::unscale_and_check_)>);
+static_assert(std::is_same_v<decltype(check_finite_kernel<nullptr>), decltype(ampkit::check_finite_)>);
+static_assert(std::is_same_v<decltype(update_scale_kernel<nullptr>), decltype(ampkit::update_scale_)>);
+static_assert(std::is_same_v<decltype(update_scale_hysteresis_kernel<nullptr>),
+                             decltype(ampkit::update_scale_hysteresis_)>);
+static_assert(std::is_same_v<decltype(adamw_step_kernel<nullptr>), decltype(ampkit::adamw_step_)>);
+static_assert(std::is_same_v<decltype(sgd_step_kernel<nullptr>), decltype(ampkit::sgd_step_)>);
+
+}  // namespace ampkit::detail

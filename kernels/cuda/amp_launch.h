@@ -1,0 +1,34 @@
+// Host entry points of the AMP gradient kernels on CUDA: Torch-free, they take raw tensor descriptors and a
+// stream, never synchronise, and return the launch's cudaError_t for the caller to report.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "../amp_functors.h"
+#include "../common.h"
+
+namespace ampkit::kernels {
+
+// What a launcher did before it failed: multi-tensor launchers queue several kernels for long lists, and an
+// error after the first leaves the tensors of the earlier launches updated (or about to be).
+struct LaunchStatus {
+  cudaError_t error = cudaSuccess;
+  int64_t launches = 0;  // kernels queued successfully
+  bool ok() const { return error == cudaSuccess; }
+};
+
+// Multiplies every element of `grads` by *inv_scale in place (reads only, when *inv_scale == 1) and stores
+// 1.0f to *found_inf if any element read is Inf or NaN. *found_inf is never cleared.
+LaunchStatus launch_unscale_and_check(const TensorRef* grads, int64_t n, float* found_inf, const float* inv_scale,
+                                      cudaStream_t stream);
+
+// Stores 1.0f to *found_inf if any element of `tensors` is Inf or NaN; writes nothing else.
+LaunchStatus launch_check_finite(const TensorRef* tensors, int64_t n, float* found_inf, cudaStream_t stream);
+
+// One single-thread kernel applying UpdateScaleOp (hysteresis_tracker and stats may be null, see UpdateScaleOp).
+LaunchStatus launch_update_scale(float* scale, int32_t* growth_tracker, int32_t* hysteresis_tracker, int64_t* stats,
+                                 const float* found_inf, const UpdateScaleOp& op, cudaStream_t stream);
+
+}  // namespace ampkit::kernels

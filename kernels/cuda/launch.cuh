@@ -1,0 +1,52 @@
+// The CUDA vocabulary every kernel source of kernels/cuda includes first: the runtime (or, in the emulated host
+// build, kernels/cuda/emulation.h), the FP16/BF16 types, the one kernel launcher, and the accessors of tensor
+// data in global memory. Written once so that nvcc and the emulated build compile the same kernel bodies.
+#pragma once
+
+#if defined(AMPKIT_CUDA_EMULATION)
+#include "emulation.h"
+#else
+#include <cuda_runtime.h>
+#define AMPKIT_GRID_CONSTANT(...) const __grid_constant__ __VA_ARGS__
+#endif
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "../common.h"
+
+namespace ampkit::kernels::cuda {
+
+// Launches `kernel<<<grid, block, 0, stream>>>(args...)` and returns the launch's error; in the emulated build,
+// runs it on the calling thread (NOTE [Emulated execution]).
+template <typename... Params, typename... Args>
+cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream,
+                          const Args&... args) {
+#if defined(AMPKIT_CUDA_EMULATION)
+  (void)stream;
+  return emulation::run_grid(kernel, grid, block, args...);
+#else
+  kernel<<<grid, block, 0, stream>>>(args...);
+  return cudaGetLastError();
+#endif
+}
+
+// Every read and write of tensor data goes through these two, so that the emulated build can count the bytes a
+// kernel moves (bench/run.py --traffic). On the GPU they are plain accesses.
+template <typename T>
+__device__ AMPKIT_INLINE T global_load(const T* p) {
+#if defined(AMPKIT_CUDA_EMULATION)
+  emulation::traffic.read += sizeof(T);
+#endif
+  return *p;
+}
+
+template <typename T>
+__device__ AMPKIT_INLINE void global_store(T* p, const T& v) {
+#if defined(AMPKIT_CUDA_EMULATION)
+  emulation::traffic.written += sizeof(T);
+#endif
+  *p = v;
+}
+
+}  // namespace ampkit::kernels::cuda

@@ -1,0 +1,508 @@
+// Every CUDA kernel of kernels/cuda, executed on the CPU through the emulated host build of the same sources
+// (kernels/cuda/emulation.h), compared bit for bit with ampkit's CPU kernels on seeded random inputs. Built twice:
+// with the real chunk size, and with small chunks (AMPKIT_MTA_CHUNK_SIZE) so that a list split across several
+// launches, and a tensor split across launches, are reached with little data. Both builds run under
+// AddressSanitizer and UndefinedBehaviorSanitizer.
+
+#include "catch_torch.h"
+
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "kernels/cuda/emulation.h"
+#include "kernels/cuda/multi_tensor_apply.cuh"
+#include "kernels/cuda/optim_launch.h"
+#include "test_helpers.h"
+
+namespace kern = ampkit::kernels;
+namespace emu = ampkit::kernels::emulation;
+using ampkit::test::bits_equal;
+using ampkit::test::random_grad;
+
+namespace {
+
+constexpr int64_t kChunk = kern::cuda::kChunkSize;
+constexpr float kInf = std::numeric_limits<float>::infinity();
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+at::Tensor scalar_f32(float v) { return at::full({1}, v, at::kFloat); }
+
+kern::DType dtype_of(at::ScalarType t) {
+  switch (t) {
+    case at::kHalf:
+      return kern::DType::kFloat16;
+    case at::kBFloat16:
+      return kern::DType::kBFloat16;
+    case at::kFloat:
+      return kern::DType::kFloat32;
+    default:
+      return kern::DType::kFloat64;
+  }
+}
+
+std::vector<kern::TensorRef> refs_of(const std::vector<at::Tensor>& ts) {
+  std::vector<kern::TensorRef> out;
+  for (const auto& t : ts) {
+    REQUIRE(t.is_contiguous());
+    out.push_back({t.data_ptr(), t.numel(), dtype_of(t.scalar_type())});
+  }
+  return out;
+}
+
+std::vector<at::Tensor> clones(const std::vector<at::Tensor>& ts) {
+  std::vector<at::Tensor> out;
+  for (const auto& t : ts) {
+    out.push_back(t.clone());
+  }
+  return out;
+}
+
+// A contiguous tensor of `n` elements whose storage starts `offset` elements into its allocation (misaligned for
+// the 16-byte paths when offset is not a multiple of 16 / element size).
+at::Tensor at_offset(const at::Tensor& t, int64_t offset) {
+  auto buf = at::empty({t.numel() + offset}, t.options());
+  auto view = buf.narrow(0, offset, t.numel());
+  view.copy_(t.flatten());
+  return view;
+}
+
+// Runs unscale_and_check_ (or check_finite_ when inv is null) through the CPU op and the emulated CUDA kernel on
+// copies of `grads`; requires identical flags and bits. Returns the emulated traffic.
+emu::Traffic require_unscale_matches(const std::vector<at::Tensor>& grads, const float* inv) {
+  auto on_cpu = clones(grads);
+  auto on_emu = clones(grads);
+  auto found_cpu = scalar_f32(0.f);
+  float found_emu = 0.f;
+  if (inv != nullptr) {
+    ampkit::unscale_and_check_(on_cpu, found_cpu, scalar_f32(*inv));
+  } else {
+    ampkit::check_finite_(on_cpu, found_cpu);
+  }
+  const auto refs = refs_of(on_emu);
+  emu::reset_traffic();
+  const kern::LaunchStatus status =
+      inv != nullptr ? kern::launch_unscale_and_check(refs.data(), static_cast<int64_t>(refs.size()), &found_emu, inv,
+                                                      nullptr)
+                     : kern::launch_check_finite(refs.data(), static_cast<int64_t>(refs.size()), &found_emu, nullptr);
+  const emu::Traffic traffic = emu::reset_traffic();
+  REQUIRE(status.ok());
+  REQUIRE(found_emu == found_cpu.item<float>());
+  for (size_t i = 0; i < grads.size(); ++i) {
+    INFO("tensor " << i << " of " << grads.size() << ", " << grads[i].scalar_type() << ", numel "
+                   << grads[i].numel());
+    REQUIRE(bits_equal(on_emu[i], on_cpu[i]));
+    if (inv == nullptr) {
+      REQUIRE(bits_equal(on_emu[i], grads[i]));
+    }
+  }
+  return traffic;
+}
+
+}  // namespace
+
+TEST_CASE("emulated unscale_and_check / check_finite: every dtype, size, scale and alignment matches the CPU",
+          "[emulated]") {
+  torch::manual_seed(1);
+  const int64_t n = GENERATE(1, 7, 8, 9, 15, 16, 17, kChunk - 1, kChunk, kChunk + 1, 3 * kChunk + 5);
+  const float inv = GENERATE(1.f / 65536.f, 1.f, 3.f);
+  for (const auto dtype : {at::kHalf, at::kBFloat16, at::kFloat, at::kDouble}) {
+    for (const int64_t offset : {0, 1, 3}) {
+      INFO("dtype " << dtype << ", n " << n << ", offset " << offset << ", inv " << inv);
+      const auto g = at_offset(random_grad(n, dtype, 1000.0), offset);
+      require_unscale_matches({g}, &inv);
+      require_unscale_matches({g}, nullptr);
+    }
+  }
+}
+
+TEST_CASE("emulated unscale_and_check: Inf and NaN anywhere, mixed dtypes in one launch", "[emulated]") {
+  torch::manual_seed(2);
+  const float inv = 0.25f;
+  auto make_list = [] {
+    return std::vector<at::Tensor>{random_grad(kChunk + 3, at::kHalf, 10.0), random_grad(100, at::kFloat, 10.0),
+                                   at::empty({0}, at::kHalf), random_grad(2 * kChunk + 9, at::kBFloat16, 10.0),
+                                   at_offset(random_grad(3 * kChunk + 1, at::kDouble, 10.0), 1)};
+  };
+  SECTION("all finite") {
+    require_unscale_matches(make_list(), &inv);
+  }
+  for (const float bad : {kInf, -kInf, kNaN}) {
+    for (const int where : {0, 1, 2}) {  // first element of the first tensor, middle, last of the last chunk
+      auto list = make_list();
+      at::Tensor target = where == 0 ? list[0] : (where == 1 ? list[3] : list.back());
+      const int64_t index = where == 0 ? 0 : (where == 1 ? target.numel() / 2 : target.numel() - 1);
+      target[index] = bad;
+      INFO("bad value " << bad << " at tensor position " << where);
+      require_unscale_matches(list, &inv);
+      require_unscale_matches(list, nullptr);
+    }
+  }
+  SECTION("FP16 max overflows after scaling up, -0.0 and subnormals stay exact") {
+    auto g = random_grad(1000, at::kHalf, 1.0);
+    g[0] = 65504.f;
+    g[1] = -0.f;
+    g[2] = 5.96e-8f;
+    const float up = 2.f;
+    require_unscale_matches({g}, &up);
+  }
+}
+
+TEST_CASE("emulated unscale_and_check: lists that need several launches", "[emulated]") {
+  torch::manual_seed(3);
+  using Args = kern::cuda::MultiTensorArgs<1>;  // the largest table any functor leaves room for
+  const float inv = 0.5f;
+  SECTION("more tensors than one chunk table holds") {
+    std::vector<at::Tensor> many;
+    for (int i = 0; i < Args::kMaxTensors + 77; ++i) {
+      many.push_back(random_grad(1 + (i * 37) % 300, i % 2 ? at::kHalf : at::kBFloat16, 10.0));
+    }
+    many.back()[-1] = kInf;
+    const emu::Traffic t = require_unscale_matches(many, &inv);
+    CHECK(t.launches >= 2);
+  }
+#if defined(AMPKIT_MTA_CHUNK_SIZE)
+  // Only the small-chunk build: with the real chunk size this list would be 175 M elements.
+  SECTION("more chunks than one launch takes: a tensor continues in the next launch") {
+    const int64_t n = (Args::kMaxBlocks + 3) * kChunk + 11;
+    auto g = random_grad(n, at::kHalf, 10.0);
+    g[-1] = kNaN;
+    const emu::Traffic t = require_unscale_matches({random_grad(5, at::kFloat, 1.0), g}, &inv);
+    CHECK(t.launches == 2);
+  }
+#endif
+}
+
+TEST_CASE("emulated unscale_and_check: bytes moved per element are the design's minimum", "[emulated]") {
+  torch::manual_seed(4);
+  const int64_t n = 4 * kChunk;
+  for (const auto dtype : {at::kHalf, at::kBFloat16, at::kFloat}) {
+    const auto g = random_grad(n, dtype, 1.0);
+    const float inv = 0.5f;
+    const int64_t size = c10::elementSize(dtype);
+    const emu::Traffic rw = require_unscale_matches({g}, &inv);
+    CHECK(rw.read == static_cast<uint64_t>(n * size));
+    CHECK(rw.written == static_cast<uint64_t>(n * size));
+    const emu::Traffic ro = require_unscale_matches({g}, nullptr);
+    CHECK(ro.read == static_cast<uint64_t>(n * size));
+    CHECK(ro.written == 0);
+  }
+}
+
+TEST_CASE("emulated update_scale: matches the CPU op over random overflow sequences, with and without hysteresis",
+          "[emulated]") {
+  torch::manual_seed(5);
+  struct Config {
+    int64_t hysteresis;
+    double min_scale;
+    double max_scale;
+    bool dynamic;
+    bool plain;  // update_scale_ (no tracker, no stats)
+  };
+  for (const Config c : {Config{1, 0.0, 3.4e38, true, true}, Config{1, 0.0, 3.4e38, true, false},
+                         Config{3, 4.0, 1e6, true, false}, Config{2, 1.0, 512.0, false, false}}) {
+    auto scale = scalar_f32(65536.f);
+    auto tracker = at::zeros({1}, at::kInt);
+    auto hyst = at::full({1}, static_cast<int>(c.hysteresis), at::kInt);
+    auto stats = at::zeros({4}, at::kLong);
+    float e_scale = 65536.f;
+    int32_t e_tracker = 0;
+    int32_t e_hyst = static_cast<int32_t>(c.hysteresis);
+    int64_t e_stats[4] = {0, 0, 0, 0};
+    const kern::UpdateScaleOp op = c.plain ? kern::UpdateScaleOp{2.0, 0.5, 3}
+                                           : kern::UpdateScaleOp{2.0, 0.5, 3, static_cast<int32_t>(c.hysteresis),
+                                                                 static_cast<float>(c.min_scale),
+                                                                 static_cast<float>(c.max_scale), c.dynamic};
+    const auto overflows = at::rand({400}) < 0.3;
+    for (int64_t i = 0; i < overflows.numel(); ++i) {
+      const float f = overflows[i].item<bool>() ? 1.f : 0.f;
+      if (c.plain) {
+        ampkit::update_scale_(scale, tracker, scalar_f32(f), 2.0, 0.5, 3);
+        REQUIRE(kern::launch_update_scale(&e_scale, &e_tracker, nullptr, nullptr, &f, op, nullptr).ok());
+      } else {
+        ampkit::update_scale_hysteresis_(scale, tracker, hyst, stats, scalar_f32(f), 2.0, 0.5, 3, c.hysteresis,
+                                         c.min_scale, c.max_scale, c.dynamic);
+        REQUIRE(kern::launch_update_scale(&e_scale, &e_tracker, &e_hyst, e_stats, &f, op, nullptr).ok());
+        REQUIRE(e_hyst == hyst.item<int>());
+        for (int k = 0; k < 4; ++k) {
+          REQUIRE(e_stats[k] == stats[k].item<int64_t>());
+        }
+      }
+      REQUIRE(std::memcmp(&e_scale, scale.data_ptr<float>(), sizeof(float)) == 0);
+      REQUIRE(e_tracker == tracker.item<int>());
+    }
+  }
+}
+
+// ---- optimizer kernels ---------------------------------------------------------------------------------------
+
+namespace {
+
+enum class Master { kNone, kFp32, kRemainder };
+
+// One parameter's tensors for a fused step, in the layout of the ops' lists.
+struct ParamState {
+  at::Tensor param, grad, master, remainder, exp_avg, exp_avg_sq, max_exp_avg_sq, step;
+
+  ParamState clone() const {
+    auto c = [](const at::Tensor& t) { return t.defined() ? t.clone() : t; };
+    return {c(param), c(grad), c(master), c(remainder), c(exp_avg), c(exp_avg_sq), c(max_exp_avg_sq), c(step)};
+  }
+};
+
+std::vector<ParamState> make_params(const std::vector<int64_t>& sizes, at::ScalarType dtype, Master master,
+                                    bool adam, bool amsgrad, bool momentum, int64_t offset) {
+  std::vector<ParamState> out;
+  for (const int64_t n : sizes) {
+    ParamState s;
+    const auto w32 = at::randn({n}, at::kFloat);
+    s.param = at_offset(w32.to(dtype), offset);
+    s.grad = at_offset(random_grad(n, dtype, 100.0), offset);
+    if (master == Master::kFp32) {
+      s.master = at_offset(w32, offset);
+    } else if (master == Master::kRemainder) {
+      s.remainder = at_offset(at::randint(-32768, 32767, {n}, at::kShort), offset);
+    }
+    if (adam || momentum) {
+      s.exp_avg = at_offset(at::randn({n}, at::kFloat) * 0.1, offset);
+    }
+    if (adam) {
+      s.exp_avg_sq = at_offset(at::rand({n}, at::kFloat) * 0.01, offset);
+    }
+    if (amsgrad) {
+      s.max_exp_avg_sq = at_offset(at::rand({n}, at::kFloat) * 0.02, offset);
+    }
+    if (adam || momentum) {
+      s.step = scalar_f32(adam ? 3.f : 0.f);
+    }
+    out.push_back(s);
+  }
+  return out;
+}
+
+std::vector<at::Tensor> list_of(const std::vector<ParamState>& ps, at::Tensor ParamState::*field) {
+  std::vector<at::Tensor> out;
+  for (const auto& p : ps) {
+    if ((p.*field).defined()) {
+      out.push_back(p.*field);
+    }
+  }
+  return out;
+}
+
+std::vector<kern::OptimTensor> descriptors_of(const std::vector<ParamState>& ps) {
+  std::vector<kern::OptimTensor> out;
+  auto f = [](const at::Tensor& t) { return t.defined() ? t.data_ptr<float>() : nullptr; };
+  for (const auto& p : ps) {
+    out.push_back({p.param.data_ptr(), p.grad.data_ptr(), f(p.master),
+                   p.remainder.defined() ? p.remainder.data_ptr<int16_t>() : nullptr, f(p.exp_avg), f(p.exp_avg_sq),
+                   f(p.max_exp_avg_sq), f(p.step), p.param.numel(), dtype_of(p.param.scalar_type())});
+  }
+  return out;
+}
+
+void require_same_state(const std::vector<ParamState>& a, const std::vector<ParamState>& b) {
+  REQUIRE(a.size() == b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    INFO("param " << i << ", numel " << a[i].param.numel());
+    for (auto field : {&ParamState::param, &ParamState::master, &ParamState::remainder, &ParamState::exp_avg,
+                       &ParamState::exp_avg_sq, &ParamState::max_exp_avg_sq, &ParamState::step}) {
+      if ((a[i].*field).defined()) {
+        REQUIRE(bits_equal(a[i].*field, b[i].*field));
+      }
+    }
+  }
+}
+
+// The device scalars of one step: grad scale, skip flag and device lr (each optional).
+struct Scalars {
+  float grad_scale;
+  float found_inf;
+  float lr;
+  bool use_scale;
+  bool use_found;
+  bool use_lr;
+  std::optional<at::Tensor> t(bool use, float v) const {
+    return use ? std::optional<at::Tensor>(scalar_f32(v)) : std::nullopt;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("emulated adam step: AdamW/Adam, every master mode, skip, grad scale and device lr match the CPU",
+          "[emulated]") {
+  torch::manual_seed(6);
+  const std::vector<int64_t> sizes = {1, 3, 4, 7, 8, 9, 33, kChunk - 1, kChunk + 5, 0};
+  for (const auto dtype : {at::kFloat, at::kHalf, at::kBFloat16}) {
+    for (const Master master : {Master::kNone, Master::kFp32, Master::kRemainder}) {
+      if ((master == Master::kRemainder && dtype != at::kBFloat16) || (master != Master::kNone && dtype == at::kFloat)) {
+        continue;
+      }
+      for (const bool decoupled : {true, false}) {
+        for (const bool amsgrad : {false, true}) {
+          for (const int64_t offset : {0, 1}) {
+            const bool maximize = amsgrad && decoupled;
+            const Scalars sc{1024.f, 0.f, 2e-3f, true, true, offset == 1};
+            INFO("dtype " << dtype << ", master " << static_cast<int>(master) << ", decoupled " << decoupled
+                          << ", amsgrad " << amsgrad << ", offset " << offset);
+            auto cpu = make_params(sizes, dtype, master, true, amsgrad, false, offset);
+            auto emu_state = std::vector<ParamState>();
+            for (const auto& p : cpu) {
+              emu_state.push_back(p.clone());
+            }
+            const kern::AdamParams hp{1e-3f, 0.9f, 0.999f, 0.01f, 1e-8f, amsgrad, maximize, decoupled};
+            for (int step = 0; step < 3; ++step) {
+              ampkit::adamw_step_(list_of(cpu, &ParamState::param), list_of(cpu, &ParamState::grad),
+                                  list_of(cpu, &ParamState::master), list_of(cpu, &ParamState::remainder),
+                                  list_of(cpu, &ParamState::exp_avg), list_of(cpu, &ParamState::exp_avg_sq),
+                                  list_of(cpu, &ParamState::max_exp_avg_sq), list_of(cpu, &ParamState::step), hp.lr,
+                                  hp.beta1, hp.beta2, hp.weight_decay, hp.eps, amsgrad, maximize, decoupled,
+                                  sc.t(sc.use_scale, sc.grad_scale), sc.t(sc.use_found, sc.found_inf),
+                                  sc.t(sc.use_lr, sc.lr));
+              const auto d = descriptors_of(emu_state);
+              REQUIRE(kern::launch_adam_step(d.data(), static_cast<int64_t>(d.size()), hp, &sc.grad_scale,
+                                             &sc.found_inf, sc.use_lr ? &sc.lr : nullptr, nullptr)
+                          .ok());
+              require_same_state(cpu, emu_state);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("emulated sgd step: momentum, nesterov, dampening, masters and remainders match the CPU", "[emulated]") {
+  torch::manual_seed(7);
+  const std::vector<int64_t> sizes = {1, 5, 8, 17, kChunk + 3};
+  struct Config {
+    float momentum, dampening, weight_decay;
+    bool nesterov, maximize;
+  };
+  for (const Config c : {Config{0.f, 0.f, 0.f, false, false}, Config{0.9f, 0.f, 1e-4f, true, false},
+                         Config{0.9f, 0.1f, 0.f, false, true}}) {
+    for (const auto dtype : {at::kFloat, at::kHalf, at::kBFloat16}) {
+      for (const Master master : {Master::kNone, Master::kFp32, Master::kRemainder}) {
+        if ((master == Master::kRemainder && dtype != at::kBFloat16) ||
+            (master != Master::kNone && dtype == at::kFloat)) {
+          continue;
+        }
+        INFO("momentum " << c.momentum << ", dtype " << dtype << ", master " << static_cast<int>(master));
+        const bool momentum = c.momentum != 0.f;
+        auto cpu = make_params(sizes, dtype, master, false, false, momentum, 1);
+        std::vector<ParamState> emu_state;
+        for (const auto& p : cpu) {
+          emu_state.push_back(p.clone());
+        }
+        const kern::SgdParams hp{0.05f, c.momentum, c.dampening, c.weight_decay, c.nesterov, c.maximize};
+        const float scale = 512.f;
+        const float found = 0.f;
+        for (int step = 0; step < 3; ++step) {
+          ampkit::sgd_step_(list_of(cpu, &ParamState::param), list_of(cpu, &ParamState::grad),
+                            list_of(cpu, &ParamState::master), list_of(cpu, &ParamState::remainder),
+                            list_of(cpu, &ParamState::exp_avg), list_of(cpu, &ParamState::step), hp.lr, hp.momentum,
+                            hp.dampening, hp.weight_decay, hp.nesterov, hp.maximize, scalar_f32(scale),
+                            scalar_f32(found), std::nullopt);
+          const auto d = descriptors_of(emu_state);
+          REQUIRE(kern::launch_sgd_step(d.data(), static_cast<int64_t>(d.size()), hp, &scale, &found, nullptr,
+                                        nullptr)
+                      .ok());
+          require_same_state(cpu, emu_state);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("emulated optimizer steps: found_inf skips every write, step counts included", "[emulated]") {
+  torch::manual_seed(8);
+  for (const Master master : {Master::kFp32, Master::kRemainder}) {
+    auto state = make_params({9, kChunk + 1}, at::kBFloat16, master, true, true, false, 0);
+    std::vector<ParamState> before;
+    for (const auto& p : state) {
+      before.push_back(p.clone());
+    }
+    const auto d = descriptors_of(state);
+    const kern::AdamParams hp{1e-3f, 0.9f, 0.999f, 0.01f, 1e-8f, true, false, true};
+    const float scale = 65536.f;
+    const float found = 1.f;
+    emu::reset_traffic();
+    REQUIRE(kern::launch_adam_step(d.data(), 2, hp, &scale, &found, nullptr, nullptr).ok());
+    CHECK(emu::reset_traffic().written == 0);
+    require_same_state(state, before);
+  }
+}
+
+TEST_CASE("emulated optimizer steps: lists over several launches match the CPU", "[emulated]") {
+  torch::manual_seed(9);
+  using Args = kern::cuda::MultiTensorArgs<8>;  // the largest table any functor leaves room for
+  std::vector<int64_t> sizes;
+  for (int i = 0; i < Args::kMaxTensors + 13; ++i) {
+    sizes.push_back(1 + (i * 53) % 200);
+  }
+#if defined(AMPKIT_MTA_CHUNK_SIZE)
+  sizes.push_back((Args::kMaxBlocks + 2) * kChunk + 3);  // one tensor continues into a further launch
+#endif
+  auto cpu = make_params(sizes, at::kHalf, Master::kFp32, true, false, false, 0);
+  std::vector<ParamState> emu_state;
+  for (const auto& p : cpu) {
+    emu_state.push_back(p.clone());
+  }
+  const kern::AdamParams hp{1e-3f, 0.9f, 0.999f, 0.0f, 1e-8f, false, false, true};
+  ampkit::adamw_step_(list_of(cpu, &ParamState::param), list_of(cpu, &ParamState::grad),
+                      list_of(cpu, &ParamState::master), {}, list_of(cpu, &ParamState::exp_avg),
+                      list_of(cpu, &ParamState::exp_avg_sq), {}, list_of(cpu, &ParamState::step), hp.lr, hp.beta1,
+                      hp.beta2, hp.weight_decay, hp.eps, false, false, true, std::nullopt, std::nullopt, std::nullopt);
+  const auto d = descriptors_of(emu_state);
+  emu::reset_traffic();
+  REQUIRE(kern::launch_adam_step(d.data(), static_cast<int64_t>(d.size()), hp, nullptr, nullptr, nullptr, nullptr)
+              .ok());
+  CHECK(emu::reset_traffic().launches >= 3);  // two or more chunk tables, then the step counts
+  require_same_state(cpu, emu_state);
+}
+
+TEST_CASE("emulated adamw step: FP16/BF16 params with FP32 masters move 28 bytes per parameter", "[emulated]") {
+  torch::manual_seed(10);
+  for (const auto dtype : {at::kHalf, at::kBFloat16}) {
+    const int64_t n = 2 * kChunk;
+    auto state = make_params({n}, dtype, Master::kFp32, true, false, false, 0);
+    const auto d = descriptors_of(state);
+    const kern::AdamParams hp{1e-3f, 0.9f, 0.999f, 0.01f, 1e-8f, false, false, true};
+    const float scale = 1024.f;
+    const float found = 0.f;
+    emu::reset_traffic();
+    REQUIRE(kern::launch_adam_step(d.data(), 1, hp, &scale, &found, nullptr, nullptr).ok());
+    const emu::Traffic t = emu::reset_traffic();
+    CHECK(t.read + t.written == static_cast<uint64_t>(28 * n));
+  }
+}
+
+namespace {
+__global__ void count_threads_kernel(int* counter, int* last_x) {
+  *counter += 1;
+  *last_x = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+}
+}  // namespace
+
+TEST_CASE("emulator: runs every thread of every block, refuses what the driver refuses", "[emulated]") {
+  int counter = 0;
+  int last = -1;
+  emu::reset_traffic();
+  REQUIRE(kern::cuda::launch_kernel(count_threads_kernel, dim3(3, 2), dim3(4, 2), nullptr, &counter, &last) ==
+          cudaSuccess);
+  CHECK(counter == 3 * 2 * 4 * 2);
+  CHECK(last == 2 * 4 + 3);
+  CHECK(emu::reset_traffic().launches == 1);
+  counter = 0;
+  CHECK(kern::cuda::launch_kernel(count_threads_kernel, dim3(0), dim3(32), nullptr, &counter, &last) ==
+        cudaErrorInvalidConfiguration);
+  CHECK(kern::cuda::launch_kernel(count_threads_kernel, dim3(1), dim3(2048), nullptr, &counter, &last) ==
+        cudaErrorInvalidConfiguration);
+  CHECK(counter == 0);
+  // A list with nothing to do launches nothing and succeeds.
+  float found = 0.f;
+  const kern::TensorRef none{nullptr, 0, kern::DType::kFloat32};
+  const kern::LaunchStatus empty = kern::launch_check_finite(&none, 1, &found, nullptr);
+  CHECK(empty.ok());
+  CHECK(empty.launches == 0);
+}
