@@ -82,14 +82,14 @@ at::Tensor run_closure(const torch::optim::Optimizer::LossClosure& closure) {
 
 }  // namespace
 
-std::optional<at::Tensor> AmpScalingOptimizer::grad_scale_for(const at::Device& device) const {
+std::optional<at::Tensor> ScaledStep::grad_scale_for(const at::Device& device) const {
   if (!grad_scale_.defined()) {
     return std::nullopt;
   }
   return grad_scale_.device() == device ? grad_scale_ : grad_scale_.to(device, /*non_blocking=*/true);
 }
 
-std::optional<at::Tensor> AmpScalingOptimizer::found_inf_for(const at::Device& device) const {
+std::optional<at::Tensor> ScaledStep::found_inf_for(const at::Device& device) const {
   if (!found_inf_.defined()) {
     return std::nullopt;
   }

@@ -81,9 +81,15 @@ class _FusedOptimizer(torch.optim.Optimizer):
 
     @staticmethod
     def _lr(group: dict, device: torch.device) -> tuple[float, Optional[torch.Tensor]]:
-        """(float lr, device tensor lr or None): a tensor lr is read on the device (graph-capturable schedules)."""
+        """(float lr, device tensor lr or None). A tensor lr on the parameters' device is read on the device
+        (schedules inside a captured CUDA graph); a CPU tensor lr is read on the host, which costs no sync and no
+        per-step copy to the device (its value is then fixed inside a captured graph)."""
         lr = group["lr"]
         if isinstance(lr, torch.Tensor):
+            if lr.device.type == "cpu" and device.type != "cpu":
+                return float(lr), None
+            if lr.device == device and lr.dtype == torch.float32:
+                return 0.0, lr
             return 0.0, lr.to(device=device, dtype=torch.float32)
         return float(lr), None
 

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <optional>
 #include <stdexcept>
+#include <map>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -21,6 +22,16 @@
 #include "ampkit/export.h"
 
 namespace ampkit {
+
+// The interface GradScaler::step() calls on an optimizer that unscales and skips on the device itself (torch's
+// scaler duck-types the same thing as `_step_supports_amp_scaling`): before the optimizer's step() the scaler
+// hands it grad_scale (divide grads by it; undefined: already unscaled) and found_inf (nonzero: write nothing),
+// and clears both after it. ampkit's optimizers implement it; the scaler needs nothing else from them.
+class AMPKIT_API AmpScalingOptimizer {
+ public:
+  virtual ~AmpScalingOptimizer() = default;
+  virtual void set_amp_scaling(at::Tensor grad_scale, at::Tensor found_inf) = 0;
+};
 
 // Options of GradScaler; LibTorch TORCH_ARG style: GradScalerOptions().init_scale(1024).hysteresis(2).
 struct AMPKIT_API GradScalerOptions {
@@ -155,15 +166,33 @@ class AMPKIT_API GradScaler {
     std::vector<ReportEntry> report;
   };
 
+  // What a reused device buffer holds (see NOTE [Scaler buffers] in scaler_buffers.cpp).
+  enum class BufferRole : uint8_t { kFoundInf, kCombined, kUpdate, kReportFlag, kInvScale };
+  struct BufferKey {
+    int64_t optimizer;  // the optimizer's key; 0: the scaler's own
+    at::DeviceType device_type;
+    at::DeviceIndex device_index;
+    int64_t stream;  // the stream it is used on (0 on the CPU)
+    BufferRole role;
+    int64_t index;  // kReportFlag: the parameter's index
+    bool operator<(const BufferKey& o) const;
+  };
+  struct Buffer {
+    at::Tensor tensor;
+    int64_t last_used;  // the iteration (update() count) that last used it
+  };
+
   const at::Tensor& check_scale_exists(const char* funcname) const;
   void lazy_init(const at::Device& device);
   void record_checks(int64_t key, const std::vector<at::Tensor>& params, bool unscale, bool allow_fp16);
   at::Tensor combined_found_inf(int64_t key);
-  at::Tensor& found_inf_buffer(int64_t key, const at::Device& device, const char* role);
+  // A zeroed-on-creation FP32 scalar on `device`, reused across iterations on the current stream.
+  at::Tensor& buffer(int64_t optimizer, const at::Device& device, BufferRole role, int64_t index = 0);
   const at::Tensor& inv_scale_on(const at::Device& device);
   void apply_state(const ScalerState& state);
   void warn_at_min_scale(int64_t overflows_at_min) const;
-  void forget_unused_buffers();
+  // Ends an iteration: releases the buffers it did not use (optimizers that left, streams no longer used).
+  void end_iteration();
 
   GradScalerOptions options_;
   bool enabled_;
@@ -182,10 +211,10 @@ class AMPKIT_API GradScaler {
   at::Tensor stats_;               // int64[4]
   at::Tensor step_ran_;            // bool, 0-dim
   at::Tensor scale64_;             // FP64, 0-dim: for the FP64 reciprocal
-  std::unordered_map<std::string, at::Tensor> inv_scale_;  // FP32 per device, refreshed each unscale
 
   std::unordered_map<int64_t, PerOptimizer> per_optimizer_;
-  std::unordered_map<std::string, at::Tensor> found_inf_buffers_;  // reused step after step
+  std::map<BufferKey, Buffer> buffers_;  // reused step after step
+  int64_t iteration_ = 0;
   std::unordered_map<const void*, std::string> param_names_;
   std::vector<ReportEntry> last_report_;  // the overflow-report flags of the last update()'s step
   bool host_saw_overflow_ = false;

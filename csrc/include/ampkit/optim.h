@@ -13,15 +13,17 @@
 #include <vector>
 
 #include "ampkit/export.h"
+#include "ampkit/grad_scaler.h"
 
 namespace ampkit::optim {
 
-// An optimizer that takes the loss scaler's grad_scale (divide grads by it; undefined: already unscaled) and
-// found_inf (nonzero: skip on the device) for its next step().
-class AMPKIT_API AmpScalingOptimizer {
+using AmpScalingOptimizer = ::ampkit::AmpScalingOptimizer;
+
+// The scaler's grad_scale and found_inf held for the next step() of an ampkit optimizer (AmpScalingOptimizer),
+// each moved to the device a parameter bucket lives on.
+class AMPKIT_API ScaledStep : public AmpScalingOptimizer {
  public:
-  virtual ~AmpScalingOptimizer() = default;
-  void set_amp_scaling(at::Tensor grad_scale, at::Tensor found_inf) {
+  void set_amp_scaling(at::Tensor grad_scale, at::Tensor found_inf) override {
     grad_scale_ = std::move(grad_scale);
     found_inf_ = std::move(found_inf);
   }
@@ -69,7 +71,7 @@ struct AMPKIT_API AdamParamState : public torch::optim::OptimizerCloneableParamS
 };
 
 template <bool kDecoupled>
-class AMPKIT_API AdamT : public torch::optim::Optimizer, public AmpScalingOptimizer {
+class AMPKIT_API AdamT : public torch::optim::Optimizer, public ScaledStep {
  public:
   using Options = AdamOptionsT<kDecoupled>;
   explicit AdamT(const std::vector<torch::optim::OptimizerParamGroup>& param_groups, Options defaults = {});
@@ -113,7 +115,7 @@ struct AMPKIT_API SGDParamState : public torch::optim::OptimizerCloneableParamSt
   void serialize(torch::serialize::InputArchive& archive) override;
 };
 
-class AMPKIT_API SGD : public torch::optim::Optimizer, public AmpScalingOptimizer {
+class AMPKIT_API SGD : public torch::optim::Optimizer, public ScaledStep {
  public:
   explicit SGD(const std::vector<torch::optim::OptimizerParamGroup>& param_groups, SGDOptions defaults);
   explicit SGD(std::vector<at::Tensor> params, SGDOptions defaults)

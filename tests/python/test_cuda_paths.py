@@ -1,0 +1,100 @@
+"""The CUDA paths: an O2 step captured in a CUDA graph and replayed, against the same steps run eagerly; the CUDA
+scaler's state read back (stats, state_dict, pickling); a list of a thousand tensors. These need a device and are
+skipped (and counted as skipped) without one; the kernels themselves also run on every machine through the
+emulated build (ctest -L emulated)."""
+from __future__ import annotations
+
+import pickle
+
+import pytest
+import torch
+
+import ampkit
+from conftest import CUDA_ONLY, bits_equal
+
+pytestmark = CUDA_ONLY
+
+
+def _o2_setup(seed=0):
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8)).cuda()
+    opt = ampkit.optim.AdamW(model.parameters(), lr=torch.tensor(1e-3, device="cuda"), weight_decay=0.01)
+    opt.init_master_params()
+    model.half()
+    scaler = ampkit.GradScaler("cuda", init_scale=2.0**10, growth_interval=5)
+    return model, opt, scaler
+
+
+def _step(model, opt, scaler, x, y):
+    opt.zero_grad(set_to_none=False)
+    with torch.autocast("cuda", dtype=torch.float16):
+        loss = torch.nn.functional.mse_loss(model(x).float(), y)
+    scaler.scale(loss).backward()
+    scaler.step(opt)
+    scaler.update()
+    return loss
+
+
+def test_o2_step_captured_in_a_cuda_graph_equals_eager_steps():
+    g = torch.Generator(device="cuda").manual_seed(1)
+    xs = torch.randn(103, 16, 32, device="cuda", generator=g).half()
+    ys = torch.randn(103, 16, 8, device="cuda", generator=g)
+
+    eager = _o2_setup()
+    for i in range(103):
+        _step(*eager, xs[i], ys[i])
+
+    model, opt, scaler = _o2_setup()
+    static_x, static_y = xs[0].clone(), ys[0].clone()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up steps create the state and buffers (torch's capture recipe)
+        for i in range(3):
+            static_x.copy_(xs[i])
+            static_y.copy_(ys[i])
+            _step(model, opt, scaler, static_x, static_y)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    opt.zero_grad(set_to_none=False)
+    with torch.cuda.graph(graph):
+        _step(model, opt, scaler, static_x, static_y)
+    for i in range(3, 103):
+        static_x.copy_(xs[i])
+        static_y.copy_(ys[i])
+        graph.replay()
+    torch.cuda.synchronize()
+    for a, b in zip(eager[0].parameters(), model.parameters()):
+        assert bits_equal(a.detach(), b.detach())
+    assert scaler.get_scale() == eager[2].get_scale()
+
+
+def test_cuda_scaler_state_reads_back():
+    model, opt, scaler = _o2_setup()
+    x = torch.randn(16, 32, device="cuda").half()
+    y = torch.randn(16, 8, device="cuda")
+    for i in range(4):
+        if i == 1:
+            x[0, 0] = float("inf")
+        _step(model, opt, scaler, x, y)
+        x[0, 0] = 0.0
+    stats = scaler.stats()
+    assert stats["steps"] == 4 and stats["skipped_steps"] == 1
+    state = scaler.state_dict()
+    assert isinstance(state["scale"], float) and state["scale"] == scaler.get_scale()
+    clone = pickle.loads(pickle.dumps(scaler))
+    assert clone.state_dict() == state
+
+
+def test_a_thousand_tensor_list_matches_the_cpu():
+    torch.manual_seed(3)
+    grads = [torch.randn(1 + (i * 37) % 500).to(torch.float16 if i % 2 else torch.bfloat16) * 100 for i in range(1000)]
+    grads[-1][-1] = float("nan")
+    on_gpu = [g.cuda() for g in grads]
+    on_cpu = [g.clone() for g in grads]
+    f_gpu = torch.zeros(1, device="cuda")
+    f_cpu = torch.zeros(1)
+    torch.ops.ampkit.unscale_and_check_(on_gpu, f_gpu, torch.full((1,), 0.125, device="cuda"))
+    torch.ops.ampkit.unscale_and_check_(on_cpu, f_cpu, torch.full((1,), 0.125))
+    assert f_gpu.item() == f_cpu.item() == 1.0
+    for a, b in zip(on_gpu, on_cpu):
+        assert bits_equal(a.cpu(), b)
