@@ -20,23 +20,20 @@ double lr_of(const StepScalars& s, double lr) {
   return s.lr_tensor.has_value() ? *s.lr_tensor->const_data_ptr<float>() : lr;
 }
 
-void adam_step_cpu(const AdamStepArgs& a) {
+// Both fused steps: the device-side skip, then the CPU loop `run` with the step's lr.
+template <typename Args, typename MakeParams, typename Run>
+void step_cpu(const Args& a, MakeParams make_params, Run run) {
   if (skipped(a.scalars)) {
     return;
   }
   const auto tensors = optim_tensors(a.lists);
-  cpu_loops().adam_step(tensors.data(), static_cast<int64_t>(tensors.size()), adam_params(a, lr_of(a.scalars, a.lr)),
-                        grad_scale_of(a.scalars));
+  run(tensors.data(), static_cast<int64_t>(tensors.size()), make_params(a, lr_of(a.scalars, a.lr)),
+      grad_scale_of(a.scalars));
 }
 
-void sgd_step_cpu(const SgdStepArgs& a) {
-  if (skipped(a.scalars)) {
-    return;
-  }
-  const auto tensors = optim_tensors(a.lists);
-  cpu_loops().sgd_step(tensors.data(), static_cast<int64_t>(tensors.size()), sgd_params(a, lr_of(a.scalars, a.lr)),
-                       grad_scale_of(a.scalars));
-}
+void adam_step_cpu(const AdamStepArgs& a) { step_cpu(a, adam_params, cpu_loops().adam_step); }
+
+void sgd_step_cpu(const SgdStepArgs& a) { step_cpu(a, sgd_params, cpu_loops().sgd_step); }
 
 }  // namespace
 }  // namespace ampkit::detail

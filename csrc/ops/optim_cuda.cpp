@@ -12,7 +12,9 @@
 namespace ampkit::detail {
 namespace {
 
-void adam_step_cuda(const AdamStepArgs& a) {
+// The launch sequence both fused steps share; `launch` is the kernels/cuda launcher of the step.
+template <typename Args, typename Params, typename Launch>
+void step_cuda(const Args& a, const Params& hparams, Launch launch) {
   if (a.lists.params.empty()) {
     return;
   }
@@ -21,24 +23,13 @@ void adam_step_cuda(const AdamStepArgs& a) {
   check_cuda_device(a.op, device);
   const auto tensors = optim_tensors(a.lists);
   const StepScalars& s = a.scalars;
-  check_launch(a.op, kernels::launch_adam_step(tensors.data(), static_cast<int64_t>(tensors.size()),
-                                               adam_params(a, a.lr), float_ptr(s.grad_scale), float_ptr(s.found_inf),
-                                               float_ptr(s.lr_tensor), c10::cuda::getCurrentCUDAStream()));
+  check_launch(a.op, launch(tensors.data(), static_cast<int64_t>(tensors.size()), hparams, float_ptr(s.grad_scale),
+                            float_ptr(s.found_inf), float_ptr(s.lr_tensor), c10::cuda::getCurrentCUDAStream()));
 }
 
-void sgd_step_cuda(const SgdStepArgs& a) {
-  if (a.lists.params.empty()) {
-    return;
-  }
-  const at::Device device = a.lists.params[0].device();
-  const c10::cuda::OptionalCUDAGuard guard(device);
-  check_cuda_device(a.op, device);
-  const auto tensors = optim_tensors(a.lists);
-  const StepScalars& s = a.scalars;
-  check_launch(a.op, kernels::launch_sgd_step(tensors.data(), static_cast<int64_t>(tensors.size()),
-                                              sgd_params(a, a.lr), float_ptr(s.grad_scale), float_ptr(s.found_inf),
-                                              float_ptr(s.lr_tensor), c10::cuda::getCurrentCUDAStream()));
-}
+void adam_step_cuda(const AdamStepArgs& a) { step_cuda(a, adam_params(a, a.lr), kernels::launch_adam_step); }
+
+void sgd_step_cuda(const SgdStepArgs& a) { step_cuda(a, sgd_params(a, a.lr), kernels::launch_sgd_step); }
 
 }  // namespace
 }  // namespace ampkit::detail
