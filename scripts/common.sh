@@ -13,6 +13,8 @@ export AMPKIT_BUILD_DIR="${AMPKIT_BUILD_DIR:-$AMPKIT_ROOT/build}"
 export CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}"
 # The compiler cache lives outside the clone, so a fresh clone rebuilds from it.
 export CCACHE_DIR="${CCACHE_DIR:-$HOME/.cache/ccache}"
+# Paths relative to the source tree in the cache keys, so that another clone (CI's) hits the same entries.
+export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$AMPKIT_ROOT}" CCACHE_NOHASHDIR=1
 
 log() { printf '\033[1m[ampkit]\033[0m %s\n' "$*" >&2; }
 

@@ -12,6 +12,7 @@
 #include <limits>
 #include <sstream>
 
+#include "../../kernels/amp_functors.h"
 #include "ampkit/ops.h"
 
 namespace ampkit {
@@ -233,9 +234,6 @@ bool GradScaler::prepare_step(int64_t key, const std::vector<at::Tensor>& params
   for (const auto& [device, t] : found) {
     total += t.item<double>();  // the generic path's one host read, as torch's
   }
-  if (total != 0.0) {
-    host_saw_overflow_ = true;
-  }
   return total == 0.0;
 }
 
@@ -322,19 +320,26 @@ void GradScaler::update() {
                            backoff_factor_, growth_interval_, options_.hysteresis(), options_.min_scale().value_or(0.0),
                            options_.max_scale().value_or(std::numeric_limits<double>::infinity()),
                            options_.scaling());
-  at::eq_out(step_ran_, combined, 0);
+  // A fresh flag per step, so that flags collected step after step without a sync each keep their own value.
+  step_ran_ = combined.eq(0);
   if (options_.overflow_report()) {
     last_report_.clear();
     for (const auto& [key, state] : per_optimizer_) {
       last_report_.insert(last_report_.end(), state.report.begin(), state.report.end());
     }
   }
-  if (host_saw_overflow_ && options_.min_scale().has_value()) {
-    // The generic path already read found_inf on the host; on its (rare) overflow steps, one more read.
-    warn_at_min_scale(stats_[3].item<int64_t>());
-  }
-  host_saw_overflow_ = false;
+  // The iteration is closed before anything may raise: a raise at min_scale leaves the scaler usable and savable.
   end_iteration();
+  if (options_.min_scale().has_value() && (options_.raise_at_min_scale() || !warned_at_min_)) {
+    // Overflows at min_scale are counted on the device; one read per update() tells the host, on the generic
+    // and the fused path alike, until the warning has been given (every update() with raise_at_min_scale).
+    warn_at_min_scale(stats_[kernels::kStatOverflowsAtMin].item<int64_t>(), /*may_raise=*/true);
+  }
+}
+
+void GradScaler::check_new_scale_allowed() const {
+  TORCH_CHECK(options_.scaling(), "GradScaler.update(new_scale): this scaler was built with scaling=False, so its "
+              "scale is fixed at 1 (a BF16 run); construct it with scaling=True to set a scale");
 }
 
 void GradScaler::update(double new_scale) {
@@ -342,6 +347,9 @@ void GradScaler::update(double new_scale) {
     return;
   }
   check_scale_exists("update");
+  check_new_scale_allowed();
+  TORCH_CHECK_VALUE(std::isfinite(new_scale) && new_scale > 0.0,
+                    "GradScaler.update: new_scale must be a finite number > 0, but got ", new_scale);
   scale_.fill_(new_scale);
   end_iteration();
 }
@@ -358,6 +366,7 @@ void GradScaler::update(const at::Tensor& new_scale) {
       new_scale.requires_grad()) {
     throw ScalerAssertionError(reason);
   }
+  check_new_scale_allowed();
   scale_.copy_(new_scale);
   end_iteration();
 }

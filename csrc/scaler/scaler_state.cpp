@@ -65,9 +65,24 @@ at::Tensor GradScaler::get_scale_async() const { return scale_; }
 
 at::Tensor GradScaler::last_step_ran() const { return step_ran_; }
 
-void GradScaler::set_growth_factor(double v) { growth_factor_ = v; }
-void GradScaler::set_backoff_factor(double v) { backoff_factor_ = v; }
-void GradScaler::set_growth_interval(int64_t v) { growth_interval_ = v; }
+// The setters validate as the constructor does (a bad value changes nothing).
+void GradScaler::set_growth_factor(double v) {
+  TORCH_CHECK_VALUE(std::isfinite(v) && v > 1.0, "GradScaler.set_growth_factor: the growth factor must be a finite "
+                    "number > 1.0, but got ", v);
+  growth_factor_ = v;
+}
+
+void GradScaler::set_backoff_factor(double v) {
+  TORCH_CHECK_VALUE(v > 0.0 && v < 1.0, "GradScaler.set_backoff_factor: the backoff factor must be in (0, 1), but got ",
+                    v);
+  backoff_factor_ = v;
+}
+
+void GradScaler::set_growth_interval(int64_t v) {
+  TORCH_CHECK_VALUE(v >= 1 && v <= std::numeric_limits<int32_t>::max(), "GradScaler.set_growth_interval: "
+                    "growth_interval must be in [1, 2^31 - 1], but got ", v);
+  growth_interval_ = v;
+}
 
 int64_t GradScaler::get_growth_tracker() const {
   if (!enabled_) {
@@ -104,12 +119,12 @@ GradScalerStats GradScaler::stats() const {
     s.hysteresis_tracker = init_hysteresis_tracker_;
   }
   if (options_.min_scale().has_value()) {
-    warn_at_min_scale(s.overflows_at_min_scale);
+    warn_at_min_scale(s.overflows_at_min_scale, /*may_raise=*/false);  // reading state never raises
   }
   return s;
 }
 
-void GradScaler::warn_at_min_scale(int64_t overflows_at_min) const {
+void GradScaler::warn_at_min_scale(int64_t overflows_at_min, bool may_raise) const {
   if (overflows_at_min <= 0) {
     return;
   }
@@ -117,7 +132,7 @@ void GradScaler::warn_at_min_scale(int64_t overflows_at_min) const {
                           std::to_string(*options_.min_scale()) + "), " + std::to_string(overflows_at_min) +
                           " time(s); the scale will not go lower. The model may be diverging, or min_scale is too "
                           "high for it.";
-  TORCH_CHECK(!options_.raise_at_min_scale(), msg);
+  TORCH_CHECK(!(may_raise && options_.raise_at_min_scale()), msg);
   if (!warned_at_min_) {
     warned_at_min_ = true;
     TORCH_WARN(msg);

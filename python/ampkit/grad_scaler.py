@@ -6,6 +6,7 @@ handing ``grad_scale``/``found_inf`` to optimizers that take them (``_step_suppo
 """
 from __future__ import annotations
 
+import inspect
 import warnings
 from collections import abc
 from enum import Enum
@@ -133,17 +134,28 @@ class GradScaler:
         key = id(optimizer)
         self._core.begin_step(key)
         if getattr(optimizer, "_step_supports_amp_scaling", False):
+            if "grad_scaler" in inspect.signature(optimizer.step).parameters:
+                # The deprecated handshake, as torch's scaler still offers it: the optimizer reads this scaler.
+                warnings.warn(
+                    "GradScaler is going to stop passing itself as a keyword argument to the passed optimizer. In "
+                    "the near future GradScaler registers `grad_scale: Tensor` and `found_inf: Tensor` to the "
+                    "passed optimizer and let the optimizer use them directly.", FutureWarning, stacklevel=2)
+                retval = optimizer.step(*args, **dict(kwargs, grad_scaler=self))
+                self._core.mark_stepped(key)
+                return retval
             grad_scale, found_inf = self._core.prepare_fused_step(key, _params(optimizer))
+            # As torch: None once unscale_ ran (the grads are unscaled), else the scale times any grad_scale the
+            # optimizer already carries.
             user_scale = getattr(optimizer, "grad_scale", None)
-            if grad_scale is None:  # unscale_ already ran: the grads are unscaled
-                optimizer.grad_scale = user_scale
-            else:
-                optimizer.grad_scale = grad_scale if user_scale is None else grad_scale * user_scale
+            optimizer.grad_scale = (None if grad_scale is None
+                                    else grad_scale if user_scale is None else grad_scale * user_scale)
             optimizer.found_inf = found_inf
-            retval = optimizer.step(*args, **kwargs)
+            try:
+                retval = optimizer.step(*args, **kwargs)
+            finally:
+                del optimizer.grad_scale
+                del optimizer.found_inf
             self._core.mark_stepped(key)
-            del optimizer.grad_scale
-            del optimizer.found_inf
             return retval
         retval = None
         if self._core.prepare_step(key, _params(optimizer)):

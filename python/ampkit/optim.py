@@ -17,10 +17,26 @@ from itertools import chain
 from typing import Any, Callable, Iterable, Optional
 
 import torch
+from torch.optim import adam as _torch_adam
+from torch.optim import sgd as _torch_sgd
 
 __all__ = ["Adam", "AdamW", "SGD"]
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
+_FUSED = _LOW_PRECISION + (torch.float32,)  # the dtypes the fused kernels take
+
+
+def _dense(t: torch.Tensor) -> bool:
+    """Whether t's elements fill one block of memory without gaps or overlap (any permutation of contiguous)."""
+    if t.is_contiguous():
+        return True
+    expected = 1
+    for stride, size in sorted((st, sz) for st, sz in zip(t.stride(), t.shape) if sz != 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
 
 
 class _FusedOptimizer(torch.optim.Optimizer):
@@ -28,11 +44,16 @@ class _FusedOptimizer(torch.optim.Optimizer):
     #: state entries that stay FP32 whatever the parameter's dtype
     _fp32_state = ("master_param", "exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer", "step")
     _exact_state = ("param_remainder",)  # kept bit for bit (int16) through load_state_dict
+    _initialised_by: tuple[str, ...] = ()  # state entries whose presence means the first step has happened
+    _group_defaults: dict = {}  # torch.optim's __setstate__ defaults
+    _group_forced: dict = {}
 
-    @staticmethod
-    def _master_mode(group: dict, p: torch.Tensor) -> str:
+    def _master_mode(self, group: dict, p: torch.Tensor) -> str:
         """'master' (FP32 copy), 'remainder' (BF16 weight + int16 low half) or 'none' for this parameter."""
         mw = group.get("master_weights")
+        if mw and p.dtype not in _LOW_PRECISION + (torch.float32,):
+            raise ValueError(f"{type(self).__name__}: master_weights={mw!r} needs FP16, BF16 or FP32 parameters, "
+                             f"but got a {p.dtype} parameter of shape {tuple(p.shape)}")
         if mw == "remainder":
             if p.dtype != torch.bfloat16:
                 raise ValueError(f"master_weights='remainder' needs BFloat16 parameters, but got {p.dtype}")
@@ -45,7 +66,10 @@ class _FusedOptimizer(torch.optim.Optimizer):
         """Creates the state entries this step needs (a fresh state, or one loaded from torch.optim); returns
         the parameter's master mode."""
         if "step" in keys and "step" not in state:
-            state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
+            # A state loaded from torch.optim.SGD has its momentum buffer but no step: the buffer is initialised,
+            # so the next step must use it (step 1), not restart it from the grad (step 0).
+            started = any(state.get(k) is not None for k in self._initialised_by)
+            state["step"] = torch.full((), 1.0 if started else 0.0, dtype=torch.float32, device=p.device)
         for key in keys:
             if key != "step" and state.get(key) is None:
                 state[key] = torch.zeros_like(p, dtype=torch.float32, memory_format=torch.preserve_format)
@@ -114,23 +138,63 @@ class _FusedOptimizer(torch.optim.Optimizer):
         lr_tensor) that both fused ops take, for one bucket."""
         grad_scale, found_inf = self._scaling(device)
         lr, lr_tensor = self._lr(group, device)
-        lists = [[p for p, _ in entries], [p.grad for p, _ in entries],
-                 [s["master_param"] for _, s in entries] if mode == "master" else [],
-                 [s["param_remainder"] for _, s in entries] if mode == "remainder" else []]
+        lists = [[p for p, _, _ in entries], [g for _, _, g in entries],
+                 [s["master_param"] for _, s, _ in entries] if mode == "master" else [],
+                 [s["param_remainder"] for _, s, _ in entries] if mode == "remainder" else []]
         return lists, dict(lr=lr, grad_scale=grad_scale, found_inf=found_inf, lr_tensor=lr_tensor)
 
-    def _buckets(self, group: dict, state_keys: tuple[str, ...]) -> dict:
-        """Params with grads, grouped by (device, master mode) — one kernel launch sequence each."""
+    @staticmethod
+    def _takes_fused(group: dict, p: torch.Tensor, grad: torch.Tensor) -> bool:
+        """Whether the fused kernels take this parameter; the others go through torch.optim's own single-tensor
+        implementation (FP64, complex, sparse grads, differentiable=True, non-dense weights), so that every
+        configuration torch.optim accepts gives torch.optim's result."""
+        return (p.dtype in _FUSED and not group["differentiable"] and not grad.is_sparse and _dense(p))
+
+    def _partition(self, group: dict, state_keys: tuple[str, ...]) -> tuple[dict, list]:
+        """(fused buckets {(device, master mode): [(param, state, grad)]}, fallback params) of one group's params with
+        grads. Every group is validated before any state is created (see _validate)."""
         buckets: dict = {}
+        fallback: list = []
         for p in group["params"]:
-            if p.grad is None:
+            grad = p.grad
+            if grad is None:
                 continue
-            if p.grad.is_sparse:
-                raise RuntimeError(f"{type(self).__name__} does not support sparse gradients")
+            if not self._takes_fused(group, p, grad):
+                fallback.append(p)
+                continue
+            if not state_keys and self._master_mode(group, p) == "none" and p not in self.state:
+                buckets.setdefault((p.device, "none"), []).append((p, {}, grad))  # stateless: no empty entry
+                continue
             state = self.state[p]
             mode = self._complete_state(group, p, state, state_keys)
-            buckets.setdefault((p.device, mode), []).append((p, state))
-        return buckets
+            if not (grad.is_contiguous() and p.is_contiguous()) and grad.stride() != p.stride():
+                # The kernels read the grad in the parameter's layout: a staging copy for such (rare) grads.
+                grad = torch.empty_like(p).copy_(grad)
+            buckets.setdefault((p.device, mode), []).append((p, state, grad))
+        return buckets, fallback
+
+    def _fallback_scaling(self, params: list) -> tuple[bool, Optional[torch.Tensor]]:
+        """(skip, grad_scale) for the fallback params: found_inf is read on the host (a sync, on this path only),
+        and the grads are unscaled in place, as torch's fused optimizers leave them."""
+        grad_scale = getattr(self, "grad_scale", None)
+        found_inf = getattr(self, "found_inf", None)
+        if found_inf is not None and float(found_inf) != 0.0:
+            return True, None
+        if grad_scale is not None:
+            for p in params:
+                p.grad.div_(grad_scale.to(p.grad.device))
+        return False, grad_scale
+
+    def _validate(self) -> None:
+        """Checks every group against the kernels' rules before anything is written (an optimizer step is
+        atomic: a bad group raises before the first group is updated)."""
+        for group in self.param_groups:
+            self._check_values(group)
+            if group.get("master_weights") is None:
+                continue  # the default mode cannot be refused
+            for p in group["params"]:
+                if p.grad is not None:
+                    self._master_mode(group, p)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         # torch's base class casts floating state to each parameter's dtype; masters and moments must stay FP32.
@@ -141,63 +205,171 @@ class _FusedOptimizer(torch.optim.Optimizer):
         ids = chain.from_iterable(g["params"] for g in state_dict["param_groups"])
         params = chain.from_iterable(g["params"] for g in self.param_groups)
         for pid, p in zip(ids, params):
+            if p.dtype not in _FUSED:
+                continue  # torch.optim's state format (the fallback path): the base class's cast is right
             for key, value in saved.get(pid, {}).items():
                 dtype = torch.float32 if key in self._fp32_state else value.dtype
-                self.state[p][key] = value.to(device=p.device, dtype=dtype, copy=True)
+                if value.dim() and value.shape == p.shape and value.stride() != p.stride():
+                    # e.g. a channels_last state for a contiguous parameter: the kernels take the param's layout.
+                    self.state[p][key] = torch.empty_like(p, dtype=dtype).copy_(value)
+                else:
+                    self.state[p][key] = value.to(device=p.device, dtype=dtype, copy=True)
+
+    def __setstate__(self, state: dict) -> None:
+        # torch.optim's defaults for keys an older torch did not save, and Python-number steps made tensors.
+        super().__setstate__(state)
+        for group in self.param_groups:
+            for key, value in self._group_defaults.items():
+                group.setdefault(key, value)
+            for key, value in self._group_forced.items():
+                group[key] = value
+            for p in group["params"]:
+                st = self.state.get(p)
+                if st and "step" in st and not torch.is_tensor(st["step"]):
+                    on_device = p.dtype in _FUSED
+                    st["step"] = torch.tensor(float(st["step"]), dtype=torch.float32,
+                                              device=p.device if on_device else "cpu")
+
+
+def _capturable_devices() -> list[str]:
+    """The device types on which torch.optim accepts capturable=True."""
+    from torch.optim import optimizer as _optimizer
+    getter = getattr(_optimizer, "_get_capturable_supported_devices", None)
+    return getter() if getter is not None else ["cuda"]
+
+
+def _check_tensor_hparams(lr, betas, foreach, capturable) -> None:
+    """torch.optim.Adam's rules for tensor lr and betas, with its messages and exception types."""
+    if isinstance(lr, torch.Tensor):
+        if foreach and not capturable:
+            raise ValueError("lr as a Tensor is not supported for capturable=False and foreach=True")
+        if lr.numel() != 1:
+            raise ValueError("Tensor lr must be 1-element")
+
+
+def _check_betas(betas, foreach, capturable) -> None:
+    if not ((isinstance(betas[0], float) and isinstance(betas[1], float))
+            or (isinstance(betas[0], torch.Tensor) and isinstance(betas[1], torch.Tensor))):
+        raise ValueError("betas must be either both floats or both Tensors")
+    for i in (0, 1):
+        if isinstance(betas[i], torch.Tensor):
+            if not capturable and foreach:
+                raise ValueError(f"betas[{i}] as a Tensor is not supported for capturable=False and foreach=True")
+            if betas[i].numel() != 1:
+                raise ValueError(f"Tensor betas[{i}] must be 1-element")
+
+
+def _check_fused_flags(fused, foreach, differentiable) -> None:
+    if fused:
+        if differentiable:
+            raise RuntimeError("`fused` does not support `differentiable`")
+        if foreach:
+            raise RuntimeError("`fused` and `foreach` cannot be `True` together.")
 
 
 class Adam(_FusedOptimizer):
     """torch.optim.Adam's arguments and results, on ampkit's fused kernel, plus ``master_weights``."""
 
     _decoupled_default = False
+    _group_defaults = dict(amsgrad=False, maximize=False, foreach=None, capturable=False, differentiable=False,
+                           decoupled_weight_decay=False, fused=None, master_weights=None)
 
     def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 0.0, amsgrad: bool = False, *, foreach: Optional[bool] = None,
                  maximize: bool = False, capturable: bool = False, differentiable: bool = False,
                  fused: Optional[bool] = None, decoupled_weight_decay: Optional[bool] = None,
                  master_weights: Optional[bool] = None) -> None:
-        if isinstance(lr, torch.Tensor) and lr.numel() != 1:
-            raise ValueError("Tensor lr must be 1-element")
+        _check_tensor_hparams(lr, betas, foreach, capturable)
+        self._check_values(dict(lr=lr, eps=eps, betas=betas, weight_decay=weight_decay))
+        _check_betas(betas, foreach, capturable)
+        betas = tuple(b.squeeze() if isinstance(b, torch.Tensor) and b.dim() != 0 else b for b in betas)
+        if decoupled_weight_decay is None:
+            decoupled_weight_decay = self._decoupled_default
+        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad, maximize=maximize,
+                        decoupled_weight_decay=decoupled_weight_decay, master_weights=master_weights,
+                        foreach=foreach, capturable=capturable, differentiable=differentiable, fused=fused)
+        super().__init__(params, defaults)
+        _check_fused_flags(fused, foreach, differentiable)
+
+    @staticmethod
+    def _check_values(group: dict) -> None:
+        """torch.optim.Adam's range checks and messages, for the constructor and for every group at step()."""
+        lr, eps, betas, weight_decay = group["lr"], group["eps"], group["betas"], group["weight_decay"]
         if not 0.0 <= lr:
             raise ValueError(f"Invalid learning rate: {lr}")
         if not 0.0 <= eps:
             raise ValueError(f"Invalid epsilon value: {eps}")
+        if len(betas) != 2:
+            raise ValueError(f"betas must be a pair (beta1, beta2), but got {betas!r}")
         if not 0.0 <= betas[0] < 1.0:
             raise ValueError(f"Invalid beta parameter at index 0: {betas[0]}")
         if not 0.0 <= betas[1] < 1.0:
             raise ValueError(f"Invalid beta parameter at index 1: {betas[1]}")
         if not 0.0 <= weight_decay:
             raise ValueError(f"Invalid weight_decay value: {weight_decay}")
-        if differentiable:
-            raise RuntimeError(f"{type(self).__name__} (ampkit) does not support differentiable=True")
-        if decoupled_weight_decay is None:
-            decoupled_weight_decay = self._decoupled_default
-        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad, maximize=maximize,
-                        decoupled_weight_decay=decoupled_weight_decay, master_weights=master_weights,
-                        foreach=foreach, capturable=capturable, differentiable=False, fused=fused)
-        super().__init__(params, defaults)
+
+    def _validate(self) -> None:
+        super()._validate()
+        for group in self.param_groups:
+            if group["capturable"] and not torch.compiler.is_compiling():
+                supported = _capturable_devices()
+                for p in group["params"]:
+                    if p.device.type not in supported:
+                        raise AssertionError(f"If capturable=True, params and state_steps must be on supported "
+                                             f"devices: {supported}.")
 
     @torch.no_grad()
     def step(self, closure: Optional[Callable[[], float]] = None):
         loss = self._run_closure(closure)
+        self._validate()
         for group in self.param_groups:
             keys = ("step", "exp_avg", "exp_avg_sq") + (("max_exp_avg_sq",) if group["amsgrad"] else ())
-            for (device, mode), entries in self._buckets(group, keys).items():
+            buckets, fallback = self._partition(group, keys)
+            beta1, beta2 = (float(b) for b in group["betas"])
+            for (device, mode), entries in buckets.items():
                 lists, kwargs = self._common_args(group, device, mode, entries)
                 torch.ops.ampkit.adamw_step_(
-                    *lists, [s["exp_avg"] for _, s in entries], [s["exp_avg_sq"] for _, s in entries],
-                    [s["max_exp_avg_sq"] for _, s in entries] if group["amsgrad"] else [],
-                    [s["step"] for _, s in entries],
-                    beta1=float(group["betas"][0]), beta2=float(group["betas"][1]),
+                    *lists, [s["exp_avg"] for _, s, _ in entries], [s["exp_avg_sq"] for _, s, _ in entries],
+                    [s["max_exp_avg_sq"] for _, s, _ in entries] if group["amsgrad"] else [],
+                    [s["step"] for _, s, _ in entries],
+                    beta1=beta1, beta2=beta2,
                     weight_decay=float(group["weight_decay"]), eps=float(group["eps"]), amsgrad=group["amsgrad"],
                     maximize=group["maximize"], decoupled_weight_decay=group["decoupled_weight_decay"], **kwargs)
+            if fallback:
+                self._fallback_step(group, fallback)
         return loss
+
+    def _fallback_step(self, group: dict, params: list) -> None:
+        """torch.optim's own single-tensor Adam for the parameters the kernels do not take, on torch's state."""
+        skip, _ = self._fallback_scaling(params)
+        if skip:
+            return
+        states = [self.state[p] for p in params]
+        for p, st in zip(params, states):
+            if not st:
+                st["step"] = torch.tensor(0.0, dtype=torch.float32)
+                st["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                st["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                if group["amsgrad"]:
+                    st["max_exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        with torch.set_grad_enabled(group["differentiable"]):
+            _torch_adam.adam(
+                params, [p.grad for p in params], [st["exp_avg"] for st in states],
+                [st["exp_avg_sq"] for st in states],
+                [st["max_exp_avg_sq"] for st in states] if group["amsgrad"] else [],
+                [st["step"] for st in states], foreach=False, capturable=False,
+                differentiable=group["differentiable"], fused=None,
+                has_complex=any(torch.is_complex(p) for p in params),
+                decoupled_weight_decay=group["decoupled_weight_decay"], amsgrad=group["amsgrad"],
+                beta1=group["betas"][0], beta2=group["betas"][1], lr=group["lr"],
+                weight_decay=group["weight_decay"], eps=group["eps"], maximize=group["maximize"])
 
 
 class AdamW(Adam):
     """torch.optim.AdamW's arguments and results (decoupled weight decay), plus ``master_weights``."""
 
     _decoupled_default = True
+    _group_forced = dict(decoupled_weight_decay=True)  # as torch: an AdamW never runs coupled decay
 
     def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 1e-2, amsgrad: bool = False, **kwargs: Any) -> None:
@@ -208,39 +380,68 @@ class AdamW(Adam):
 class SGD(_FusedOptimizer):
     """torch.optim.SGD's arguments and results, on ampkit's fused kernel, plus ``master_weights``."""
 
+    _initialised_by = ("momentum_buffer",)
+    _group_defaults = dict(nesterov=False, maximize=False, foreach=None, differentiable=False, fused=False,
+                           master_weights=None)
+
     def __init__(self, params, lr: float = 1e-3, momentum: float = 0.0, dampening: float = 0.0,
                  weight_decay: float = 0.0, nesterov: bool = False, *, maximize: bool = False,
                  foreach: Optional[bool] = None, differentiable: bool = False, fused: Optional[bool] = None,
                  master_weights: Optional[bool] = None) -> None:
         if isinstance(lr, torch.Tensor) and lr.numel() != 1:
             raise ValueError("Tensor lr must be 1-element")
-        if lr < 0.0:
-            raise ValueError(f"Invalid learning rate: {lr}")
-        if momentum < 0.0:
-            raise ValueError(f"Invalid momentum value: {momentum}")
-        if weight_decay < 0.0:
-            raise ValueError(f"Invalid weight_decay value: {weight_decay}")
-        if nesterov and (momentum <= 0 or dampening != 0):
-            raise ValueError("Nesterov momentum requires a momentum and zero dampening")
-        if differentiable:
-            raise RuntimeError("SGD (ampkit) does not support differentiable=True")
+        self._check_values(dict(lr=lr, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov,
+                                dampening=dampening))
         defaults = dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay, nesterov=nesterov,
-                        maximize=maximize, master_weights=master_weights, foreach=foreach, differentiable=False,
-                        fused=fused)
+                        maximize=maximize, master_weights=master_weights, foreach=foreach,
+                        differentiable=differentiable, fused=fused)
         super().__init__(params, defaults)
+        _check_fused_flags(fused, foreach, differentiable)
+
+    @staticmethod
+    def _check_values(group: dict) -> None:
+        """torch.optim.SGD's range checks and messages, for the constructor and for every group at step()."""
+        if group["lr"] < 0.0:
+            raise ValueError(f"Invalid learning rate: {group['lr']}")
+        if group["momentum"] < 0.0:
+            raise ValueError(f"Invalid momentum value: {group['momentum']}")
+        if group["weight_decay"] < 0.0:
+            raise ValueError(f"Invalid weight_decay value: {group['weight_decay']}")
+        if group["nesterov"] and (group["momentum"] <= 0 or group["dampening"] != 0):
+            raise ValueError("Nesterov momentum requires a momentum and zero dampening")
 
     @torch.no_grad()
     def step(self, closure: Optional[Callable[[], float]] = None):
         loss = self._run_closure(closure)
+        self._validate()
         for group in self.param_groups:
             momentum = float(group["momentum"])
             keys = ("step", "momentum_buffer") if momentum != 0.0 else ()
-            for (device, mode), entries in self._buckets(group, keys).items():
+            buckets, fallback = self._partition(group, keys)
+            for (device, mode), entries in buckets.items():
                 lists, kwargs = self._common_args(group, device, mode, entries)
                 torch.ops.ampkit.sgd_step_(
-                    *lists, [s["momentum_buffer"] for _, s in entries] if momentum != 0.0 else [],
-                    [s["step"] for _, s in entries] if momentum != 0.0 else [],
+                    *lists, [s["momentum_buffer"] for _, s, _ in entries] if momentum != 0.0 else [],
+                    [s["step"] for _, s, _ in entries] if momentum != 0.0 else [],
                     momentum=momentum, dampening=float(group["dampening"]),
                     weight_decay=float(group["weight_decay"]), nesterov=group["nesterov"],
                     maximize=group["maximize"], **kwargs)
+            if fallback:
+                self._fallback_step(group, fallback)
         return loss
+
+    def _fallback_step(self, group: dict, params: list) -> None:
+        """torch.optim's own single-tensor SGD for the parameters the kernels do not take, on torch's state."""
+        skip, _ = self._fallback_scaling(params)
+        if skip:
+            return
+        momentum = group["momentum"]
+        buffers = [self.state[p].get("momentum_buffer") for p in params] if momentum != 0 else [None] * len(params)
+        with torch.set_grad_enabled(group["differentiable"]):
+            _torch_sgd.sgd(
+                params, [p.grad for p in params], buffers, has_sparse_grad=any(p.grad.is_sparse for p in params),
+                foreach=False, fused=None, weight_decay=group["weight_decay"], momentum=momentum, lr=group["lr"],
+                dampening=group["dampening"], nesterov=group["nesterov"], maximize=group["maximize"])
+        if momentum != 0:
+            for p, buf in zip(params, buffers):
+                self.state[p]["momentum_buffer"] = buf

@@ -212,3 +212,75 @@ TEST_CASE("adamw_step_ / sgd_step_ (CUDA): bitwise equal to the CPU kernels, mas
     REQUIRE(step_gpu.item<float>() == 3.f);
   }
 }
+
+#if defined(AMPKIT_TEST_WITH_CUDA)
+#include <ATen/cuda/CUDAEvent.h>
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDAGuard.h>
+
+TEST_CASE("O2 step (C++): captured in a CUDA graph and replayed, equal to the same steps run eagerly",
+          "[optim][cuda]") {
+  AMPKIT_REQUIRE_CUDA_DEVICE();
+  struct Run {
+    torch::nn::Sequential model{torch::nn::Linear(32, 64), torch::nn::ReLU(), torch::nn::Linear(64, 8)};
+    std::unique_ptr<ampkit::optim::AdamW> opt;
+    ampkit::GradScaler scaler{ampkit::GradScalerOptions().init_scale(1024.0).growth_interval(5)};
+    Run() {
+      torch::manual_seed(0);
+      model = torch::nn::Sequential(torch::nn::Linear(32, 64), torch::nn::ReLU(), torch::nn::Linear(64, 8));
+      model->to(kCuda);
+      opt = std::make_unique<ampkit::optim::AdamW>(model->parameters(), ampkit::optim::AdamWOptions(1e-3));
+      opt->init_master_params();
+      model->to(torch::kHalf);
+    }
+    void step(const at::Tensor& x, const at::Tensor& y) {
+      for (auto& p : model->parameters()) {
+        if (p.grad().defined()) {
+          p.mutable_grad().zero_();
+        }
+      }
+      auto loss = torch::mse_loss(model->forward(x).to(torch::kFloat), y);
+      scaler.scale(loss).backward();
+      scaler.step(*opt);
+      scaler.update();
+    }
+  };
+  const auto xs = torch::randn({53, 16, 32}, torch::TensorOptions().device(kCuda)).to(torch::kHalf);
+  const auto ys = torch::randn({53, 16, 8}, torch::TensorOptions().device(kCuda));
+  Run eager;
+  for (int64_t i = 0; i < 53; ++i) {
+    eager.step(xs[i], ys[i]);
+  }
+  Run captured;
+  auto x = xs[0].clone();
+  auto y = ys[0].clone();
+  auto side = c10::cuda::getStreamFromPool();
+  at::cuda::CUDAEvent ready;
+  ready.record(c10::cuda::getCurrentCUDAStream());
+  ready.block(side);
+  {
+    const c10::cuda::CUDAStreamGuard guard(side);
+    for (int64_t i = 0; i < 3; ++i) {  // warm-up on the capture stream: state and buffers exist before capture
+      x.copy_(xs[i]);
+      y.copy_(ys[i]);
+      captured.step(x, y);
+    }
+    at::cuda::CUDAGraph graph;
+    graph.capture_begin();
+    captured.step(x, y);
+    graph.capture_end();
+    for (int64_t i = 3; i < 53; ++i) {
+      x.copy_(xs[i]);
+      y.copy_(ys[i]);
+      graph.replay();
+    }
+  }
+  torch::cuda::synchronize();
+  const auto a = eager.model->parameters();
+  const auto b = captured.model->parameters();
+  for (size_t i = 0; i < a.size(); ++i) {
+    REQUIRE(bits_equal(a[i].detach().cpu(), b[i].detach().cpu()));
+  }
+  CHECK(eager.scaler.get_scale() == captured.scaler.get_scale());
+}
+#endif

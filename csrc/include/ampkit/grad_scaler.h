@@ -190,7 +190,8 @@ class AMPKIT_API GradScaler {
   at::Tensor& buffer(int64_t optimizer, const at::Device& device, BufferRole role, int64_t index = 0);
   const at::Tensor& inv_scale_on(const at::Device& device);
   void apply_state(const ScalerState& state);
-  void warn_at_min_scale(int64_t overflows_at_min) const;
+  void warn_at_min_scale(int64_t overflows_at_min, bool may_raise) const;
+  void check_new_scale_allowed() const;
   // Ends an iteration: releases the buffers it did not use (optimizers that left, streams no longer used).
   void end_iteration();
 
@@ -217,7 +218,6 @@ class AMPKIT_API GradScaler {
   int64_t iteration_ = 0;
   std::unordered_map<const void*, std::string> param_names_;
   std::vector<ReportEntry> last_report_;  // the overflow-report flags of the last update()'s step
-  bool host_saw_overflow_ = false;
   mutable bool warned_at_min_ = false;
 };
 
