@@ -3,8 +3,12 @@
 #include <ATen/MemoryOverlap.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <limits>
+#include <string>
+#include <vector>
 
 #include "op_args.h"
 
@@ -155,6 +159,77 @@ void check_scale_factors(const char* op, double growth_factor, double backoff_fa
                     ": growth_interval must be in [1, 2^31 - 1], but got ", growth_interval);
 }
 
+// NOTE [Aliasing]
+// The tensors an op writes (and the device scalars it reads while writing) must not share memory: two views of
+// one buffer in a list would be updated twice, a master aliasing a moment would corrupt the weight, found_inf
+// aliasing inv_scale would change the scale mid-launch. Byte ranges are sorted to find candidate pairs in
+// O(n log n); a candidate is confirmed with ATen's overlap test, as ATen's own in-place ops do: full or partial
+// overlap is refused, while views it cannot decide (interleaved strided views of one buffer, such as the even and
+// odd columns of a matrix, which share no element) are accepted.
+class AliasCheck {
+ public:
+  explicit AliasCheck(const char* op) : op_(op) {}
+
+  void add(const char* arg, const at::Tensor& t, int64_t index = -1) {
+    if (!t.defined() || t.device().is_meta() || t.numel() == 0 || !t.has_storage()) {
+      return;
+    }
+    int64_t extent = 1;
+    for (int64_t d = 0; d < t.dim(); ++d) {
+      extent += (t.size(d) - 1) * t.stride(d);
+    }
+    const auto begin = reinterpret_cast<uintptr_t>(t.const_data_ptr());
+    entries_.push_back({begin, begin + static_cast<uintptr_t>(extent * t.element_size()), arg, index, &t});
+  }
+
+  void add(const char* arg, at::TensorList list) {
+    for (size_t i = 0; i < list.size(); ++i) {
+      add(arg, list[i], static_cast<int64_t>(i));
+    }
+  }
+
+  void add(const char* arg, const std::optional<at::Tensor>& t) {
+    if (t.has_value()) {
+      add(arg, *t);
+    }
+  }
+
+  // Throws, naming both arguments, if any two added tensors share an element.
+  void check() {
+    std::sort(entries_.begin(), entries_.end(), [](const Entry& a, const Entry& b) { return a.begin < b.begin; });
+    std::vector<const Entry*> open;
+    for (const Entry& e : entries_) {
+      open.erase(std::remove_if(open.begin(), open.end(), [&](const Entry* o) { return o->end <= e.begin; }),
+                 open.end());
+      for (const Entry* o : open) {
+        const at::MemOverlapStatus status = at::get_overlap_status(*o->t, *e.t);
+        if (status == at::MemOverlapStatus::Full || status == at::MemOverlapStatus::Partial) {
+          TORCH_CHECK(false, "ampkit::", op_, ": ", name(*o), " and ", name(e),
+                      " share memory, but every tensor the op writes (and each device scalar it reads) must be "
+                      "distinct: the same tensor twice in a list, or two overlapping views of one buffer?");
+        }
+      }
+      open.push_back(&e);
+    }
+  }
+
+ private:
+  struct Entry {
+    uintptr_t begin;
+    uintptr_t end;
+    const char* arg;
+    int64_t index;
+    const at::Tensor* t;
+  };
+
+  static std::string name(const Entry& e) {
+    return e.index < 0 ? std::string(e.arg) : std::string(e.arg) + "[" + std::to_string(e.index) + "]";
+  }
+
+  const char* op_;
+  std::vector<Entry> entries_;
+};
+
 }  // namespace
 
 void check(const UnscaleArgs& a) {
@@ -164,9 +239,18 @@ void check(const UnscaleArgs& a) {
     check_scalar_tensor(a.op, "inv_scale", a.inv_scale, at::kFloat, a.found_inf.device());
   }
   check_float_list(a.op, unscale ? "grads" : "tensors", a.grads, a.found_inf.device(), /*mutated=*/unscale);
+  AliasCheck alias(a.op);
+  alias.add("found_inf", a.found_inf);
+  alias.add("inv_scale", a.inv_scale);
+  if (unscale) {
+    alias.add("grads", a.grads);
+  }
+  alias.check();
 }
 
-void check(const UpdateScaleArgs& a) {
+namespace {
+
+void check_update_scale_values(const UpdateScaleArgs& a) {
   check_scalar_tensor(a.op, "scale", a.scale, at::kFloat, std::nullopt);
   check_scalar_tensor(a.op, "growth_tracker", a.growth_tracker, at::kInt, a.scale.device());
   check_scalar_tensor(a.op, "found_inf", a.found_inf, at::kFloat, a.scale.device());
@@ -191,10 +275,45 @@ void check(const UpdateScaleArgs& a) {
                     a.min_scale, ", max_scale=", a.max_scale);
 }
 
+}  // namespace
+
+void check(const UpdateScaleArgs& a) {
+  check_update_scale_values(a);
+  AliasCheck alias(a.op);
+  alias.add("scale", a.scale);
+  alias.add("growth_tracker", a.growth_tracker);
+  alias.add("hysteresis_tracker", a.hysteresis_tracker);
+  alias.add("stats", a.stats);
+  alias.add("found_inf", a.found_inf);
+  alias.check();
+}
+
+
+namespace {
+
+// Everything a fused step writes, and the device scalars it reads, must be distinct (NOTE [Aliasing]).
+void check_step_aliasing(const char* op, const OptimLists& l, const StepScalars& s, const char* exp_avg_name) {
+  AliasCheck alias(op);
+  alias.add("params", l.params);
+  alias.add("master_params", l.master_params);
+  alias.add("param_remainders", l.param_remainders);
+  alias.add(exp_avg_name, l.exp_avgs);
+  alias.add("exp_avg_sqs", l.exp_avg_sqs);
+  alias.add("max_exp_avg_sqs", l.max_exp_avg_sqs);
+  alias.add("state_steps", l.state_steps);
+  alias.add("grad_scale", s.grad_scale);
+  alias.add("found_inf", s.found_inf);
+  alias.add("lr_tensor", s.lr_tensor);
+  alias.check();
+}
+
+}  // namespace
+
 void check(const AdamStepArgs& a) {
   check_adam_hparams(a.op, a.lr, a.beta1, a.beta2, a.weight_decay, a.eps);
   check_optim_args(a.op, a.lists, true, true, a.amsgrad, true, a.scalars.grad_scale, a.scalars.found_inf,
                    a.scalars.lr_tensor);
+  check_step_aliasing(a.op, a.lists, a.scalars, "exp_avgs");
 }
 
 void check(const SgdStepArgs& a) {
@@ -202,6 +321,7 @@ void check(const SgdStepArgs& a) {
   const bool momentum = a.momentum != 0.0;
   check_optim_args(a.op, a.lists, momentum, false, false, momentum, a.scalars.grad_scale, a.scalars.found_inf,
                    a.scalars.lr_tensor);
+  check_step_aliasing(a.op, a.lists, a.scalars, "momentum_buffers");
 }
 
 kernels::UpdateScaleOp update_scale_op(const UpdateScaleArgs& a) {

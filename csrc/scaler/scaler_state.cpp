@@ -140,8 +140,14 @@ void GradScaler::warn_at_min_scale(int64_t overflows_at_min, bool may_raise) con
 }
 
 void GradScaler::set_parameter_names(const std::vector<std::pair<std::string, at::Tensor>>& named_parameters) {
+  // Names of parameters that no longer exist are dropped; the others are held by weak reference, so that a
+  // parameter allocated later at a freed one's address is never given its name.
+  for (auto it = param_names_.begin(); it != param_names_.end();) {
+    it = it->second.param.expired() ? param_names_.erase(it) : std::next(it);
+  }
   for (const auto& [name, p] : named_parameters) {
-    param_names_[p.unsafeGetTensorImpl()] = name;
+    param_names_.insert_or_assign(p.unsafeGetTensorImpl(),
+                                  NamedParam{c10::weak_intrusive_ptr<c10::TensorImpl>(p.getIntrusivePtr()), name});
   }
 }
 
@@ -154,8 +160,8 @@ std::vector<std::string> GradScaler::overflow_report() const {
       continue;
     }
     const auto it = param_names_.find(e.param.unsafeGetTensorImpl());
-    if (it != param_names_.end()) {
-      names.push_back(it->second);
+    if (it != param_names_.end() && it->second.param.lock().get() == e.param.unsafeGetTensorImpl()) {
+      names.push_back(it->second.name);
     } else {
       std::ostringstream os;
       os << "param " << e.index << " of optimizer " << e.key << " (" << e.param.sizes() << " "
@@ -200,14 +206,17 @@ void GradScaler::load_state_dict(const ScalerState& state) {
   }
   // Validate everything first: a failed load leaves the scaler as it was.
   const double scale = number_of(*find_entry(state, "scale"), "scale");
-  TORCH_CHECK_VALUE(std::isfinite(scale) && scale > 0, "GradScaler.load_state_dict: 'scale' must be a finite number > 0, but got ",
+  TORCH_CHECK_VALUE(std::isfinite(scale) && scale > 0 && scale <= std::numeric_limits<float>::max(),
+                    "GradScaler.load_state_dict: 'scale' must be a finite number > 0 that a float32 holds, but got ",
                     scale);
+  TORCH_CHECK_VALUE(options_.scaling() || scale == 1.0, "GradScaler.load_state_dict: this scaler was built with "
+                    "scaling=False (its scale is fixed at 1), but the state has 'scale' ", scale);
   const double growth = number_of(*find_entry(state, "growth_factor"), "growth_factor");
-  TORCH_CHECK_VALUE(std::isfinite(growth) && growth > 0, "GradScaler.load_state_dict: 'growth_factor' must be a finite number > 0, but got ",
-                    growth);
+  TORCH_CHECK_VALUE(std::isfinite(growth) && growth > 1.0,
+                    "GradScaler.load_state_dict: 'growth_factor' must be a finite number > 1, but got ", growth);
   const double backoff = number_of(*find_entry(state, "backoff_factor"), "backoff_factor");
-  TORCH_CHECK_VALUE(std::isfinite(backoff) && backoff > 0, "GradScaler.load_state_dict: 'backoff_factor' must be a finite number > 0, but got ",
-                    backoff);
+  TORCH_CHECK_VALUE(backoff > 0.0 && backoff < 1.0,
+                    "GradScaler.load_state_dict: 'backoff_factor' must be in (0, 1), but got ", backoff);
   const int64_t interval = int_of(*find_entry(state, "growth_interval"), "growth_interval");
   TORCH_CHECK_VALUE(interval >= 1 && interval <= std::numeric_limits<int32_t>::max(),
                     "GradScaler.load_state_dict: 'growth_interval' must be in [1, 2^31 - 1], but got ", interval);
@@ -241,6 +250,8 @@ void GradScaler::load_state_dict(const ScalerState& state) {
                     "GradScaler.load_state_dict: 'min_scale' and 'max_scale' must satisfy 0 <= min_scale <= "
                     "max_scale, but got ",
                     lo, " and ", hi);
+  TORCH_CHECK_VALUE(!options_.scaling() || (scale >= lo && scale <= hi), "GradScaler.load_state_dict: 'scale' (",
+                    scale, ") must lie in [min_scale, max_scale] = [", lo, ", ", hi, "]");
   std::vector<int64_t> stats(4, 0);
   const char* stat_keys[] = {"steps", "skipped_steps", "last_overflow_step", "_overflows_at_min_scale"};
   for (int i = 0; i < 4; ++i) {

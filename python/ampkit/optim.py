@@ -3,7 +3,9 @@
 They take torch.optim's constructor arguments plus ``master_weights``: ``None`` (default) decides per parameter
 when its state is created (on for FP16/BF16 parameters), ``True``/``False`` forces it, ``"remainder"`` (BF16
 parameters) keeps the exact FP32 master as the BF16 weight plus an int16 ``state[p]["param_remainder"]`` (2 bytes
-per parameter instead of 4; ties round away from zero, see ``master_from_remainder``). With a master, the FP32
+per parameter instead of 4; ties round away from zero, see ``master_from_remainder``; a master given by
+``init_master_params`` keeps the cast BF16 weight as it is, so at exact ties that the cast rounded to even it is
+held 1 ulp closer to the weight). With a master, the FP32
 copy is ``optimizer.state[p]["master_param"]``: the kernel reads the low-precision grad, unscales it in
 registers, updates the master and the FP32 moments and writes the rounded weight back, in one pass. Optimizer
 states are FP32 whatever the parameter's dtype (and stay FP32 through ``load_state_dict``).
@@ -45,6 +47,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
     _fp32_state = ("master_param", "exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer", "step")
     _exact_state = ("param_remainder",)  # kept bit for bit (int16) through load_state_dict
     _initialised_by: tuple[str, ...] = ()  # state entries whose presence means the first step has happened
+    _required_together: tuple[str, ...] = ()  # state entries that are all present or all absent
     _group_defaults: dict = {}  # torch.optim's __setstate__ defaults
     _group_forced: dict = {}
 
@@ -81,12 +84,31 @@ class _FusedOptimizer(torch.optim.Optimizer):
             if master is None:  # the BF16 weight is the master: remainder 0
                 state["param_remainder"] = torch.zeros_like(p, dtype=torch.int16,
                                                             memory_format=torch.preserve_format)
-            else:  # split an FP32 master (init_master_params) into weight + remainder
-                bits = master.view(torch.int32)
-                low = bits & 0xFFFF
-                p.detach().view(torch.int16).copy_(((bits >> 16) + (low >> 15)).to(torch.int16))
-                state["param_remainder"] = low.to(torch.int16)
+            else:
+                state["param_remainder"] = self._remainder_of(p, master)
         return mode
+
+    @staticmethod
+    @torch.no_grad()
+    def _remainder_of(p: torch.Tensor, master: torch.Tensor) -> torch.Tensor:
+        """The int16 remainder that, with the BF16 weight p as it is, holds the FP32 master (init_master_params).
+
+        The weight is left untouched (state is created lazily inside step(), and a step that the scaler skips
+        must not change a weight). p is the master rounded to nearest-even, so master bits - (p bits << 16) fits
+        an int16 except at exact ties rounded down, where it is 32768: those keep 32767, a master 1 ulp (2^-24
+        relative) closer to the weight. Only a weight that is not the master's rounding at all (changed after
+        init_master_params) is re-derived from the master (ties away from zero, NOTE [BF16 weight + 16-bit
+        remainder])."""
+        bits = master.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+        high = (p.detach().view(torch.int16).to(torch.int64) & 0xFFFF) << 16
+        rem = bits - high
+        foreign = (rem < -32768) | (rem > 32768)
+        split_weight = ((bits >> 16) + ((bits & 0xFFFF) >> 15)) & 0xFFFF
+        split_rem = bits & 0xFFFF
+        weight = torch.where(foreign, split_weight, high >> 16)
+        rem = torch.where(foreign, split_rem, rem.clamp(max=32767))
+        p.detach().view(torch.int16).copy_(weight.to(torch.int16))  # the same bits unless foreign
+        return rem.to(torch.int16)
 
     @staticmethod
     def master_from_remainder(param: torch.Tensor, remainder: torch.Tensor) -> torch.Tensor:
@@ -196,7 +218,51 @@ class _FusedOptimizer(torch.optim.Optimizer):
                 if p.grad is not None:
                     self._master_mode(group, p)
 
+    def _check_loaded_state(self, state_dict: dict[str, Any]) -> None:
+        """Refuses, before anything changes, a state that cannot be right: entries for parameter ids no group
+        holds, tensors of the wrong shape or kind, or a partial Adam state (a missing moment or step would silently
+        restart from zeros)."""
+        groups = state_dict.get("param_groups")
+        if not isinstance(groups, list) or len(groups) != len(self.param_groups):
+            raise ValueError(f"{type(self).__name__}.load_state_dict: expected {len(self.param_groups)} param groups, "
+                             f"but the state dict has {len(groups) if isinstance(groups, list) else groups!r}")
+        params = {}
+        for saved, group in zip(groups, self.param_groups):
+            if len(saved.get("params", ())) != len(group["params"]):
+                raise ValueError(f"{type(self).__name__}.load_state_dict: a param group of {len(group['params'])} "
+                                 f"parameters gets {len(saved.get('params', ()))} from the state dict")
+            params.update(zip(saved["params"], group["params"]))
+        for pid, st in state_dict.get("state", {}).items():
+            if pid not in params:
+                raise ValueError(f"{type(self).__name__}.load_state_dict: state for parameter id {pid!r}, which no "
+                                 "param group of the state dict holds")
+            p = params[pid]
+            if p.dtype not in _FUSED:
+                continue  # torch's own format (the fallback path), checked by torch's code
+            for key, value in st.items():
+                if not torch.is_tensor(value):
+                    continue
+                shape = () if key == "step" else tuple(p.shape)
+                if key != "step" and tuple(value.shape) != shape:
+                    raise ValueError(f"{type(self).__name__}.load_state_dict: state[{pid!r}][{key!r}] must have the "
+                                     f"parameter's shape {shape}, but has {tuple(value.shape)}")
+                if key == "step" and value.numel() != 1:
+                    raise ValueError(f"{type(self).__name__}.load_state_dict: state[{pid!r}]['step'] must have one "
+                                     f"element, but has {value.numel()}")
+                if key in self._fp32_state and not value.is_floating_point():
+                    raise ValueError(f"{type(self).__name__}.load_state_dict: state[{pid!r}][{key!r}] must be a "
+                                     f"floating tensor, but is {value.dtype}")
+                if key in self._exact_state and value.dtype != torch.int16:
+                    raise ValueError(f"{type(self).__name__}.load_state_dict: state[{pid!r}][{key!r}] must be int16, "
+                                     f"but is {value.dtype}")
+            present = [k for k in self._required_together if k in st]
+            if present and len(present) != len(self._required_together):
+                missing = [k for k in self._required_together if k not in st]
+                raise ValueError(f"{type(self).__name__}.load_state_dict: state[{pid!r}] has {present} but no "
+                                 f"{missing}: a partial state would silently restart from zeros")
+
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._check_loaded_state(state_dict)
         # torch's base class casts floating state to each parameter's dtype; masters and moments must stay FP32.
         saved = {pid: {k: v for k, v in st.items()
                        if k in self._fp32_state + self._exact_state and torch.is_tensor(v)}
@@ -271,6 +337,7 @@ class Adam(_FusedOptimizer):
     """torch.optim.Adam's arguments and results, on ampkit's fused kernel, plus ``master_weights``."""
 
     _decoupled_default = False
+    _required_together = ("step", "exp_avg", "exp_avg_sq")
     _group_defaults = dict(amsgrad=False, maximize=False, foreach=None, capturable=False, differentiable=False,
                            decoupled_weight_decay=False, fused=None, master_weights=None)
 

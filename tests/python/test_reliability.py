@@ -110,3 +110,134 @@ def test_an_sgd_step_is_atomic_across_param_groups():
     with pytest.raises(ValueError, match="momentum"):
         opt.step()
     assert torch.equal(a, torch.ones(4)) and len(opt.state) == 0
+
+
+def test_a_skipped_first_step_in_remainder_mode_writes_no_weight():
+    # State is created lazily inside step(); splitting an FP32 master into weight + remainder must not rewrite
+    # the weight (exact ties used to be re-rounded away from zero), since the scaler may skip that very step.
+    torch.manual_seed(4)
+    n = 1 << 18
+    w32 = torch.randn(n)
+    w32.view(torch.int32)[:500] = (w32.view(torch.int32)[:500] & ~0xFFFF) | 0x8000  # exact BF16 ties
+    p = torch.nn.Parameter(w32.clone())
+    opt = ampkit.optim.AdamW([p], master_weights="remainder")
+    opt.init_master_params()
+    p.data = p.data.to(torch.bfloat16)
+    before = p.detach().clone()
+    p.grad = torch.randn(n).to(torch.bfloat16)
+    scaler = ampkit.GradScaler("cpu")
+    scaler.scale(torch.zeros((), requires_grad=True))  # creates the scale
+    p.grad[-1] = math.inf
+    scaler.step(opt)
+    scaler.update()
+    assert torch.equal(p.detach().view(torch.int16), before.view(torch.int16))
+    master = opt.master_from_remainder(p, opt.state[p]["param_remainder"])
+    ulps = (master.view(torch.int32).long() - w32.view(torch.int32).long()).abs()
+    tie = (w32.view(torch.int32) & 0xFFFF) == 0x8000
+    assert ulps.max().item() <= 1 and ulps[~tie].max().item() == 0  # exact but at ties rounded to even below
+
+
+def _adamw(params, grads, masters, exp_avgs, exp_avg_sqs, steps, **kw):
+    torch.ops.ampkit.adamw_step_(params, grads, masters, [], exp_avgs, exp_avg_sqs, [], steps, lr=1e-3, beta1=0.9,
+                                 beta2=0.999, weight_decay=0.0, eps=1e-8, amsgrad=False, maximize=False,
+                                 decoupled_weight_decay=True, **kw)
+
+
+def test_ops_refuse_aliased_outputs_and_change_nothing():
+    p = torch.randn(8)
+    g = torch.randn(8)
+    m, v, m2, v2 = (torch.zeros(8) for _ in range(4))
+    s, s2 = torch.zeros(1), torch.zeros(1)
+    before = p.clone()
+    with pytest.raises(RuntimeError, match=r"adamw_step_: params\[0\] and params\[1\] share memory"):
+        _adamw([p, p], [g, g], [], [m, m2], [v, v2], [s, s2])
+    with pytest.raises(RuntimeError, match="share memory"):  # a moment aliasing another one
+        _adamw([p], [g], [], [m], [m], [s])
+    half = torch.randn(8, dtype=torch.float16)
+    with pytest.raises(RuntimeError, match="share memory"):  # a master aliasing a moment
+        torch.ops.ampkit.adamw_step_([half], [half.clone()], [m], [], [m], [v], [], [s], lr=1e-3, beta1=0.9,
+                                     beta2=0.999, weight_decay=0.0, eps=1e-8, amsgrad=False, maximize=False,
+                                     decoupled_weight_decay=True)
+    assert torch.equal(p, before) and torch.equal(m, torch.zeros(8)) and s.item() == 0.0
+    buf = torch.randn(10)
+    keep = buf.clone()
+    with pytest.raises(RuntimeError, match=r"grads\[0\] and grads\[1\] share memory"):
+        torch.ops.ampkit.unscale_and_check_([buf[:6], buf[4:]], torch.zeros(1), torch.full((1,), 0.5))
+    assert torch.equal(buf, keep)
+    both = torch.tensor([0.0, 0.5])
+    with pytest.raises(RuntimeError, match="found_inf and inv_scale share memory|inv_scale and found_inf share"):
+        torch.ops.ampkit.unscale_and_check_([torch.randn(4)], both[:1], both[:1])
+
+
+def test_interleaved_views_of_one_buffer_are_distinct_tensors():
+    buf = torch.randn(4, 6)
+    ref = buf.clone()
+    found = torch.zeros(1)
+    torch.ops.ampkit.unscale_and_check_([buf[:, ::2], buf[:, 1::2]], found, torch.full((1,), 0.5))
+    assert torch.equal(buf, ref * 0.5) and found.item() == 0.0
+
+
+@pytest.mark.parametrize("bad,match", [
+    (dict(scale=1.0), "must lie in \\[min_scale, max_scale\\]"),
+    (dict(scale=1e9), "must lie in \\[min_scale, max_scale\\]"),
+    (dict(scale=1e39), "that a float32 holds"),
+    (dict(growth_factor=1.0), "'growth_factor' must be a finite number > 1"),
+    (dict(backoff_factor=1.5), "'backoff_factor' must be in \\(0, 1\\)"),
+    (dict(growth_interval=0), "'growth_interval' must be in"),
+])
+def test_scaler_load_state_dict_rejects_what_the_constructor_rejects_and_changes_nothing(bad, match):
+    scaler = ampkit.GradScaler("cpu", init_scale=64.0, min_scale=2.0, max_scale=1e6, growth_interval=9)
+    state = dict(scaler.state_dict(), **bad)
+    before = scaler.state_dict()
+    with pytest.raises(ValueError, match=match):
+        scaler.load_state_dict(state)
+    assert scaler.state_dict() == before
+
+
+def test_a_fixed_scale_scaler_refuses_a_scaled_state():
+    scaled = ampkit.GradScaler("cpu").state_dict()
+    fixed = ampkit.GradScaler("cpu", scaling=False)
+    with pytest.raises(ValueError, match="scaling=False"):
+        fixed.load_state_dict(scaled)
+    assert fixed.get_scale() == 1.0
+
+
+def test_overflow_report_never_names_a_parameter_that_no_longer_exists():
+    scaler = ampkit.GradScaler("cpu", overflow_report=True)
+    for trial in range(30):
+        old = torch.nn.Linear(4, 4)
+        scaler.name_parameters((f"deleted_model_{trial}.{n}", p) for n, p in old.named_parameters())
+        del old
+        new = torch.nn.Linear(4, 4)  # often allocated where the deleted model's tensors were
+        opt = torch.optim.SGD(new.parameters(), lr=0.1)
+        scaler.scale(new(torch.ones(1, 4)).sum()).backward()
+        new.weight.grad[0, 0] = math.inf
+        scaler.step(opt)
+        scaler.update()
+        report = scaler.overflow_report()
+        assert report and not any("deleted_model" in name for name in report), report
+
+
+def _saved_adamw():
+    p = torch.nn.Parameter(torch.randn(6, dtype=torch.bfloat16))
+    opt = ampkit.optim.AdamW([p])
+    p.grad = torch.randn(6, dtype=torch.bfloat16)
+    opt.step()
+    return opt.state_dict()
+
+
+@pytest.mark.parametrize("corrupt,match", [
+    (lambda sd: sd["state"][0].update(master_param=torch.zeros(5)), "must have the parameter's shape"),
+    (lambda sd: sd["state"][0].pop("exp_avg_sq"), "partial state"),
+    (lambda sd: sd["state"][0].pop("step"), "partial state"),
+    (lambda sd: sd["state"][0].update(exp_avg=torch.zeros(6, dtype=torch.int32)), "must be a floating tensor"),
+    (lambda sd: sd["state"].update({7: {"step": torch.zeros(())}}), "no param group of the state dict holds"),
+])
+def test_optimizer_load_state_dict_refuses_what_cannot_be_right_and_changes_nothing(corrupt, match):
+    sd = _saved_adamw()
+    corrupt(sd)
+    p = torch.nn.Parameter(torch.randn(6, dtype=torch.bfloat16))
+    opt = ampkit.optim.AdamW([p], lr=5e-4)
+    with pytest.raises(ValueError, match=match):
+        opt.load_state_dict(sd)
+    assert len(opt.state) == 0 and opt.param_groups[0]["lr"] == 5e-4

@@ -216,7 +216,11 @@ class AMPKIT_API GradScaler {
   std::unordered_map<int64_t, PerOptimizer> per_optimizer_;
   std::map<BufferKey, Buffer> buffers_;  // reused step after step
   int64_t iteration_ = 0;
-  std::unordered_map<const void*, std::string> param_names_;
+  struct NamedParam {
+    c10::weak_intrusive_ptr<c10::TensorImpl> param;  // the name is valid only while this is alive
+    std::string name;
+  };
+  std::unordered_map<const void*, NamedParam> param_names_;
   std::vector<ReportEntry> last_report_;  // the overflow-report flags of the last update()'s step
   mutable bool warned_at_min_ = false;
 };
