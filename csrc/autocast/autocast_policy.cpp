@@ -189,6 +189,12 @@ void install(const std::string& name, c10::DispatchKey key) {
 
 void push_autocast_overrides(c10::DeviceType device, const AutocastOverrides& overrides) {
   const c10::DispatchKey key = autocast_key(device);
+  for (const auto& op : overrides.fp32_ops) {
+    for (const auto& other : overrides.lowp_ops) {
+      TORCH_CHECK_VALUE(qualified(op) != qualified(other), "ampkit autocast overrides: '", op,
+                        "' is in both fp32_ops and lowp_ops; an op can be forced to one precision only");
+    }
+  }
   Scope scope{device, {}};
   for (const auto& [ops, policy] : {std::pair{&overrides.fp32_ops, AutocastPolicy::kFp32},
                                     std::pair{&overrides.lowp_ops, AutocastPolicy::kLowerPrecision}}) {
@@ -209,6 +215,11 @@ void pop_autocast_overrides() {
 void register_autocast(const std::string& op, c10::DeviceType device, AutocastPolicy policy) {
   const c10::DispatchKey key = autocast_key(device);
   const std::string name = qualified(op);
+  if (name.rfind("aten::", 0) == 0) {
+    TORCH_WARN("ampkit::register_autocast: '", name, "' is an ATen op, so this changes plain torch.autocast for it "
+               "in the whole process; to change it in one scope only, use the fp32_ops/lowp_ops overrides of "
+               "AutocastGuard / ampkit.autocast");
+  }
   install(name, key);
   std::unique_lock lock(registry().mutex);
   for (auto& [k, entry] : registry().installed) {

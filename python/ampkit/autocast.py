@@ -25,9 +25,13 @@ class autocast(torch.autocast):
     def __init__(self, device_type: str, dtype: Optional[torch.dtype] = None, enabled: bool = True,
                  cache_enabled: Optional[bool] = None, *, fp32_ops: Iterable[str] = (),
                  lowp_ops: Iterable[str] = ()) -> None:
+        for arg, ops in (("fp32_ops", fp32_ops), ("lowp_ops", lowp_ops)):
+            if isinstance(ops, str) or not all(isinstance(op, str) for op in ops):
+                raise TypeError(f"ampkit.autocast: {arg} must be a list of op names such as ['softmax'], but got "
+                                f"{ops!r}")
         super().__init__(device_type, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
-        self._fp32_ops = [str(op) for op in fp32_ops]
-        self._lowp_ops = [str(op) for op in lowp_ops]
+        self._fp32_ops = list(fp32_ops)
+        self._lowp_ops = list(lowp_ops)
         self._pushes: list[bool] = []  # one entry per active entry of this instance (decorators re-enter)
 
     def __enter__(self):
@@ -43,6 +47,9 @@ class autocast(torch.autocast):
             raise
 
     def __exit__(self, exc_type: Any, exc_val: Any, exc_tb: Any):
+        if not self._pushes:
+            raise RuntimeError("ampkit.autocast: __exit__ without a matching __enter__ (this scope was never "
+                               "entered)")
         try:
             return super().__exit__(exc_type, exc_val, exc_tb)
         finally:

@@ -76,6 +76,13 @@ class GradScaler:
             warnings.warn("torch.cuda.amp.GradScaler is enabled, but CUDA is not available.  Disabling.", stacklevel=2)
             enabled = False
         self._enabled = enabled
+        for name, value in (("growth_interval", growth_interval), ("hysteresis", hysteresis)):
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 2**31 - 1:
+                raise ValueError(f"ampkit.GradScaler: {name} must be an int in [1, 2^31 - 1], but got {value!r}")
+        group_type = getattr(torch.distributed, "ProcessGroup", ())
+        if process_group is not None and not isinstance(process_group, group_type):
+            raise TypeError("ampkit.GradScaler: process_group must be a torch.distributed.ProcessGroup (e.g. "
+                            f"torch.distributed.group.WORLD) or None, but got {type(process_group).__name__}")
         self._core = _C.GradScaler(
             init_scale=float(init_scale),
             growth_factor=float(growth_factor),

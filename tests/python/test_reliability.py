@@ -241,3 +241,43 @@ def test_optimizer_load_state_dict_refuses_what_cannot_be_right_and_changes_noth
     with pytest.raises(ValueError, match=match):
         opt.load_state_dict(sd)
     assert len(opt.state) == 0 and opt.param_groups[0]["lr"] == 5e-4
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("make,what", [
+    (lambda: torch.eye(3).to_sparse_csr(), "layout SparseCsr"),
+    (lambda: torch.quantize_per_tensor(torch.randn(4), 0.1, 0, torch.qint8), "a quantized tensor"),
+    (lambda: torch.nested.nested_tensor([torch.randn(2), torch.randn(3)]), "a nested tensor"),
+])
+def test_non_strided_layouts_get_an_error_that_names_the_argument(make, what):
+    good = torch.randn(2)
+    keep = good.clone()
+    with pytest.raises(RuntimeError, match=rf"ampkit::unscale_and_check_: grads\[1\] must be a strided .*{what}"):
+        torch.ops.ampkit.unscale_and_check_([good, make()], torch.zeros(1), torch.full((1,), 0.5))
+    assert torch.equal(good, keep)
+
+
+def test_unclear_python_errors_are_now_clear():
+    with pytest.raises(TypeError, match="fp32_ops must be a list of op names"):
+        ampkit.autocast("cpu", fp32_ops="softmax")
+    with pytest.raises(ValueError, match="in both fp32_ops and lowp_ops"):
+        with ampkit.autocast("cpu", fp32_ops=["softmax"], lowp_ops=["aten::softmax"]):
+            pass
+    with pytest.raises(RuntimeError, match="never entered"):
+        ampkit.autocast("cpu", fp32_ops=["softmax"]).__exit__(None, None, None)
+    with pytest.raises(ValueError, match="growth_interval must be an int"):
+        ampkit.GradScaler("cpu", growth_interval=2**64)
+    with pytest.raises(TypeError, match="process_group must be a torch.distributed.ProcessGroup"):
+        ampkit.GradScaler("cpu", process_group=42)
+    with pytest.raises(ValueError, match="betas must be a pair|Invalid beta"):
+        p = torch.nn.Parameter(torch.zeros(2))
+        opt = ampkit.optim.Adam([p])
+        opt.param_groups[0]["betas"] = (0.9,)
+        p.grad = torch.ones(2)
+        opt.step()
+
+
+def test_register_autocast_on_an_aten_op_says_it_is_process_wide():
+    with pytest.warns(UserWarning, match="changes plain torch.autocast"):
+        ampkit.register_autocast("aten::relu", "cpu", "fp32")
+    ampkit.register_autocast("aten::relu", "cpu", "promote")  # relu: no cast, as ATen
