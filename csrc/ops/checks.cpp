@@ -15,8 +15,9 @@
 namespace ampkit::detail {
 namespace {
 
+// `device`, when given, is the device of the argument named `ref` (the op's reference argument).
 void check_scalar_tensor(const char* op, const char* arg, const at::Tensor& t, at::ScalarType dtype,
-                         const std::optional<at::Device>& device) {
+                         const std::optional<at::Device>& device, const char* ref = "params[0]") {
   TORCH_CHECK(t.defined(), "ampkit::", op, ": ", arg, " must be a defined tensor");
   TORCH_CHECK(t.layout() == at::kStrided, "ampkit::", op, ": ", arg, " must be a strided tensor, but got layout ",
               t.layout());
@@ -25,8 +26,8 @@ void check_scalar_tensor(const char* op, const char* arg, const at::Tensor& t, a
   TORCH_CHECK_TYPE(t.scalar_type() == dtype, "ampkit::", op, ": ", arg, " must be a ", dtype, " tensor, but got ",
                    t.scalar_type());
   if (device.has_value()) {
-    TORCH_CHECK(t.device() == *device, "ampkit::", op, ": ", arg, " must be on ", *device,
-                " like the other arguments, but is on ", t.device());
+    TORCH_CHECK(t.device() == *device, "ampkit::", op, ": ", arg, " must be on the device of ", ref, " (", *device,
+                "), but is on ", t.device());
   }
 }
 
@@ -145,6 +146,8 @@ void check_sgd_hparams(const char* op, double lr, double momentum, double dampen
                        bool nesterov) {
   TORCH_CHECK_VALUE(lr >= 0.0, "ampkit::", op, ": lr must be >= 0, but got ", lr);
   TORCH_CHECK_VALUE(momentum >= 0.0, "ampkit::", op, ": momentum must be >= 0, but got ", momentum);
+  TORCH_CHECK_VALUE(std::isfinite(dampening), "ampkit::", op, ": dampening must be a finite number, but got ",
+                    dampening);
   TORCH_CHECK_VALUE(weight_decay >= 0.0, "ampkit::", op, ": weight_decay must be >= 0, but got ", weight_decay);
   TORCH_CHECK_VALUE(!nesterov || (momentum > 0.0 && dampening == 0.0), "ampkit::", op,
                     ": nesterov momentum requires a momentum > 0 and zero dampening");
@@ -236,7 +239,7 @@ void check(const UnscaleArgs& a) {
   check_scalar_tensor(a.op, "found_inf", a.found_inf, at::kFloat, std::nullopt);
   const bool unscale = a.inv_scale.defined();
   if (unscale) {
-    check_scalar_tensor(a.op, "inv_scale", a.inv_scale, at::kFloat, a.found_inf.device());
+    check_scalar_tensor(a.op, "inv_scale", a.inv_scale, at::kFloat, a.found_inf.device(), "found_inf");
   }
   check_float_list(a.op, unscale ? "grads" : "tensors", a.grads, a.found_inf.device(), /*mutated=*/unscale);
   AliasCheck alias(a.op);
@@ -252,13 +255,13 @@ namespace {
 
 void check_update_scale_values(const UpdateScaleArgs& a) {
   check_scalar_tensor(a.op, "scale", a.scale, at::kFloat, std::nullopt);
-  check_scalar_tensor(a.op, "growth_tracker", a.growth_tracker, at::kInt, a.scale.device());
-  check_scalar_tensor(a.op, "found_inf", a.found_inf, at::kFloat, a.scale.device());
+  check_scalar_tensor(a.op, "growth_tracker", a.growth_tracker, at::kInt, a.scale.device(), "scale");
+  check_scalar_tensor(a.op, "found_inf", a.found_inf, at::kFloat, a.scale.device(), "scale");
   check_scale_factors(a.op, a.growth_factor, a.backoff_factor, a.growth_interval);
   if (!a.hysteresis_tracker.defined() && !a.stats.defined()) {
     return;  // update_scale_
   }
-  check_scalar_tensor(a.op, "hysteresis_tracker", a.hysteresis_tracker, at::kInt, a.scale.device());
+  check_scalar_tensor(a.op, "hysteresis_tracker", a.hysteresis_tracker, at::kInt, a.scale.device(), "scale");
   const at::Tensor& stats = a.stats;
   TORCH_CHECK(stats.defined() && stats.layout() == at::kStrided && stats.dim() == 1 &&
                   stats.numel() == kernels::kNumStats && stats.is_contiguous(),

@@ -116,7 +116,7 @@ TEST_CASE("unscale_and_check_ (CUDA): grads on another device than found_inf rai
   REQUIRE_THROWS_WITH(ampkit::unscale_and_check_({g_gpu, g_cpu}, found, scalar_f32(0.5f, kCuda)),
                       Catch::Contains("grads[1] must be on cuda:0"));
   REQUIRE_THROWS_WITH(ampkit::unscale_and_check_({g_gpu}, found, scalar_f32(0.5f, at::kCPU)),
-                      Catch::Contains("inv_scale must be on cuda:0"));
+                      Catch::Contains("inv_scale must be on the device of found_inf (cuda:0)"));
   CHECK(bits_equal(g_gpu.cpu(), before_gpu.cpu()));
   CHECK(bits_equal(g_cpu, before_cpu));
   CHECK(found.item<float>() == 0.f);
