@@ -8,6 +8,7 @@ Environment:
   AMPKIT_BUILD_TESTS   1 to build the Catch2 tests too (scripts/test.sh sets it).
   AMPKIT_CUDA_ARCHS    CUDA architectures, e.g. "90" (default "80;90"; PTX for the last).
   AMPKIT_WITH_CUDA     ON, OFF or AUTO (default: AUTO, i.e. when nvcc is found).
+  AMPKIT_WERROR        1 to treat warnings in ampkit's own sources as errors (scripts/test.sh sets it).
   CMAKE_BUILD_PARALLEL_LEVEL  build jobs.
 """
 from __future__ import annotations
@@ -43,6 +44,7 @@ class CMakeBuild(build_ext):
             f"-DAMPKIT_BUILD_TESTS={'ON' if os.environ.get('AMPKIT_BUILD_TESTS') == '1' else 'OFF'}",
             f"-DAMPKIT_WITH_CUDA={os.environ.get('AMPKIT_WITH_CUDA', 'AUTO')}",
         ]
+        args.append(f"-DAMPKIT_WERROR={'ON' if os.environ.get('AMPKIT_WERROR') == '1' else 'OFF'}")
         if "AMPKIT_CUDA_ARCHS" in os.environ:
             args.append(f"-DAMPKIT_CUDA_ARCHS={os.environ['AMPKIT_CUDA_ARCHS']}")
         if not (build_dir / "CMakeCache.txt").exists():

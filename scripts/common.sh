@@ -70,7 +70,7 @@ ensure_deps() {
 # Builds libampkit, ampkit._C and the Catch2 tests (CMake via setup.py) and installs ampkit in editable mode.
 build_ampkit() {
   log "building ampkit (CMake in $AMPKIT_BUILD_DIR, incremental)"
-  (cd "$AMPKIT_ROOT" && AMPKIT_BUILD_TESTS=1 PIP_ROOT_USER_ACTION=ignore \
+  (cd "$AMPKIT_ROOT" && AMPKIT_BUILD_TESTS=1 AMPKIT_WERROR="${AMPKIT_WERROR:-1}" PIP_ROOT_USER_ACTION=ignore \
      "$PY" -m pip install -q --no-build-isolation --no-deps -e .)
 }
 

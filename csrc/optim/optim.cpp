@@ -202,10 +202,10 @@ void AdamT<kDecoupled>::load(torch::serialize::InputArchive& archive) {
   torch::optim::serialize<AdamParamState, Options>(archive, *this);
 }
 
-template struct AMPKIT_API AdamOptionsT<false>;
-template struct AMPKIT_API AdamOptionsT<true>;
-template class AMPKIT_API AdamT<false>;
-template class AMPKIT_API AdamT<true>;
+template struct AdamOptionsT<false>;
+template struct AdamOptionsT<true>;
+template class AdamT<false>;
+template class AdamT<true>;
 
 // ---- SGD ------------------------------------------------------------------------------------------------------
 

@@ -8,7 +8,21 @@ import os as _os
 
 import torch as _torch  # noqa: F401  (loads libtorch before the extension that links it)
 
-from . import _C, optim
+from ._build_config import TORCH_VERSION as _BUILT_TORCH
+
+
+def _check_torch_version(running: str, built: str) -> None:
+    """libtorch's C++ ABI changes between releases: ampkit runs only with the torch release it was built for."""
+    if running.split("+")[0] != built.split("+")[0]:
+        raise ImportError(
+            f"ampkit was built against torch {built}, but torch {running} is running; libtorch's C++ ABI differs "
+            f"between releases. Rebuild ampkit against this torch (pip install --no-build-isolation . in its source "
+            f"tree, or scripts/test.sh), or install torch=={built.split('+')[0]}.")
+
+
+_check_torch_version(_torch.__version__, _BUILT_TORCH)
+
+from . import _C, optim  # noqa: E402
 from .autocast import LEVELS, autocast, decorate, op_stats, register_autocast
 from .grad_scaler import GradScaler, OptState, load_scaler_state, save_scaler_state
 from .ops import check_finite_, unscale_and_check_, update_scale_

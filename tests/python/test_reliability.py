@@ -281,3 +281,10 @@ def test_register_autocast_on_an_aten_op_says_it_is_process_wide():
     with pytest.warns(UserWarning, match="changes plain torch.autocast"):
         ampkit.register_autocast("aten::relu", "cpu", "fp32")
     ampkit.register_autocast("aten::relu", "cpu", "promote")  # relu: no cast, as ATen
+
+
+def test_import_refuses_a_torch_other_than_the_one_ampkit_was_built_for():
+    assert ampkit._BUILT_TORCH.split("+")[0] == torch.__version__.split("+")[0]
+    with pytest.raises(ImportError, match=r"built against torch 2\.13\.0, but torch 2\.11\.0\+cu130 is running"):
+        ampkit._check_torch_version("2.11.0+cu130", "2.13.0")
+    ampkit._check_torch_version("2.13.0+cu130", "2.13.0")  # local build tags do not matter
