@@ -7,6 +7,7 @@ dispatch path. ``op_stats`` counts which ops ran in which dtype. ``decorate`` ap
 """
 from __future__ import annotations
 
+import warnings
 from typing import Any, Iterable, Optional, Union
 
 import torch
@@ -113,15 +114,19 @@ def _to(value: Any, dtype: torch.dtype) -> Any:
 
 
 def decorate(model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = None, *, level: str = "O2",
-             dtype: torch.dtype = torch.float16, keep_norm_fp32: bool = True,
+             dtype: Optional[torch.dtype] = None, keep_norm_fp32: bool = True,
              excluded: Iterable[Union[str, nn.Module, type]] = ()):
     """Applies an O-level preset (see ``LEVELS``) to ``model`` in place; returns the model, or
     ``(model, optimizer)`` when an optimizer is given. For O2/O3 the optimizer must be an ``ampkit.optim`` one:
-    its FP32 masters are taken from the FP32 weights before the cast (as Apex O2), not from rounded copies.
-    Modules kept FP32 (norms in O2, ``excluded`` in O2/O3; names, modules or module types) take low-precision
-    inputs: they compute in FP32 and hand their outputs back in ``dtype``."""
+    its FP32 masters are taken from the FP32 weights before the cast (as Apex O2), not from rounded copies, for
+    the parameters it owns. Modules kept FP32 (norms in O2, ``excluded`` in O2/O3; names, modules or module types)
+    take low-precision inputs: they compute in FP32 and hand their outputs back in ``dtype``. ``dtype=None`` picks
+    BF16 for a model on the CPU and FP16 on CUDA. A model is decorated once (before loading checkpoints)."""
     if level not in LEVELS:
         raise ValueError(f"decorate: level must be one of {sorted(LEVELS)}, but got {level!r}")
+    if dtype is None:
+        first = next(model.parameters(), None)
+        dtype = torch.float16 if first is not None and first.device.type == "cuda" else torch.bfloat16
     if dtype not in (torch.float16, torch.bfloat16):
         raise ValueError(f"decorate: dtype must be torch.float16 or torch.bfloat16, but got {dtype}")
     result = model if optimizer is None else (model, optimizer)
@@ -132,8 +137,25 @@ def decorate(model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = None
     if optimizer is not None and not isinstance(optimizer, _FusedOptimizer):
         raise TypeError("decorate: O2/O3 keep FP32 masters in the optimizer; pass an ampkit.optim optimizer, "
                         f"not {type(optimizer).__name__}")
-    excluded = list(excluded)
+    if getattr(model, "_ampkit_decorated", None) is not None:
+        raise RuntimeError(f"decorate: this model is already decorated ({model._ampkit_decorated}); decorating again "
+                           "would take the optimizer's masters from rounded weights and add its hooks twice")
     named = dict(model.named_modules())
+    excluded = list(excluded)
+    for e in excluded:
+        if isinstance(e, str):
+            if e not in named:
+                raise ValueError(f"decorate: excluded names {e!r}, which is not a module of the model (names come "
+                                 "from model.named_modules())")
+        elif isinstance(e, nn.Module):
+            if not any(m is e for m in named.values()):
+                raise ValueError(f"decorate: excluded holds a {type(e).__name__} that is not part of the model")
+        elif not (isinstance(e, type) and issubclass(e, nn.Module)):
+            raise TypeError("decorate: excluded takes module names, modules or nn.Module subclasses, but got "
+                            f"{e!r}")
+    owned = set()
+    if optimizer is not None:
+        owned = {id(p) for group in optimizer.param_groups for p in group["params"]}
     kept: set[nn.Module] = set()
     for name, module in named.items():
         is_norm = level == "O2" and keep_norm_fp32 and isinstance(module, _NORMS)
@@ -143,15 +165,22 @@ def decorate(model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = None
             kept.update(module.modules())
             module.register_forward_pre_hook(lambda _m, args: _to(args, torch.float32))
             module.register_forward_hook(lambda _m, _args, out: _to(out, dtype))
+    rounded = []
     for module in model.modules():
         if module in kept:
             continue
         for p in module.parameters(recurse=False):
             if p.is_floating_point():
-                if optimizer is not None:
+                if id(p) in owned:
+                    if p.dtype in (torch.float16, torch.bfloat16):
+                        rounded.append(p)
                     optimizer.state[p]["master_param"] = p.detach().to(torch.float32, copy=True)
                 p.data = p.data.to(dtype)
         for name, buf in module.named_buffers(recurse=False):
             if buf.is_floating_point():
                 setattr(module, name, buf.to(dtype))
+    if rounded:
+        warnings.warn(f"decorate: {len(rounded)} parameter(s) were already FP16/BF16, so their FP32 masters are "
+                      "copies of rounded weights; decorate the FP32 model to keep the unrounded values", stacklevel=2)
+    model._ampkit_decorated = level
     return result

@@ -288,3 +288,26 @@ def test_import_refuses_a_torch_other_than_the_one_ampkit_was_built_for():
     with pytest.raises(ImportError, match=r"built against torch 2\.13\.0, but torch 2\.11\.0\+cu130 is running"):
         ampkit._check_torch_version("2.11.0+cu130", "2.13.0")
     ampkit._check_torch_version("2.13.0+cu130", "2.13.0")  # local build tags do not matter
+
+
+def test_decorate_owns_only_the_optimizers_parameters_validates_excluded_and_runs_once():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4), torch.nn.Linear(4, 2))
+    opt = ampkit.optim.AdamW(model[2].parameters())  # a subset of the model
+    with pytest.raises(ValueError, match="excluded names 'nope'"):
+        ampkit.decorate(model, opt, excluded=["nope"])
+    with pytest.raises(TypeError, match="excluded takes module names"):
+        ampkit.decorate(model, opt, excluded=[42])
+    assert model[0].weight.dtype == torch.float32 and len(opt.state) == 0  # the failed calls changed nothing
+    ampkit.decorate(model, opt, level="O2")
+    assert model[0].weight.dtype == torch.bfloat16  # CPU: BF16 when no dtype is given
+    assert set(opt.state) == set(model[2].parameters())
+    opt.state_dict()  # no state for parameters the optimizer does not own
+    with pytest.raises(RuntimeError, match="already decorated"):
+        ampkit.decorate(model, opt)
+
+
+def test_decorate_warns_when_masters_would_copy_rounded_weights():
+    model = torch.nn.Linear(4, 4).to(torch.bfloat16)
+    opt = ampkit.optim.AdamW(model.parameters())
+    with pytest.warns(UserWarning, match="copies of rounded weights"):
+        ampkit.decorate(model, opt)
