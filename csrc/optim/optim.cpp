@@ -49,6 +49,20 @@ Bucket& add_to_bucket(std::map<std::pair<std::string, bool>, Bucket>& buckets, c
   return b;
 }
 
+// Throws unless every param with a grad is one the fused kernels take (checked for all groups before a step
+// writes or creates anything, so that a step is all or nothing).
+void check_params(const char* optimizer, const torch::optim::OptimizerParamGroup& group) {
+  for (const auto& p : group.params()) {
+    if (!p.grad().defined()) {
+      continue;
+    }
+    const auto dtype = p.scalar_type();
+    TORCH_CHECK_TYPE(dtype == at::kHalf || dtype == at::kBFloat16 || dtype == at::kFloat, "ampkit::optim::",
+                     optimizer, ": parameters must be Half, BFloat16 or Float, but one is ", dtype);
+    TORCH_CHECK(!p.grad().is_sparse(), "ampkit::optim::", optimizer, " does not support sparse gradients");
+  }
+}
+
 at::Tensor fp32_copy(const at::Tensor& p) { return p.detach().to(at::kFloat, /*non_blocking=*/false, /*copy=*/true); }
 
 std::unique_ptr<AdamParamState> new_adam_state(const at::Tensor& p, bool with_master) {
@@ -139,18 +153,27 @@ void AdamParamState::serialize(torch::serialize::InputArchive& archive) {
 template <bool kDecoupled>
 AdamT<kDecoupled>::AdamT(const std::vector<torch::optim::OptimizerParamGroup>& param_groups, Options defaults)
     : torch::optim::Optimizer(param_groups, std::make_unique<Options>(defaults)) {
-  TORCH_CHECK_VALUE(defaults.lr() >= 0, "Invalid learning rate: ", defaults.lr());
-  TORCH_CHECK_VALUE(defaults.eps() >= 0, "Invalid epsilon value: ", defaults.eps());
-  const auto [b1, b2] = defaults.betas();
+  check_options(defaults);
+}
+
+template <bool kDecoupled>
+void AdamT<kDecoupled>::check_options(const Options& o) {
+  TORCH_CHECK_VALUE(o.lr() >= 0, "Invalid learning rate: ", o.lr());
+  TORCH_CHECK_VALUE(o.eps() >= 0, "Invalid epsilon value: ", o.eps());
+  const auto [b1, b2] = o.betas();
   TORCH_CHECK_VALUE(0 <= b1 && b1 < 1.0, "Invalid beta parameter at index 0: ", b1);
   TORCH_CHECK_VALUE(0 <= b2 && b2 < 1.0, "Invalid beta parameter at index 1: ", b2);
-  TORCH_CHECK_VALUE(defaults.weight_decay() >= 0, "Invalid weight_decay value: ", defaults.weight_decay());
+  TORCH_CHECK_VALUE(o.weight_decay() >= 0, "Invalid weight_decay value: ", o.weight_decay());
 }
 
 template <bool kDecoupled>
 at::Tensor AdamT<kDecoupled>::step(LossClosure closure) {
   at::Tensor loss = run_closure(closure);
   const at::NoGradGuard no_grad;
+  for (const auto& group : param_groups_) {  // every group is checked before the first one is written
+    check_options(static_cast<const Options&>(group.options()));
+    check_params(kDecoupled ? "AdamW" : "Adam", group);
+  }
   for (auto& group : param_groups_) {
     const auto& o = static_cast<const Options&>(group.options());
     std::map<std::pair<std::string, bool>, Bucket> buckets;  // (device, has master)
@@ -158,7 +181,6 @@ at::Tensor AdamT<kDecoupled>::step(LossClosure closure) {
       if (!p.grad().defined()) {
         continue;
       }
-      TORCH_CHECK(!p.grad().is_sparse(), "ampkit::optim::Adam(W) does not support sparse gradients");
       auto& s = state_for<AdamParamState>(state_, p,
                                           [&] { return new_adam_state(p, wants_master(o.master_weights(), p)); });
       if (o.amsgrad() && !s.max_exp_avg_sq().defined()) {
@@ -243,16 +265,24 @@ void SGDParamState::serialize(torch::serialize::InputArchive& archive) {
 
 SGD::SGD(const std::vector<torch::optim::OptimizerParamGroup>& param_groups, SGDOptions defaults)
     : torch::optim::Optimizer(param_groups, std::make_unique<SGDOptions>(defaults)) {
-  TORCH_CHECK_VALUE(defaults.lr() >= 0, "Invalid learning rate: ", defaults.lr());
-  TORCH_CHECK_VALUE(defaults.momentum() >= 0, "Invalid momentum value: ", defaults.momentum());
-  TORCH_CHECK_VALUE(defaults.weight_decay() >= 0, "Invalid weight_decay value: ", defaults.weight_decay());
-  TORCH_CHECK_VALUE(!defaults.nesterov() || (defaults.momentum() > 0 && defaults.dampening() == 0),
+  check_options(defaults);
+}
+
+void SGD::check_options(const SGDOptions& o) {
+  TORCH_CHECK_VALUE(o.lr() >= 0, "Invalid learning rate: ", o.lr());
+  TORCH_CHECK_VALUE(o.momentum() >= 0, "Invalid momentum value: ", o.momentum());
+  TORCH_CHECK_VALUE(o.weight_decay() >= 0, "Invalid weight_decay value: ", o.weight_decay());
+  TORCH_CHECK_VALUE(!o.nesterov() || (o.momentum() > 0 && o.dampening() == 0),
                     "Nesterov momentum requires a momentum and zero dampening");
 }
 
 at::Tensor SGD::step(LossClosure closure) {
   at::Tensor loss = run_closure(closure);
   const at::NoGradGuard no_grad;
+  for (const auto& group : param_groups_) {  // every group is checked before the first one is written
+    check_options(static_cast<const SGDOptions&>(group.options()));
+    check_params("SGD", group);
+  }
   for (auto& group : param_groups_) {
     const auto& o = static_cast<const SGDOptions&>(group.options());
     const bool momentum = o.momentum() != 0;
@@ -261,7 +291,6 @@ at::Tensor SGD::step(LossClosure closure) {
       if (!p.grad().defined()) {
         continue;
       }
-      TORCH_CHECK(!p.grad().is_sparse(), "ampkit::optim::SGD does not support sparse gradients");
       auto& s = state_for<SGDParamState>(state_, p,
                                          [&] { return new_sgd_state(p, wants_master(o.master_weights(), p)); });
       if (momentum && !s.momentum_buffer().defined()) {

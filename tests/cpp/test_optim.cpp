@@ -162,3 +162,29 @@ TEST_CASE("optim: bad options and mismatched grads raise", "[optim][cpu]") {
   REQUIRE_THROWS_WITH(opt.step(), Catch::Contains("grads[2] must be Float"));
   CHECK(bits_equal(ps[0].detach(), before));
 }
+
+TEST_CASE("optim: a step that raises for one param group writes and creates nothing in the others",
+          "[optim][cpu]") {
+  auto a = torch::randn({8}).to(torch::kHalf).requires_grad_();
+  auto b = torch::randn({8}).to(torch::kHalf).requires_grad_();
+  ampkit::optim::AdamW opt({torch::optim::OptimizerParamGroup({a}), torch::optim::OptimizerParamGroup({b})},
+                           ampkit::optim::AdamWOptions(1e-3));
+  static_cast<ampkit::optim::AdamWOptions&>(opt.param_groups()[1].options()).lr(-1.0);
+  a.mutable_grad() = torch::randn({8}).to(torch::kHalf);
+  b.mutable_grad() = torch::randn({8}).to(torch::kHalf);
+  const auto a0 = a.detach().clone();
+  REQUIRE_THROWS_WITH(opt.step(), Catch::Contains("Invalid learning rate: -1"));
+  CHECK(torch::equal(a.detach(), a0));
+  CHECK(opt.state().empty());
+
+  auto c = torch::randn({4}).requires_grad_();
+  auto d = torch::randn({4}, torch::kDouble).requires_grad_();
+  ampkit::optim::SGD sgd({torch::optim::OptimizerParamGroup({c}), torch::optim::OptimizerParamGroup({d})},
+                         ampkit::optim::SGDOptions(0.1).momentum(0.9));
+  c.mutable_grad() = torch::ones({4});
+  d.mutable_grad() = torch::ones({4}, torch::kDouble);
+  const auto c0 = c.detach().clone();
+  REQUIRE_THROWS_WITH(sgd.step(), Catch::Contains("parameters must be Half, BFloat16 or Float"));
+  CHECK(torch::equal(c.detach(), c0));
+  CHECK(sgd.state().empty());
+}

@@ -78,12 +78,17 @@ class AMPKIT_API AdamT : public torch::optim::Optimizer, public ScaledStep {
   explicit AdamT(std::vector<at::Tensor> params, Options defaults = {})
       : AdamT({torch::optim::OptimizerParamGroup(std::move(params))}, std::move(defaults)) {}
 
+  // Checks every param group (options, parameter dtypes) before anything is written or created: a step that
+  // raises leaves every parameter and state as it was.
   at::Tensor step(LossClosure closure = nullptr) override;
   void save(torch::serialize::OutputArchive& archive) const override;
   void load(torch::serialize::InputArchive& archive) override;
   // Creates every parameter's state now, with an FP32 master copied from its current value. Call it while the
   // model is still FP32, then cast the model to FP16/BF16 (O2): the masters keep the unrounded weights.
   void init_master_params();
+
+ private:
+  static void check_options(const Options& o);
 };
 using Adam = AdamT<false>;
 using AdamW = AdamT<true>;
@@ -126,6 +131,9 @@ class AMPKIT_API SGD : public torch::optim::Optimizer, public ScaledStep {
   void load(torch::serialize::InputArchive& archive) override;
   // As AdamT::init_master_params.
   void init_master_params();
+
+ private:
+  static void check_options(const SGDOptions& o);
 };
 
 extern template struct AdamOptionsT<false>;
