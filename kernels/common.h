@@ -4,7 +4,6 @@
 #pragma once
 
 #include <cstdint>
-#include <cstring>
 
 #if defined(__CUDACC__)
 #define AMPKIT_HOST_DEVICE __host__ __device__
@@ -46,36 +45,14 @@ struct OptimTensor {
   DType dtype;
 };
 
-// The bits of a float or double and back: one memcpy on the host (and in the emulated build), the intrinsics on
-// the GPU.
-AMPKIT_HOST_DEVICE AMPKIT_INLINE uint32_t bits_of(float v) {
-#if defined(__CUDA_ARCH__)
-  return __float_as_uint(v);
-#else
-  uint32_t bits;
-  std::memcpy(&bits, &v, sizeof(bits));
-  return bits;
-#endif
-}
-
-AMPKIT_HOST_DEVICE AMPKIT_INLINE uint64_t bits_of(double v) {
-#if defined(__CUDA_ARCH__)
-  return static_cast<uint64_t>(__double_as_longlong(v));
-#else
-  uint64_t bits;
-  std::memcpy(&bits, &v, sizeof(bits));
-  return bits;
-#endif
-}
-
-AMPKIT_HOST_DEVICE AMPKIT_INLINE float float_from_bits(uint32_t bits) {
-#if defined(__CUDA_ARCH__)
-  return __uint_as_float(bits);
-#else
-  float v;
-  std::memcpy(&v, &bits, sizeof(v));
-  return v;
-#endif
+// The one bit cast of the kernels (std::bit_cast is C++20; kernels/ is C++17 for nvcc): a byte copy that both the
+// host compiler and nvcc lower to a register move.
+template <typename To, typename From>
+AMPKIT_HOST_DEVICE AMPKIT_INLINE To bit_cast(const From& v) {
+  static_assert(sizeof(To) == sizeof(From), "bit_cast needs types of one size");
+  To out;
+  __builtin_memcpy(&out, &v, sizeof(To));
+  return out;
 }
 
 // NOTE [Finiteness test]
@@ -83,11 +60,11 @@ AMPKIT_HOST_DEVICE AMPKIT_INLINE float float_from_bits(uint32_t bits) {
 // math (-ffast-math, --use_fast_math) may fold isfinite() to true, and the overflow check is the one thing
 // AMP cannot afford to lose. Bit tests survive any floating-point flag.
 AMPKIT_HOST_DEVICE AMPKIT_INLINE bool is_non_finite(float v) {
-  return (bits_of(v) & 0x7f800000u) == 0x7f800000u;
+  return (bit_cast<uint32_t>(v) & 0x7f800000u) == 0x7f800000u;
 }
 
 AMPKIT_HOST_DEVICE AMPKIT_INLINE bool is_non_finite(double v) {
-  return (bits_of(v) & 0x7ff0000000000000ull) == 0x7ff0000000000000ull;
+  return (bit_cast<uint64_t>(v) & 0x7ff0000000000000ull) == 0x7ff0000000000000ull;
 }
 
 }  // namespace ampkit::kernels

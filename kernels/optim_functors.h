@@ -15,12 +15,12 @@ namespace ampkit::kernels {
 // half rounded to nearest with ties away from zero (round-to-nearest-even everywhere but exact ties), so that
 // remainder = low half as a signed int16 and master bits = (weight bits << 16) + remainder, exactly.
 AMPKIT_HOST_DEVICE AMPKIT_INLINE float join_remainder(uint16_t weight_bits, int16_t remainder) {
-  return float_from_bits((static_cast<uint32_t>(weight_bits) << 16) +
+  return bit_cast<float>((static_cast<uint32_t>(weight_bits) << 16) +
                          static_cast<uint32_t>(static_cast<int32_t>(remainder)));
 }
 
 AMPKIT_HOST_DEVICE AMPKIT_INLINE void split_remainder(float master, uint16_t* weight_bits, int16_t* remainder) {
-  const uint32_t bits = bits_of(master);
+  const uint32_t bits = bit_cast<uint32_t>(master);
   const uint32_t low = bits & 0xffffu;
   *weight_bits = static_cast<uint16_t>((bits >> 16) + (low >> 15));
   *remainder = static_cast<int16_t>(static_cast<uint16_t>(low));
