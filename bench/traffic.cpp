@@ -74,7 +74,7 @@ int main() {
     const bool low = dt != kern::DType::kFloat32;
     const int size = kern::dtype_size(dt);
     kern::OptimTensor t{low ? static_cast<void*>(b.half_param.data()) : b.f_param.data(),
-                        low ? static_cast<const void*>(b.half_grad.data()) : b.f_grad.data(),
+                        low ? static_cast<void*>(b.half_grad.data()) : b.f_grad.data(),
                         c.master ? b.master.data() : nullptr,
                         c.remainder ? b.remainder.data() : nullptr,
                         b.m.data(),
@@ -86,13 +86,24 @@ int main() {
     // Grad read; weight read and written (the master when there is one, else the param, plus the remainder);
     // moments read and written; the low-precision param written once when a master holds the weight.
     const double weight = c.master ? 8 + size : (c.remainder ? 2 * size + 4 : 2 * size);
-    kern::emulation::reset_traffic();
-    kern::launch_adam_step(&t, 1, adam, &scale, &found, nullptr, nullptr);
-    print_row("adamw_step", c.dtype, kern::emulation::reset_traffic(), size + weight + 16);
-    t.exp_avg_sq = nullptr;
-    b.step = 0.f;
-    kern::launch_sgd_step(&t, 1, sgd, &scale, &found, nullptr, nullptr);
-    print_row("sgd_step(momentum)", c.dtype, kern::emulation::reset_traffic(), size + weight + 8);
+    // With write_unscaled_grads (torch's behaviour, the ops' default) the unscaled grad is stored back too.
+    for (const bool write_grads : {true, false}) {
+      kern::AdamParams hp = adam;
+      hp.write_unscaled_grads = write_grads;
+      kern::SgdParams sp = sgd;
+      sp.write_unscaled_grads = write_grads;
+      const double grad = write_grads ? 2 * size : size;
+      t.exp_avg_sq = b.v.data();
+      kern::emulation::reset_traffic();
+      kern::launch_adam_step(&t, 1, hp, &scale, &found, nullptr, nullptr);
+      print_row(write_grads ? "adamw_step" : "adamw_step(grads left scaled)", c.dtype,
+                kern::emulation::reset_traffic(), grad + weight + 16);
+      t.exp_avg_sq = nullptr;
+      b.step = 0.f;
+      kern::launch_sgd_step(&t, 1, sp, &scale, &found, nullptr, nullptr);
+      print_row(write_grads ? "sgd_step(momentum)" : "sgd_step(momentum, grads left scaled)", c.dtype,
+                kern::emulation::reset_traffic(), grad + weight + 8);
+    }
   }
   return 0;
 }

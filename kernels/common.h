@@ -34,7 +34,7 @@ struct TensorRef {
 // BF16 or FP32); every other stream is FP32; `step` points at the tensor's FP32 step count (null: none).
 struct OptimTensor {
   void* param;
-  const void* grad;
+  void* grad;  // written only with write_unscaled_grads
   float* master;
   int16_t* remainder;  // BF16 params only: the master's low half (NOTE [BF16 weight + 16-bit remainder])
   float* exp_avg;      // Adam: first moment; SGD: momentum buffer

@@ -1,6 +1,6 @@
 // The element-wise formulas of ampkit's fused optimizer steps, one functor each, shared by the CPU loops and the
-// CUDA kernels. They follow torch's fused kernels (aten/src/ATen/native/cuda/fused_adam_utils.cuh, FusedSgdKernel)
-// in FP32 opmath, on the FP32 master value when there is one.
+// CUDA kernels: torch's fused CPU kernels' formulas (NOTE [torch's scalar tail]) in FP32 opmath, on the FP32
+// master value when there is one.
 #pragma once
 
 #include <cmath>
@@ -26,27 +26,48 @@ AMPKIT_HOST_DEVICE AMPKIT_INLINE void split_remainder(float master, uint16_t* we
   *remainder = static_cast<int16_t>(static_cast<uint16_t>(low));
 }
 
-// Hyper-parameters of an Adam/AdamW step.
+// Hyper-parameters of an Adam/AdamW step, as the caller gives them (double, like torch.optim's).
 struct AdamParams {
-  float lr;
-  float beta1;
-  float beta2;
-  float weight_decay;
-  float eps;
+  double lr;
+  double beta1;
+  double beta2;
+  double weight_decay;
+  double eps;
   bool amsgrad;
   bool maximize;
   bool decoupled_weight_decay;  // AdamW (true) or Adam with L2 (false)
+  // NOTE [torch's scalar tail]: the last numel % tail_width elements of each tensor take the formulas of torch's
+  // scalar tail loop (0: every element takes the vector formulas).
+  int tail_width = 0;
+  // With a grad scale: write the unscaled grad back into the grad tensor (torch's fused optimizers do).
+  bool write_unscaled_grads = false;
 };
 
-// Per-tensor factors of one Adam step, from the step number the tensor reaches with it.
-struct AdamStepFactors {
-  float step_size;              // lr / (1 - beta1^step)
-  float bias_correction2_sqrt;  // sqrt(1 - beta2^step)
+// NOTE [torch's scalar tail]
+// ampkit's optimizer formulas are torch's fused CPU kernels' (aten/src/ATen/native/cpu/Fused{Adam,SGD}Kernel.cpp)
+// as they run: FP32 opmath, constants rounded once from double, and each multiply-add fused where torch's compiled
+// kernel fuses it (its explicit fmadd and the compiler's contraction), so that FP32 steps are bit-identical to
+// torch.optim's fused=True. Torch's kernel runs vectors of Vectorized<float>::size() elements and then a scalar
+// loop on the last numel % size elements, and the two loops contract one multiply-add differently (the second
+// moment of Adam, the momentum buffer of SGD). Every ampkit loop, CPU or CUDA, takes the formula by element
+// index (tail = index >= numel - numel % tail_width), never by its own vector width, so CPU and CUDA agree bit for
+// bit whatever their SIMD width.
+AMPKIT_HOST_DEVICE AMPKIT_INLINE int64_t tail_start(int64_t numel, int tail_width) {
+  return tail_width > 0 ? numel - numel % tail_width : numel;
+}
 
-  AMPKIT_HOST_DEVICE static AdamStepFactors at_step(const AdamParams& p, float step) {
-    const float bc1 = 1.f - static_cast<float>(pow(static_cast<double>(p.beta1), static_cast<double>(step)));
-    const float bc2 = 1.f - static_cast<float>(pow(static_cast<double>(p.beta2), static_cast<double>(step)));
-    return {p.lr / bc1, sqrtf(bc2)};
+// Per-tensor factors of one Adam step, from the step number the tensor reaches with it and the step's lr
+// (in double, then rounded once, as torch's kernel does).
+struct AdamStepFactors {
+  float neg_step_size;          // -lr / (1 - beta1^step)
+  float bias_correction2_sqrt;  // sqrt(1 - beta2^step)
+  float decay;                  // AdamW: 1 - lr * weight_decay
+
+  AMPKIT_HOST_DEVICE static AdamStepFactors at_step(const AdamParams& p, double lr, float step) {
+    const double bc1 = 1.0 - pow(p.beta1, static_cast<double>(step));
+    const double bc2 = 1.0 - pow(p.beta2, static_cast<double>(step));
+    return {static_cast<float>(-(lr / bc1)), static_cast<float>(sqrt(bc2)),
+            static_cast<float>(1.0 - lr * p.weight_decay)};
   }
 };
 
@@ -55,75 +76,113 @@ struct ScalarMath {
   AMPKIT_HOST_DEVICE static float sqrt(float x) { return sqrtf(x); }
   AMPKIT_HOST_DEVICE static float max(float a, float b) { return a > b ? a : b; }
   AMPKIT_HOST_DEVICE static float neg(float x) { return -x; }
+  // a * b + c rounded once.
+  AMPKIT_HOST_DEVICE static float fma(float a, float b, float c) { return fmaf(a, b, c); }
 };
 
 // One Adam/AdamW update in FP32: `w` is the weight (the master when there is one), `g` the unscaled grad,
 // `m`/`v`/`vmax` the moments; updates w, m, v (and vmax with amsgrad) in place. `V` is float, or a SIMD vector
-// of floats with the `Math` policy for it (constants are broadcast with V(c)).
+// of floats with the `Math` policy for it (constants are broadcast with V(c)); `tail` picks the scalar-tail
+// formula (NOTE [torch's scalar tail]).
 struct AdamOp {
   AdamParams p;
+  // The constants of the update, rounded once from double.
+  float lerp_weight;  // 1 - beta1: exp_avg.lerp_(grad, 1 - beta1)
+  float beta2;
+  float grad_sq_coeff;  // 1 - beta2
+  float weight_decay;
+  float eps;
+  bool lerp_from_exp_avg;  // |lerp_weight| < 0.5: lerp from exp_avg, else from grad (torch's lerp)
+
+  AMPKIT_HOST_DEVICE explicit AdamOp(const AdamParams& params)
+      : p(params),
+        lerp_weight(static_cast<float>(1.0 - params.beta1)),
+        beta2(static_cast<float>(params.beta2)),
+        grad_sq_coeff(static_cast<float>(1.0 - params.beta2)),
+        weight_decay(static_cast<float>(params.weight_decay)),
+        eps(static_cast<float>(params.eps)),
+        lerp_from_exp_avg(fabsf(lerp_weight) < 0.5f) {}
 
   template <typename V, typename Math = ScalarMath>
-  AMPKIT_HOST_DEVICE void apply(V& w, V g, V& m, V& v, V* vmax, const AdamStepFactors& f) const {
+  AMPKIT_HOST_DEVICE void apply(V& w, V g, V& m, V& v, V* vmax, const AdamStepFactors& f, bool tail = false) const {
     if (p.maximize) {
       g = Math::neg(g);
     }
-    if (p.weight_decay != 0.f) {
+    if (p.weight_decay != 0.0) {
       if (p.decoupled_weight_decay) {
-        w = w - V(p.lr * p.weight_decay) * w;
+        w = w * V(f.decay);
       } else {
-        g = g + w * V(p.weight_decay);
+        g = Math::fma(w, V(weight_decay), g);
       }
     }
-    m = V(p.beta1) * m + V(1.f - p.beta1) * g;
-    v = V(p.beta2) * v + V(1.f - p.beta2) * g * g;
+    const V diff = g - m;
+    m = lerp_from_exp_avg ? Math::fma(V(lerp_weight), diff, m) : Math::fma(V(lerp_weight - 1.f), diff, g);
+    v = tail ? Math::fma(v, V(beta2), V(grad_sq_coeff) * g * g) : Math::fma(V(grad_sq_coeff) * g, g, v * V(beta2));
     V second = v;
     if (p.amsgrad) {
       *vmax = Math::max(*vmax, v);
       second = *vmax;
     }
-    const V denom = Math::sqrt(second) / V(f.bias_correction2_sqrt) + V(p.eps);
-    w = w - V(f.step_size) * m / denom;
+    const V denom = Math::sqrt(second) / V(f.bias_correction2_sqrt) + V(eps);
+    w = w + V(f.neg_step_size) * m / denom;
   }
 
-  AMPKIT_HOST_DEVICE void operator()(float& w, float g, float& m, float& v, float* vmax,
-                                     const AdamStepFactors& f) const {
-    apply<float>(w, g, m, v, vmax, f);
+  AMPKIT_HOST_DEVICE void operator()(float& w, float g, float& m, float& v, float* vmax, const AdamStepFactors& f,
+                                     bool tail = false) const {
+    apply<float>(w, g, m, v, vmax, f, tail);
   }
 };
 
-// Hyper-parameters of an SGD step.
+// Hyper-parameters of an SGD step, as the caller gives them.
 struct SgdParams {
-  float lr;
-  float momentum;
-  float dampening;
-  float weight_decay;
+  double lr;
+  double momentum;
+  double dampening;
+  double weight_decay;
   bool nesterov;
   bool maximize;
+  int tail_width = 0;                 // NOTE [torch's scalar tail]
+  bool write_unscaled_grads = false;  // as AdamParams
 };
 
 // One SGD update in FP32; `first` is whether this tensor takes its first momentum step (the buffer starts as
-// the grad itself, as torch's). `V`/`Math` as for AdamOp.
+// the grad itself, as torch's). `V`/`Math`/`tail` as for AdamOp.
 struct SgdOp {
   SgdParams p;
+  float weight_decay;
+  float momentum;
+  float grad_coeff;  // 1 - dampening
+  float neg_lr;
+
+  AMPKIT_HOST_DEVICE explicit SgdOp(const SgdParams& params)
+      : p(params),
+        weight_decay(static_cast<float>(params.weight_decay)),
+        momentum(static_cast<float>(params.momentum)),
+        grad_coeff(static_cast<float>(1.0 - params.dampening)),
+        neg_lr(static_cast<float>(-params.lr)) {}
 
   template <typename V, typename Math = ScalarMath>
-  AMPKIT_HOST_DEVICE void apply(V& w, V g, V* buf, bool first) const {
+  AMPKIT_HOST_DEVICE void apply(V& w, V g, V* buf, bool first, bool tail = false) const {
     if (p.maximize) {
       g = Math::neg(g);
     }
-    if (p.weight_decay != 0.f) {
-      g = g + V(p.weight_decay) * w;
+    if (p.weight_decay != 0.0) {
+      g = Math::fma(w, V(weight_decay), g);
     }
-    if (p.momentum != 0.f) {
-      *buf = first ? g : V(p.momentum) * *buf + V(1.f - p.dampening) * g;
-      g = p.nesterov ? g + V(p.momentum) * *buf : *buf;
+    if (p.momentum != 0.0) {
+      if (first) {
+        *buf = g;
+      } else {
+        *buf = tail ? Math::fma(*buf, V(momentum), g * V(grad_coeff))
+                    : Math::fma(V(grad_coeff), g, *buf * V(momentum));
+      }
+      g = p.nesterov ? Math::fma(*buf, V(momentum), g) : *buf;
     }
-    w = w - V(p.lr) * g;
+    w = Math::fma(g, V(neg_lr), w);
   }
 
-  AMPKIT_HOST_DEVICE void operator()(float& w, float g, float* buf, bool first) const {
-    apply<float>(w, g, buf, first);
+  AMPKIT_HOST_DEVICE void operator()(float& w, float g, float* buf, bool first, bool tail = false) const {
+    apply<float>(w, g, buf, first, tail);
   }
 };
 

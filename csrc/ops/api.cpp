@@ -48,21 +48,21 @@ void adamw_step_(at::TensorList params, at::TensorList grads, at::TensorList mas
                  at::TensorList max_exp_avg_sqs, at::TensorList state_steps, double lr, double beta1, double beta2,
                  double weight_decay, double eps, bool amsgrad, bool maximize, bool decoupled_weight_decay,
                  const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf,
-                 const std::optional<at::Tensor>& lr_tensor) {
+                 const std::optional<at::Tensor>& lr_tensor, bool write_unscaled_grads) {
   op_handle<adamw_step_>("ampkit::adamw_step_")
       .call(params, grads, master_params, param_remainders, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, lr,
             beta1, beta2, weight_decay, eps, amsgrad, maximize, decoupled_weight_decay, grad_scale, found_inf,
-            lr_tensor);
+            lr_tensor, write_unscaled_grads);
 }
 
 void sgd_step_(at::TensorList params, at::TensorList grads, at::TensorList master_params,
                at::TensorList param_remainders, at::TensorList momentum_buffers, at::TensorList state_steps,
                double lr, double momentum, double dampening, double weight_decay, bool nesterov, bool maximize,
                const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf,
-               const std::optional<at::Tensor>& lr_tensor) {
+               const std::optional<at::Tensor>& lr_tensor, bool write_unscaled_grads) {
   op_handle<sgd_step_>("ampkit::sgd_step_")
       .call(params, grads, master_params, param_remainders, momentum_buffers, state_steps, lr, momentum, dampening,
-            weight_decay, nesterov, maximize, grad_scale, found_inf, lr_tensor);
+            weight_decay, nesterov, maximize, grad_scale, found_inf, lr_tensor, write_unscaled_grads);
 }
 
 BuildInfo build_info() {
@@ -73,7 +73,7 @@ BuildInfo build_info() {
   constexpr bool kCuda = false;
   constexpr const char* kArchs = "";
 #endif
-  return BuildInfo{kCuda, kArchs, detail::cpu_loops().isa, TORCH_VERSION};
+  return BuildInfo{kCuda, kArchs, detail::cpu_loops().isa, TORCH_VERSION, detail::torch_cpu_float_vector_width()};
 }
 
 bool cuda_arch_supported(int major, int minor) {

@@ -294,10 +294,12 @@ void check(const UpdateScaleArgs& a) {
 
 namespace {
 
-// Everything a fused step writes, and the device scalars it reads, must be distinct (NOTE [Aliasing]).
+// Everything a fused step writes or reads, the device scalars included, must be distinct (NOTE [Aliasing]): the
+// grads are read while the rest is written, and stored back when unscaled.
 void check_step_aliasing(const char* op, const OptimLists& l, const StepScalars& s, const char* exp_avg_name) {
   AliasCheck alias(op);
   alias.add("params", l.params);
+  alias.add("grads", l.grads);
   alias.add("master_params", l.master_params);
   alias.add("param_remainders", l.param_remainders);
   alias.add(exp_avg_name, l.exp_avgs);
@@ -337,20 +339,19 @@ kernels::UpdateScaleOp update_scale_op(const UpdateScaleArgs& a) {
           a.dynamic};
 }
 
-kernels::AdamParams adam_params(const AdamStepArgs& a, double lr) {
-  return {static_cast<float>(lr),
-          static_cast<float>(a.beta1),
-          static_cast<float>(a.beta2),
-          static_cast<float>(a.weight_decay),
-          static_cast<float>(a.eps),
-          a.amsgrad,
-          a.maximize,
-          a.decoupled_weight_decay};
+kernels::AdamParams adam_params(const AdamStepArgs& a, double lr, int tail_width) {
+  kernels::AdamParams p{lr,         a.beta1,    a.beta2,    a.weight_decay, a.eps, a.amsgrad,
+                        a.maximize, a.decoupled_weight_decay};
+  p.tail_width = tail_width;
+  p.write_unscaled_grads = a.write_unscaled_grads;
+  return p;
 }
 
-kernels::SgdParams sgd_params(const SgdStepArgs& a, double lr) {
-  return {static_cast<float>(lr),           static_cast<float>(a.momentum), static_cast<float>(a.dampening),
-          static_cast<float>(a.weight_decay), a.nesterov,                    a.maximize};
+kernels::SgdParams sgd_params(const SgdStepArgs& a, double lr, int tail_width) {
+  kernels::SgdParams p{lr, a.momentum, a.dampening, a.weight_decay, a.nesterov, a.maximize};
+  p.tail_width = tail_width;
+  p.write_unscaled_grads = a.write_unscaled_grads;
+  return p;
 }
 
 }  // namespace ampkit::detail

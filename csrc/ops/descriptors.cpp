@@ -50,7 +50,7 @@ std::vector<kernels::OptimTensor> optim_tensors(const OptimLists& l) {
   };
   for (size_t i = 0; i < l.params.size(); ++i) {
     int16_t* remainder = l.param_remainders.empty() ? nullptr : l.param_remainders[i].mutable_data_ptr<int16_t>();
-    out.push_back({l.params[i].data_ptr(), l.grads[i].const_data_ptr(), ptr(l.master_params, i), remainder,
+    out.push_back({l.params[i].data_ptr(), l.grads[i].mutable_data_ptr(), ptr(l.master_params, i), remainder,
                    ptr(l.exp_avgs, i), ptr(l.exp_avg_sqs, i), ptr(l.max_exp_avg_sqs, i), ptr(l.state_steps, i),
                    l.params[i].numel(), kernel_dtype(l.params[i].scalar_type())});
   }

@@ -69,6 +69,7 @@ struct AdamStepArgs {
   bool maximize;
   bool decoupled_weight_decay;
   StepScalars scalars;
+  bool write_unscaled_grads;  // with grad_scale: the unscaled grads are stored back into grads
 };
 
 struct SgdStepArgs {
@@ -81,6 +82,7 @@ struct SgdStepArgs {
   bool nesterov;
   bool maximize;
   StepScalars scalars;
+  bool write_unscaled_grads;
 };
 
 // Throw (naming the op, the argument and the list index) unless the arguments are consistent.
@@ -89,9 +91,10 @@ void check(const UpdateScaleArgs& a);
 void check(const AdamStepArgs& a);
 void check(const SgdStepArgs& a);
 
-// The functors' parameters from checked arguments (`lr` replaces the op's lr: the CPU reads lr_tensor on the host).
+// The functors' parameters from checked arguments (`lr` replaces the op's lr: the CPU reads lr_tensor on the
+// host; `tail_width`: NOTE [torch's scalar tail]).
 kernels::UpdateScaleOp update_scale_op(const UpdateScaleArgs& a);
-kernels::AdamParams adam_params(const AdamStepArgs& a, double lr);
-kernels::SgdParams sgd_params(const SgdStepArgs& a, double lr);
+kernels::AdamParams adam_params(const AdamStepArgs& a, double lr, int tail_width);
+kernels::SgdParams sgd_params(const SgdStepArgs& a, double lr, int tail_width);
 
 }  // namespace ampkit::detail

@@ -57,12 +57,13 @@ void adamw_step_kernel(at::TensorList params, at::TensorList grads, at::TensorLi
                        at::TensorList max_exp_avg_sqs, at::TensorList state_steps, double lr, double beta1,
                        double beta2, double weight_decay, double eps, bool amsgrad, bool maximize,
                        bool decoupled_weight_decay, const std::optional<at::Tensor>& grad_scale,
-                       const std::optional<at::Tensor>& found_inf, const std::optional<at::Tensor>& lr_tensor) {
+                       const std::optional<at::Tensor>& found_inf, const std::optional<at::Tensor>& lr_tensor,
+                       bool write_unscaled_grads) {
   check_and_run<AdamStepArgs, Run>(
       {"adamw_step_",
        {params, grads, master_params, param_remainders, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps},
        lr, beta1, beta2, weight_decay, eps, amsgrad, maximize, decoupled_weight_decay,
-       {grad_scale, found_inf, lr_tensor}});
+       {grad_scale, found_inf, lr_tensor}, write_unscaled_grads});
 }
 
 template <RunFn<SgdStepArgs> Run>
@@ -70,12 +71,12 @@ void sgd_step_kernel(at::TensorList params, at::TensorList grads, at::TensorList
                      at::TensorList param_remainders, at::TensorList momentum_buffers, at::TensorList state_steps,
                      double lr, double momentum, double dampening, double weight_decay, bool nesterov, bool maximize,
                      const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf,
-                     const std::optional<at::Tensor>& lr_tensor) {
+                     const std::optional<at::Tensor>& lr_tensor, bool write_unscaled_grads) {
   check_and_run<SgdStepArgs, Run>({"sgd_step_",
                                    {params, grads, master_params, param_remainders, momentum_buffers, {}, {},
                                     state_steps},
                                    lr, momentum, dampening, weight_decay, nesterov, maximize,
-                                   {grad_scale, found_inf, lr_tensor}});
+                                   {grad_scale, found_inf, lr_tensor}, write_unscaled_grads});
 }
 
 // Each kernel has exactly the signature of its public entry point.

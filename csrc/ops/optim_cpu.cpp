@@ -27,8 +27,9 @@ void step_cpu(const Args& a, MakeParams make_params, Run run) {
     return;
   }
   const auto tensors = optim_tensors(a.lists);
-  run(tensors.data(), static_cast<int64_t>(tensors.size()), make_params(a, lr_of(a.scalars, a.lr)),
-      grad_scale_of(a.scalars));
+  // The CPU steps follow torch's CPU kernels up to their scalar tail (NOTE [torch's scalar tail]).
+  run(tensors.data(), static_cast<int64_t>(tensors.size()),
+      make_params(a, lr_of(a.scalars, a.lr), torch_cpu_float_vector_width()), grad_scale_of(a.scalars));
 }
 
 void adam_step_cpu(const AdamStepArgs& a) { step_cpu(a, adam_params, cpu_loops().adam_step); }

@@ -27,9 +27,9 @@ void step_cuda(const Args& a, const Params& hparams, Launch launch) {
                             float_ptr(s.found_inf), float_ptr(s.lr_tensor), c10::cuda::getCurrentCUDAStream()));
 }
 
-void adam_step_cuda(const AdamStepArgs& a) { step_cuda(a, adam_params(a, a.lr), kernels::launch_adam_step); }
+void adam_step_cuda(const AdamStepArgs& a) { step_cuda(a, adam_params(a, a.lr, 0), kernels::launch_adam_step); }
 
-void sgd_step_cuda(const SgdStepArgs& a) { step_cuda(a, sgd_params(a, a.lr), kernels::launch_sgd_step); }
+void sgd_step_cuda(const SgdStepArgs& a) { step_cuda(a, sgd_params(a, a.lr, 0), kernels::launch_sgd_step); }
 
 }  // namespace
 }  // namespace ampkit::detail

@@ -19,19 +19,21 @@ TORCH_LIBRARY(ampkit, m) {
       "Tensor(d!) stats, Tensor found_inf, float growth_factor, float backoff_factor, int growth_interval, "
       "int hysteresis, float min_scale, float max_scale, bool dynamic) -> ()",
       {at::Tag::pt2_compliant_tag});
-  // Fused optimizer steps over tensor lists: grads (same dtype as params) divided by grad_scale in registers,
+  // Fused optimizer steps over tensor lists: grads (same dtype as params) divided by grad_scale in registers
+  // (and stored back unscaled unless write_unscaled_grads=False),
   // FP32 masters or, for BF16 params, int16 remainders (optional: empty lists) and FP32 states updated, params written once; nothing is written when
   // found_inf is nonzero. Optional lists are empty or one tensor per param. lr_tensor (one FP32 element on the
   // params' device), when given, is read on the device instead of lr (schedules inside a captured graph).
   m.def(
-      "adamw_step_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] master_params, Tensor(g!)[] param_remainders, "
+      "adamw_step_(Tensor(a!)[] params, Tensor(h!)[] grads, Tensor(b!)[] master_params, Tensor(g!)[] param_remainders, "
       "Tensor(c!)[] exp_avgs, Tensor(d!)[] exp_avg_sqs, Tensor(e!)[] max_exp_avg_sqs, Tensor(f!)[] state_steps, *, float lr, float beta1, "
       "float beta2, float weight_decay, float eps, bool amsgrad, bool maximize, bool decoupled_weight_decay, "
-      "Tensor? grad_scale=None, Tensor? found_inf=None, Tensor? lr_tensor=None) -> ()",
+      "Tensor? grad_scale=None, Tensor? found_inf=None, Tensor? lr_tensor=None, bool write_unscaled_grads=True) -> ()",
       {at::Tag::pt2_compliant_tag});
   m.def(
-      "sgd_step_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] master_params, Tensor(e!)[] param_remainders, "
+      "sgd_step_(Tensor(a!)[] params, Tensor(f!)[] grads, Tensor(b!)[] master_params, Tensor(e!)[] param_remainders, "
       "Tensor(c!)[] momentum_buffers, Tensor(d!)[] state_steps, *, float lr, float momentum, float dampening, float weight_decay, bool nesterov, "
-      "bool maximize, Tensor? grad_scale=None, Tensor? found_inf=None, Tensor? lr_tensor=None) -> ()",
+      "bool maximize, Tensor? grad_scale=None, Tensor? found_inf=None, Tensor? lr_tensor=None, "
+      "bool write_unscaled_grads=True) -> ()",
       {at::Tag::pt2_compliant_tag});
 }

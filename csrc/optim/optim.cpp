@@ -13,6 +13,16 @@
 namespace ampkit::optim {
 namespace {
 
+// A bool option that archives from before it existed do not hold: left at its default when absent.
+void read_optional_flag(torch::serialize::InputArchive& archive, const char* key, bool& value) {
+  c10::IValue ivalue;
+  if (archive.try_read(key, ivalue)) {
+    TORCH_CHECK_VALUE(ivalue.isBool(), "ampkit::optim: option '", key, "' in the archive must be a bool, but it is a ",
+                      ivalue.tagKind());
+    value = ivalue.toBool();
+  }
+}
+
 bool wants_master(const std::optional<bool>& option, const at::Tensor& p) {
   return option.value_or(p.scalar_type() == at::kHalf || p.scalar_type() == at::kBFloat16);
 }
@@ -121,6 +131,7 @@ void AdamOptionsT<kDecoupled>::serialize(torch::serialize::OutputArchive& archiv
   _TORCH_OPTIM_SERIALIZE_TORCH_ARG(amsgrad);
   _TORCH_OPTIM_SERIALIZE_TORCH_ARG(maximize);
   _TORCH_OPTIM_SERIALIZE_TORCH_ARG(master_weights);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(write_unscaled_grads);
 }
 
 template <bool kDecoupled>
@@ -132,6 +143,7 @@ void AdamOptionsT<kDecoupled>::serialize(torch::serialize::InputArchive& archive
   _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, amsgrad);
   _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, maximize);
   _TORCH_OPTIM_DESERIALIZE_TORCH_ARG_OPTIONAL(bool, master_weights);
+  read_optional_flag(archive, "write_unscaled_grads", write_unscaled_grads_);
 }
 
 void AdamParamState::serialize(torch::serialize::OutputArchive& archive) const {
@@ -198,7 +210,7 @@ at::Tensor AdamT<kDecoupled>::step(LossClosure closure) {
       const at::Device device = b.params[0].device();
       adamw_step_(b.params, b.grads, b.masters, {}, b.first, b.second, b.third, b.steps, o.lr(), std::get<0>(o.betas()),
                   std::get<1>(o.betas()), o.weight_decay(), o.eps(), o.amsgrad(), o.maximize(), kDecoupled,
-                  grad_scale_for(device), found_inf_for(device));
+                  grad_scale_for(device), found_inf_for(device), std::nullopt, o.write_unscaled_grads());
     }
   }
   return loss;
@@ -239,6 +251,7 @@ void SGDOptions::serialize(torch::serialize::OutputArchive& archive) const {
   _TORCH_OPTIM_SERIALIZE_TORCH_ARG(nesterov);
   _TORCH_OPTIM_SERIALIZE_TORCH_ARG(maximize);
   _TORCH_OPTIM_SERIALIZE_TORCH_ARG(master_weights);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(write_unscaled_grads);
 }
 
 void SGDOptions::serialize(torch::serialize::InputArchive& archive) {
@@ -249,6 +262,7 @@ void SGDOptions::serialize(torch::serialize::InputArchive& archive) {
   _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, nesterov);
   _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, maximize);
   _TORCH_OPTIM_DESERIALIZE_TORCH_ARG_OPTIONAL(bool, master_weights);
+  read_optional_flag(archive, "write_unscaled_grads", write_unscaled_grads_);
 }
 
 void SGDParamState::serialize(torch::serialize::OutputArchive& archive) const {
@@ -305,7 +319,8 @@ at::Tensor SGD::step(LossClosure closure) {
     for (auto& [key, b] : buckets) {
       const at::Device device = b.params[0].device();
       sgd_step_(b.params, b.grads, b.masters, {}, b.first, b.steps, o.lr(), o.momentum(), o.dampening(),
-                o.weight_decay(), o.nesterov(), o.maximize(), grad_scale_for(device), found_inf_for(device));
+                o.weight_decay(), o.nesterov(), o.maximize(), grad_scale_for(device), found_inf_for(device),
+                std::nullopt, o.write_unscaled_grads());
     }
   }
   return loss;

@@ -86,7 +86,7 @@ decltype(auto) guarded(F&& f) {
   } catch (py::builtin_exception&) {
     throw;
   } catch (const ampkit::ScalerAssertionError& e) {
-    PyErr_SetString(PyExc_AssertionError, e.what());
+    PyErr_SetString(PyExc_AssertionError, e.python_message());
     throw py::error_already_set();
   } catch (const std::exception&) {
     torch::translate_exception_to_python(std::current_exception());
@@ -107,10 +107,12 @@ PYBIND11_MODULE(_C, m) {
         d["cuda_archs"] = std::string(info.cuda_archs);
         d["cpu_isa"] = std::string(info.cpu_isa);
         d["torch_version"] = std::string(info.torch_version);
+        d["cpu_optim_tail_width"] = info.cpu_optim_tail_width;
         return d;
       },
       "What this build contains: CUDA kernels compiled and for which architectures, the CPU loops' instruction "
-      "set on this machine, and the torch version it was built against.");
+      "set on this machine, the torch version it was built against, and the scalar-tail width of the CPU "
+      "optimizer steps (torch's Vectorized<float>::size()).");
   m.def("cuda_arch_supported", &ampkit::cuda_arch_supported, py::arg("major"), py::arg("minor"),
         "Whether this build's CUDA kernels run on a GPU of compute capability major.minor.");
 

@@ -18,7 +18,8 @@
 namespace ampkit {
 namespace {
 
-constexpr const char* kFix =
+// torch.amp.GradScaler's wording, for Python callers.
+constexpr const char* kPyFix =
     "This may indicate your script did not use scaler.scale(loss or outputs) earlier in the iteration.";
 
 std::vector<at::Tensor> params_of(const torch::optim::Optimizer& optimizer) {
@@ -95,7 +96,9 @@ void GradScaler::lazy_init(const at::Device& device) {
 
 const at::Tensor& GradScaler::check_scale_exists(const char* funcname) const {
   if (!scale_.defined()) {
-    throw ScalerAssertionError(std::string("Attempted ") + funcname + " but _scale is None.  " + kFix);
+    throw ScalerAssertionError(std::string("GradScaler::") + funcname + ": the scaler has no scale yet: call " +
+                                   "scaler.scale(loss) in this iteration before " + funcname + "()",
+                               std::string("Attempted ") + funcname + " but _scale is None.  " + kPyFix);
   }
   return scale_;
 }
@@ -338,8 +341,9 @@ void GradScaler::update() {
 }
 
 void GradScaler::check_new_scale_allowed() const {
-  TORCH_CHECK(options_.scaling(), "GradScaler.update(new_scale): this scaler was built with scaling=False, so its "
-              "scale is fixed at 1 (a BF16 run); construct it with scaling=True to set a scale");
+  TORCH_CHECK(options_.scaling(), "GradScaler update(new_scale): this scaler was built without loss scaling "
+              "(scaling=False in Python, GradScalerOptions().scaling(false) in C++), so its scale is fixed at 1 (a "
+              "BF16 run); build it with scaling on to set a scale");
 }
 
 void GradScaler::update(double new_scale) {
@@ -359,12 +363,21 @@ void GradScaler::update(const at::Tensor& new_scale) {
     return;
   }
   const at::Tensor& scale = check_scale_exists("update");
-  const char* reason =
+  const char* py_reason =
       "new_scale should be a float or a 1-element torch.cuda.FloatTensor or torch.FloatTensor with "
       "requires_grad=False.";
   if (!new_scale.defined() || new_scale.device().type() != scale.device().type() || new_scale.numel() != 1 ||
       new_scale.requires_grad()) {
-    throw ScalerAssertionError(reason);
+    std::ostringstream got;
+    if (new_scale.defined()) {
+      got << new_scale.numel() << " element(s) on " << new_scale.device() << (new_scale.requires_grad() ? ", requires_grad" : "");
+    } else {
+      got << "an undefined tensor";
+    }
+    throw ScalerAssertionError("GradScaler::update: new_scale must be a one-element tensor on the scaler's device "
+                               "type (" + c10::DeviceTypeName(scale.device().type(), true) +
+                                   ") without requires_grad, but got " + got.str(),
+                               py_reason);
   }
   check_new_scale_allowed();
   scale_.copy_(new_scale);

@@ -128,7 +128,7 @@ void GradScaler::warn_at_min_scale(int64_t overflows_at_min, bool may_raise) con
   if (overflows_at_min <= 0) {
     return;
   }
-  const std::string msg = "ampkit.GradScaler: gradients kept overflowing with the loss scale at min_scale (" +
+  const std::string msg = "GradScaler: gradients kept overflowing with the loss scale at min_scale (" +
                           std::to_string(*options_.min_scale()) + "), " + std::to_string(overflows_at_min) +
                           " time(s); the scale will not go lower. The model may be diverging, or min_scale is too "
                           "high for it.";
@@ -153,7 +153,8 @@ void GradScaler::set_parameter_names(const std::vector<std::pair<std::string, at
 
 std::vector<std::string> GradScaler::overflow_report() const {
   TORCH_CHECK(options_.overflow_report(),
-              "ampkit.GradScaler.overflow_report: construct the scaler with overflow_report=True to record it");
+              "GradScaler overflow_report(): construct the scaler with the overflow report on to record it "
+              "(overflow_report=True in Python, GradScalerOptions().overflow_report(true) in C++)");
   std::vector<std::string> names;
   for (const auto& e : last_report_) {
     if (e.flag.item<float>() == 0.f) {

@@ -50,11 +50,34 @@ __device__ AMPKIT_INLINE void store_moments(float* m, float* v, float* vmax, int
   }
 }
 
+// How the elements of one chunk read their grads: divided by the scale (when `unscale`), stored back unscaled
+// (when `write`); elements from index `tail_from` of the tensor on take the scalar-tail formulas (NOTE [torch's
+// scalar tail]).
+struct GradIn {
+  float scale;
+  bool unscale;
+  bool write;
+  int tail_width;
+};
+
+// Calls body(w, g, m, v, vmax, tail) on every element of chunk [start, start + n) of tensor t.
 template <typename T, typename Args, typename Body>
-__device__ void for_each_element(const Args& a, int t, int64_t start, int64_t n,
+__device__ void for_each_element(const Args& a, int t, int64_t start, int64_t n, const GradIn& gin,
                                  const Body& body) {
   auto* param = static_cast<T*>(a.data[0][t]) + start;
-  const auto* grad = static_cast<const T*>(a.data[1][t]) + start;
+  auto* grad = static_cast<T*>(a.data[1][t]) + start;
+  // Index (in the chunk) of the first scalar-tail element.
+  const int64_t tail_from = tail_start(a.numel[t], gin.tail_width) - start;
+  auto grad_at = [&](int64_t i) {
+    float g = to_float(global_load(grad + i));
+    if (gin.unscale) {
+      g = g / gin.scale;
+      if (gin.write) {
+        global_store(grad + i, from_float<T>(g));
+      }
+    }
+    return g;
+  };
   auto offset = [&](int s) { return a.data[s][t] ? static_cast<float*>(a.data[s][t]) + start : nullptr; };
   float* master = offset(2);
   float* m = offset(3);
@@ -70,7 +93,7 @@ __device__ void for_each_element(const Args& a, int t, int64_t start, int64_t n,
         float mi = m ? global_load(m + i) : 0.f;
         float vi = v ? global_load(v + i) : 0.f;
         float vmi = vmax ? global_load(vmax + i) : 0.f;
-        body(w, to_float(global_load(grad + i)), m ? &mi : nullptr, v ? &vi : nullptr, vmax ? &vmi : nullptr);
+        body(w, grad_at(i), m ? &mi : nullptr, v ? &vi : nullptr, vmax ? &vmi : nullptr, i >= tail_from);
         uint16_t wb;
         int16_t rb;
         split_remainder(w, &wb, &rb);
@@ -97,7 +120,19 @@ __device__ void for_each_element(const Args& a, int t, int64_t start, int64_t n,
       if (!master) {
         p4 = global_load(reinterpret_cast<const PackT*>(param) + i);
       }
-      const PackT g4 = global_load(reinterpret_cast<const PackT*>(grad) + i);
+      PackT g4 = global_load(reinterpret_cast<const PackT*>(grad) + i);
+      float gf[kVec];
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) {
+        gf[j] = gin.unscale ? to_float(g4.v[j]) / gin.scale : to_float(g4.v[j]);
+      }
+      if (gin.unscale && gin.write) {
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) {
+          g4.v[j] = from_float<T>(gf[j]);
+        }
+        global_store(reinterpret_cast<PackT*>(grad) + i, g4);
+      }
       PackF w4{};
       PackF m4{};
       PackF v4{};
@@ -121,7 +156,7 @@ __device__ void for_each_element(const Args& a, int t, int64_t start, int64_t n,
         float mj = m4.v[j];
         float vj = v4.v[j];
         float vmj = vm4.v[j];
-        body(w, to_float(g4.v[j]), m ? &mj : nullptr, v ? &vj : nullptr, vmax ? &vmj : nullptr);
+        body(w, gf[j], m ? &mj : nullptr, v ? &vj : nullptr, vmax ? &vmj : nullptr, i * kVec + j >= tail_from);
         m4.v[j] = mj;
         v4.v[j] = vj;
         vm4.v[j] = vmj;
@@ -149,7 +184,7 @@ __device__ void for_each_element(const Args& a, int t, int64_t start, int64_t n,
     float mi = m ? global_load(m + i) : 0.f;
     float vi = v ? global_load(v + i) : 0.f;
     float vmi = vmax ? global_load(vmax + i) : 0.f;
-    body(w, to_float(global_load(grad + i)), m ? &mi : nullptr, v ? &vi : nullptr, vmax ? &vmi : nullptr);
+    body(w, grad_at(i), m ? &mi : nullptr, v ? &vi : nullptr, vmax ? &vmi : nullptr, i >= tail_from);
     store_moments(m, v, vmax, i, mi, vi, vmi);
     if (master) {
       global_store(master + i, w);
@@ -159,17 +194,17 @@ __device__ void for_each_element(const Args& a, int t, int64_t start, int64_t n,
 }
 
 template <typename Args, typename Body>
-__device__ void dispatch_dtype(const Args& a, int t, int64_t start, int64_t n,
+__device__ void dispatch_dtype(const Args& a, int t, int64_t start, int64_t n, const GradIn& gin,
                                const Body& body) {
   switch (a.dtype[0][t]) {
     case DType::kFloat16:
-      for_each_element<__half>(a, t, start, n, body);
+      for_each_element<__half>(a, t, start, n, gin, body);
       break;
     case DType::kBFloat16:
-      for_each_element<__nv_bfloat16>(a, t, start, n, body);
+      for_each_element<__nv_bfloat16>(a, t, start, n, gin, body);
       break;
     default:
-      for_each_element<float>(a, t, start, n, body);
+      for_each_element<float>(a, t, start, n, gin, body);
       break;
   }
 }
@@ -181,16 +216,12 @@ struct DeviceScalars {
   const float* lr;
 
   __device__ bool skipped() const { return found_inf != nullptr && *found_inf != 0.f; }
-  // The unscale as torch's fused kernels do it: a division by the scale.
-  __device__ float unscale(float g, float scale) const { return grad_scale != nullptr ? g / scale : g; }
-  __device__ float scale() const { return grad_scale != nullptr ? *grad_scale : 1.f; }
-  template <typename Params>
-  __device__ Params with_lr(Params p) const {
-    if (lr != nullptr) {
-      p.lr = *lr;
-    }
-    return p;
+  // Grads are divided by the scale, as torch's fused kernels do.
+  __device__ GradIn grad_in(bool write, int tail_width) const {
+    return GradIn{grad_scale != nullptr ? *grad_scale : 1.f, grad_scale != nullptr && *grad_scale != 1.f, write,
+                  tail_width};
   }
+  __device__ double lr_or(double lr_arg) const { return lr != nullptr ? static_cast<double>(*lr) : lr_arg; }
 };
 
 struct AdamChunkOp {
@@ -202,13 +233,12 @@ struct AdamChunkOp {
     if (dev.skipped()) {
       return;
     }
-    const AdamOp step_op{dev.with_lr(op.p)};
     const float step = *static_cast<const float*>(a.data[6][t]) + 1.f;
-    const AdamStepFactors f = AdamStepFactors::at_step(step_op.p, step);
-    const float scale = dev.scale();
-    dispatch_dtype(a, t, start, n, [&](float& w, float g, float* m, float* v, float* vmax) {
-      step_op(w, dev.unscale(g, scale), *m, *v, vmax, f);
-    });
+    const AdamStepFactors f = AdamStepFactors::at_step(op.p, dev.lr_or(op.p.lr), step);
+    dispatch_dtype(a, t, start, n, dev.grad_in(op.p.write_unscaled_grads, op.p.tail_width),
+                   [&](float& w, float g, float* m, float* v, float* vmax, bool tail) {
+                     op(w, g, *m, *v, vmax, f, tail);
+                   });
   }
 };
 
@@ -221,12 +251,14 @@ struct SgdChunkOp {
     if (dev.skipped()) {
       return;
     }
-    const SgdOp step_op{dev.with_lr(op.p)};
+    SgdParams p = op.p;
+    p.lr = dev.lr_or(p.lr);
+    const SgdOp step_op(p);
     const bool first = a.data[6][t] == nullptr || *static_cast<const float*>(a.data[6][t]) == 0.f;
-    const float scale = dev.scale();
-    dispatch_dtype(a, t, start, n, [&](float& w, float g, float* buf, float*, float*) {
-      step_op(w, dev.unscale(g, scale), buf, first);
-    });
+    dispatch_dtype(a, t, start, n, dev.grad_in(p.write_unscaled_grads, p.tail_width),
+                   [&](float& w, float g, float* buf, float*, float*, bool tail) {
+                     step_op(w, g, buf, first, tail);
+                   });
   }
 };
 
@@ -253,7 +285,7 @@ LaunchStatus launch_step(const OptimTensor* tensors, int64_t n, const ChunkOp& o
   std::vector<TensorRef> lists(static_cast<size_t>(kStreams * n));
   for (int64_t i = 0; i < n; ++i) {
     const OptimTensor& t = tensors[i];
-    void* streams[kStreams] = {t.param, const_cast<void*>(t.grad), t.master, t.exp_avg, t.exp_avg_sq,
+    void* streams[kStreams] = {t.param, t.grad, t.master, t.exp_avg, t.exp_avg_sq,
                                t.max_exp_avg_sq, t.step, t.remainder};
     for (int s = 0; s < kStreams; ++s) {
       lists[s * n + i] = TensorRef{streams[s], t.numel, s < 2 ? t.dtype : DType::kFloat32};

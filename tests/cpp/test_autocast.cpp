@@ -106,6 +106,24 @@ TEST_CASE("AutocastGuard: per-scope overrides force FP32 or low precision, nest,
                       Catch::Contains("no operator named 'aten::no_such_op'"));
 }
 
+TEST_CASE("AutocastGuard: overrides act on the op autocast sees (torch::nn::Linear runs addmm/matmul, not linear)",
+          "[autocast][cpu]") {
+  torch::nn::Linear linear(16, 4);
+  const auto x2 = torch::randn({8, 16});
+  const auto x3 = torch::randn({2, 8, 16});
+  {
+    ampkit::AutocastGuard guard(at::kCPU, at::kBFloat16, true, std::nullopt, ampkit::AutocastOverrides{{"linear"}, {}});
+    CHECK(linear->forward(x2).scalar_type() == at::kBFloat16);  // addmm: "linear" never runs
+    CHECK(linear->forward(x3).scalar_type() == at::kBFloat16);  // matmul
+  }
+  {
+    ampkit::AutocastGuard guard(at::kCPU, at::kBFloat16, true, std::nullopt,
+                                ampkit::AutocastOverrides{{"addmm", "matmul"}, {}});
+    CHECK(linear->forward(x2).scalar_type() == at::kFloat);
+    CHECK(linear->forward(x3).scalar_type() == at::kFloat);
+  }
+}
+
 TEST_CASE("register_autocast: a C++ custom op gets each policy, with no Python involved", "[autocast][cpu]") {
   static const auto op = c10::Dispatcher::singleton()
                              .findSchemaOrThrow("ampkit_cpp_test::twice", "")

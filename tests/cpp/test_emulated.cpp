@@ -305,8 +305,9 @@ void require_same_state(const std::vector<ParamState>& a, const std::vector<Para
   REQUIRE(a.size() == b.size());
   for (size_t i = 0; i < a.size(); ++i) {
     INFO("param " << i << ", numel " << a[i].param.numel());
-    for (auto field : {&ParamState::param, &ParamState::master, &ParamState::remainder, &ParamState::exp_avg,
-                       &ParamState::exp_avg_sq, &ParamState::max_exp_avg_sq, &ParamState::step}) {
+    for (auto field : {&ParamState::param, &ParamState::grad, &ParamState::master, &ParamState::remainder,
+                       &ParamState::exp_avg, &ParamState::exp_avg_sq, &ParamState::max_exp_avg_sq,
+                       &ParamState::step}) {
       if ((a[i].*field).defined()) {
         REQUIRE(bits_equal(a[i].*field, b[i].*field));
       }
@@ -326,6 +327,14 @@ struct Scalars {
     return use ? std::optional<at::Tensor>(scalar_f32(v)) : std::nullopt;
   }
 };
+
+// The CPU ops' settings: torch's scalar tail and the unscaled grads stored back.
+template <typename Params>
+Params as_cpu_op(Params p) {
+  p.tail_width = ampkit::build_info().cpu_optim_tail_width;
+  p.write_unscaled_grads = true;
+  return p;
+}
 
 }  // namespace
 
@@ -350,7 +359,7 @@ TEST_CASE("emulated adam step: AdamW/Adam, every master mode, skip, grad scale a
             for (const auto& p : cpu) {
               emu_state.push_back(p.clone());
             }
-            const kern::AdamParams hp{1e-3f, 0.9f, 0.999f, 0.01f, 1e-8f, amsgrad, maximize, decoupled};
+            const auto hp = as_cpu_op(kern::AdamParams{1e-3, 0.9, 0.999, 0.01, 1e-8, amsgrad, maximize, decoupled});
             for (int step = 0; step < 3; ++step) {
               ampkit::adamw_step_(list_of(cpu, &ParamState::param), list_of(cpu, &ParamState::grad),
                                   list_of(cpu, &ParamState::master), list_of(cpu, &ParamState::remainder),
@@ -394,7 +403,7 @@ TEST_CASE("emulated sgd step: momentum, nesterov, dampening, masters and remaind
         for (const auto& p : cpu) {
           emu_state.push_back(p.clone());
         }
-        const kern::SgdParams hp{0.05f, c.momentum, c.dampening, c.weight_decay, c.nesterov, c.maximize};
+        const auto hp = as_cpu_op(kern::SgdParams{0.05, c.momentum, c.dampening, c.weight_decay, c.nesterov, c.maximize});
         const float scale = 512.f;
         const float found = 0.f;
         for (int step = 0; step < 3; ++step) {
@@ -448,7 +457,7 @@ TEST_CASE("emulated optimizer steps: lists over several launches match the CPU",
   for (const auto& p : cpu) {
     emu_state.push_back(p.clone());
   }
-  const kern::AdamParams hp{1e-3f, 0.9f, 0.999f, 0.0f, 1e-8f, false, false, true};
+  const auto hp = as_cpu_op(kern::AdamParams{1e-3, 0.9, 0.999, 0.0, 1e-8, false, false, true});
   ampkit::adamw_step_(list_of(cpu, &ParamState::param), list_of(cpu, &ParamState::grad),
                       list_of(cpu, &ParamState::master), {}, list_of(cpu, &ParamState::exp_avg),
                       list_of(cpu, &ParamState::exp_avg_sq), {}, list_of(cpu, &ParamState::step), hp.lr, hp.beta1,

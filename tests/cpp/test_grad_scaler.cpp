@@ -147,7 +147,9 @@ TEST_CASE("GradScaler: unscale_ then clipping, and the stage errors torch raises
   Problem p = make_problem(1);
   torch::optim::SGD opt(p.model->parameters(), 0.1);
   GradScaler scaler;
-  REQUIRE_THROWS_WITH(scaler.step(opt), Catch::Contains("Attempted step but _scale is None"));
+  // C++ callers get C++ advice (Python callers get torch's wording, see test_grad_scaler.py).
+  REQUIRE_THROWS_WITH(scaler.step(opt), Catch::Contains("GradScaler::step: the scaler has no scale yet: call "
+                                                        "scaler.scale(loss) in this iteration before step()"));
   scaler.scale(torch::mse_loss(p.model(p.data[0].first), p.data[0].second)).backward();
   const auto scaled_grad = p.model->weight.grad().clone();
   scaler.unscale_(opt);

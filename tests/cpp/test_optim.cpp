@@ -188,3 +188,47 @@ TEST_CASE("optim: a step that raises for one param group writes and creates noth
   CHECK(torch::equal(c.detach(), c0));
   CHECK(sgd.state().empty());
 }
+
+TEST_CASE("optim::AdamW and SGD: FP32 steps under a grad scale are bit-identical to ATen's fused CPU kernels, "
+          "unscaled grads included",
+          "[optim][cpu]") {
+  auto ours = make_params(at::kFloat, 21);
+  auto ref = clone_params(ours, at::kFloat);
+  ampkit::optim::AdamW opt(ours, ampkit::optim::AdamWOptions(1e-2).weight_decay(0.1).amsgrad(true));
+  std::vector<at::Tensor> m, v, vmax, steps;
+  for (const auto& p : ref) {
+    m.push_back(torch::zeros_like(p));
+    v.push_back(torch::zeros_like(p));
+    vmax.push_back(torch::zeros_like(p));
+    steps.push_back(torch::zeros({}));
+  }
+  const auto scale = torch::full({}, 512.f);
+  const auto found = torch::zeros({});
+  for (int step = 0; step < 3; ++step) {
+    set_grads(ours, step, at::kFloat);
+    std::vector<at::Tensor> ref_grads;
+    for (size_t i = 0; i < ref.size(); ++i) {
+      ours[i].mutable_grad().mul_(512.f);
+      ref_grads.push_back(ours[i].grad().clone());
+    }
+    for (auto& s : steps) {
+      s.add_(1);
+    }
+    at::_fused_adamw_(ref, ref_grads, m, v, vmax, steps, 1e-2, 0.9, 0.999, 0.1, 1e-8, true, false, scale, found);
+    opt.set_amp_scaling(scale, found);
+    opt.step();
+    for (size_t i = 0; i < ref.size(); ++i) {
+      INFO("step " << step << ", param " << i);
+      REQUIRE(bits_equal(ours[i].detach(), ref[i].detach()));
+      REQUIRE(bits_equal(ours[i].grad(), ref_grads[i]));  // the unscaled grad, as ATen's kernel leaves it
+    }
+  }
+  // write_unscaled_grads(false): the same step, the grads left as the backward wrote them.
+  auto left = make_params(at::kFloat, 22);
+  ampkit::optim::SGD sgd(left, ampkit::optim::SGDOptions(0.1).momentum(0.9).write_unscaled_grads(false));
+  set_grads(left, 0, at::kFloat);
+  const auto before = left[0].grad().clone();
+  sgd.set_amp_scaling(scale, found);
+  sgd.step();
+  CHECK(bits_equal(left[0].grad(), before));
+}

@@ -301,7 +301,7 @@ def test_tensor_lr_equals_float_lr(device, cls):
     b_params = [p.detach().clone().requires_grad_() for p in a_params]
     kwargs = dict(momentum=0.9) if cls is ampkit.optim.SGD else {}
     a = cls(a_params, lr=torch.tensor(0.01, device=device), **kwargs)
-    b = cls(b_params, lr=0.01, **kwargs)
+    b = cls(b_params, lr=float(torch.tensor(0.01, dtype=torch.float32)), **kwargs)  # the FP32 tensor's value
     for step in range(10):
         for p, q, g in zip(a_params, b_params, grads_for(a_params, step)):
             p.grad, q.grad = g.clone(), g.clone()

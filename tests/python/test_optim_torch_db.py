@@ -68,6 +68,16 @@ def test_torch_db_inputs_match_torch_optim_and_resume_its_checkpoints(info, kwar
     ours = _run(ours_cls, kwargs, ours_params, 4)
     for a, b in zip(ours_params, ref_params):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    # Where torch's fused CPU kernel takes the input, FP32 results are its bits exactly.
+    fused_kwargs = {k: v for k, v in kwargs.items() if k not in ("foreach", "fused")}
+    fused_params = _params()
+    try:
+        _run(info.optim_cls, dict(fused_kwargs, fused=True), fused_params, 4)
+    except Exception:  # an input torch's fused kernel does not take (differentiable, capturable on the CPU)
+        fused_params = None
+    if fused_params is not None and not kwargs.get("differentiable"):
+        for a, b in zip(_run(ours_cls, fused_kwargs, _params(), 4).param_groups[0]["params"], fused_params):
+            assert bits_equal(a.detach(), b.detach())
     # A torch checkpoint resumed by ampkit continues as torch continues.
     resumed_params = [p.detach().clone().requires_grad_() for p in ref_params]
     resumed = ours_cls(resumed_params, **copy.deepcopy(kwargs))

@@ -23,7 +23,12 @@ namespace ampkit {
 enum class AutocastPolicy { kLowerPrecision, kFp32, kPromote };
 
 // Ops forced to FP32 or to the low-precision dtype inside one AutocastGuard scope, on its thread only. Names
-// are "softmax" (aten), "aten::linear" or "myns::myop"; every overload of the name is affected.
+// are "softmax" (aten), "aten::linear" or "myns::myop"; every overload of the name is affected. A name acts on
+// the op autocast sees, which is not always the module's name: LibTorch's torch::nn::Linear (and
+// torch::nn::functional::linear) runs aten::addmm for a 2-D input with a bias and aten::matmul otherwise, so
+// "linear" does not reach it from C++ (it does from Python, whose nn.Linear calls aten::linear): list "addmm"
+// and "matmul" (which also covers every other addmm/matmul of the scope). OpStatsGuard lists the ops a model
+// runs under their names.
 struct AutocastOverrides {
   std::vector<std::string> fp32_ops;
   std::vector<std::string> lowp_ops;

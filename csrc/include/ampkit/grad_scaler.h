@@ -61,10 +61,17 @@ struct AMPKIT_API GradScalerOptions {
 };
 
 // Raised where torch.amp.GradScaler raises AssertionError (the scaler used before scale(), an update without
-// any inf check recorded); Python sees an AssertionError.
+// any inf check recorded); Python sees an AssertionError with torch's wording (python_message()).
 class AMPKIT_API ScalerAssertionError : public std::logic_error {
  public:
   using std::logic_error::logic_error;
+  ScalerAssertionError(const std::string& message, std::string python_message)
+      : std::logic_error(message), python_message_(std::move(python_message)) {}
+  // The message for Python callers: torch.amp.GradScaler's own text where it differs from what().
+  const char* python_message() const noexcept { return python_message_.empty() ? what() : python_message_.c_str(); }
+
+ private:
+  std::string python_message_;
 };
 
 // A scaler's state as ordered (key, value) entries; values are double, int64 or None (see state_dict()).

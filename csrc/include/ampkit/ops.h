@@ -56,14 +56,18 @@ AMPKIT_API void update_scale_hysteresis_(const at::Tensor& scale, const at::Tens
 // param_remainders (int16) may replace master_params: the exact FP32 master for 2 bytes per param (NOTE [BF16
 // weight + 16-bit remainder] in kernels/optim_functors.h). Optional lists are empty or one
 // tensor per param (max_exp_avg_sqs: iff amsgrad). lr_tensor (one FP32 element on the params' device) replaces
-// lr when given: read on the device, so an LR schedule can live in a captured CUDA graph.
+// lr when given: read on the device, so an LR schedule can live in a captured CUDA graph. With grad_scale and
+// write_unscaled_grads (the default, as torch's fused optimizers), the unscaled grads are stored back into grads;
+// false leaves them scaled and saves that write. On the CPU, FP32 steps are bit-identical to torch's fused CPU
+// kernels (NOTE [torch's scalar tail] in kernels/optim_functors.h).
 AMPKIT_API void adamw_step_(at::TensorList params, at::TensorList grads, at::TensorList master_params,
                             at::TensorList param_remainders, at::TensorList exp_avgs, at::TensorList exp_avg_sqs, at::TensorList max_exp_avg_sqs,
                             at::TensorList state_steps, double lr, double beta1, double beta2, double weight_decay,
                             double eps, bool amsgrad, bool maximize, bool decoupled_weight_decay,
                             const std::optional<at::Tensor>& grad_scale = std::nullopt,
                             const std::optional<at::Tensor>& found_inf = std::nullopt,
-                            const std::optional<at::Tensor>& lr_tensor = std::nullopt);
+                            const std::optional<at::Tensor>& lr_tensor = std::nullopt,
+                            bool write_unscaled_grads = true);
 
 // One fused SGD step (momentum buffers and step counts needed iff momentum != 0); same skipping rule.
 AMPKIT_API void sgd_step_(at::TensorList params, at::TensorList grads, at::TensorList master_params,
@@ -71,7 +75,8 @@ AMPKIT_API void sgd_step_(at::TensorList params, at::TensorList grads, at::Tenso
                           double dampening, double weight_decay, bool nesterov, bool maximize,
                           const std::optional<at::Tensor>& grad_scale = std::nullopt,
                           const std::optional<at::Tensor>& found_inf = std::nullopt,
-                          const std::optional<at::Tensor>& lr_tensor = std::nullopt);
+                          const std::optional<at::Tensor>& lr_tensor = std::nullopt,
+                          bool write_unscaled_grads = true);
 
 // What this build of ampkit contains: whether its CUDA kernels were compiled, for which architectures, and
 // which instruction set the CPU loops use on this machine.
@@ -80,6 +85,9 @@ struct BuildInfo {
   const char* cuda_archs;
   const char* cpu_isa;
   const char* torch_version;
+  // Elements of each tensor's scalar tail in the CPU optimizer steps: Vectorized<float>::size() of the kernels
+  // torch runs in this process (NOTE [torch's scalar tail] in kernels/optim_functors.h).
+  int cpu_optim_tail_width;
 };
 AMPKIT_API BuildInfo build_info();
 

@@ -48,6 +48,9 @@ struct AMPKIT_API AdamOptionsT : public torch::optim::OptimizerCloneableOptions<
   TORCH_ARG(bool, amsgrad) = false;
   TORCH_ARG(bool, maximize) = false;
   TORCH_ARG(std::optional<bool>, master_weights) = std::nullopt;
+  // A step the GradScaler unscales stores the unscaled grads back (as torch's fused optimizers); false leaves
+  // them scaled and saves that write.
+  TORCH_ARG(bool, write_unscaled_grads) = true;
 
  public:
   double get_lr() const override { return lr(); }
@@ -102,6 +105,7 @@ struct AMPKIT_API SGDOptions : public torch::optim::OptimizerCloneableOptions<SG
   TORCH_ARG(bool, nesterov) = false;
   TORCH_ARG(bool, maximize) = false;
   TORCH_ARG(std::optional<bool>, master_weights) = std::nullopt;
+  TORCH_ARG(bool, write_unscaled_grads) = true;  // as AdamOptionsT's
 
  public:
   double get_lr() const override { return lr(); }

@@ -2,6 +2,10 @@
 // widest of AVX-512, AVX2 and the baseline that this machine supports).
 #include "cpu_loops.h"
 
+#include <ATen/Version.h>
+
+#include <string>
+
 namespace ampkit::detail {
 namespace {
 
@@ -24,6 +28,24 @@ const CpuLoops& detect() {
 const CpuLoops& cpu_loops() {
   static const CpuLoops& loops = detect();
   return loops;
+}
+
+int torch_cpu_float_vector_width() {
+  static const int width = [] {
+    const std::string cap = at::get_cpu_capability();
+    if (cap == "AVX512") {
+      return 16;
+    }
+    if (cap == "SVE128") {
+      return 4;
+    }
+#if defined(__aarch64__)
+    return cap == "SVE256" ? 8 : 4;  // NEON: 128-bit vectors
+#else
+    return 8;  // AVX2, and the 32-byte generic vectors of torch's DEFAULT build
+#endif
+  }();
+  return width;
 }
 
 }  // namespace ampkit::detail

@@ -10,6 +10,8 @@
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
+#include <algorithm>
+#include <cmath>
 #include <type_traits>
 #include <vector>
 
@@ -28,6 +30,24 @@ struct VecMath {
   static VecF sqrt(const VecF& x) { return x.sqrt(); }
   static VecF max(const VecF& a, const VecF& b) { return at::vec::maximum(a, b); }
   static VecF neg(const VecF& x) { return x.neg(); }
+  // a * b + c rounded once, as the scalar functors' fmaf.
+  static VecF fma(const VecF& a, const VecF& b, const VecF& c) {
+#if defined(CPU_CAPABILITY_AVX2) || defined(CPU_CAPABILITY_AVX512)
+    return at::vec::fmadd(a, b, c);  // one vfmadd instruction
+#else
+    // The generic Vectorized fmadd is a * b + c rounded twice: one std::fma per lane instead.
+    __at_align__ float av[VecF::size()];
+    __at_align__ float bv[VecF::size()];
+    __at_align__ float cv[VecF::size()];
+    a.store(av);
+    b.store(bv);
+    c.store(cv);
+    for (int i = 0; i < VecF::size(); ++i) {
+      av[i] = std::fma(av[i], bv[i], cv[i]);
+    }
+    return VecF::loadu(av);
+#endif
+  }
 };
 
 // Two float vectors from 2 * VecF::size() elements of T, and back (rounding once to nearest-even).
@@ -52,36 +72,51 @@ void store2(T* p, const VecF& lo, const VecF& hi) {
 }
 
 // Runs `vec_body(w, g, m, v, vmax)` on pairs of float vectors over elements [begin, end) of t, then
-// `scalar_body` on the tail, and stores the weight (and the master) back.
+// `scalar_body(w, g, m, v, vmax, tail)` on what is left, and stores the weight (and the master) back. Elements
+// from `tail_from` on (NOTE [torch's scalar tail]) always take the scalar body with tail = true. With
+// `write_grads`, the unscaled grads are stored back into t.grad.
 template <typename T, typename VecBody, typename ScalarBody>
-void optim_span(const OptimTensor& t, int64_t begin, int64_t end, float grad_scale, const VecBody& vec_body,
-                const ScalarBody& scalar_body) {
+void optim_span(const OptimTensor& t, int64_t begin, int64_t end, int64_t tail_from, float grad_scale,
+                bool write_grads, const VecBody& vec_body, const ScalarBody& scalar_body) {
   static_assert(at::vec::Vectorized<T>::size() == 2 * VecF::size() || std::is_same_v<T, float>);
   constexpr int64_t kStep = 2 * VecF::size();
   T* param = static_cast<T*>(t.param);
-  const T* grad = static_cast<const T*>(t.grad);
+  T* grad = static_cast<T*>(t.grad);
   float* master = t.master;
   float* m = t.exp_avg;
   float* v = t.exp_avg_sq;
   float* vmax = t.max_exp_avg_sq;
   const VecF scale(grad_scale);
   const bool unscale = grad_scale != 1.f;
+  write_grads = write_grads && unscale;
+  // The grad of element i, unscaled (and stored back when asked).
+  auto scalar_grad = [&](int64_t i) {
+    float g = static_cast<float>(grad[i]);
+    if (unscale) {
+      g = g / grad_scale;
+      if (write_grads) {
+        grad[i] = static_cast<T>(g);
+      }
+    }
+    return g;
+  };
   if constexpr (std::is_same_v<T, c10::BFloat16>) {
     if (t.remainder != nullptr) {
       // BF16 weight + int16 remainder (NOTE [BF16 weight + 16-bit remainder]): scalar, bit-level.
       auto* bits = reinterpret_cast<uint16_t*>(param);
       for (int64_t i = begin; i < end; ++i) {
         float w1 = kernels::join_remainder(bits[i], t.remainder[i]);
-        const float g1 = static_cast<float>(grad[i]);
-        scalar_body(w1, unscale ? g1 / grad_scale : g1, m != nullptr ? m + i : nullptr,
-                    v != nullptr ? v + i : nullptr, vmax != nullptr ? vmax + i : nullptr);
+        const float g1 = scalar_grad(i);
+        scalar_body(w1, g1, m != nullptr ? m + i : nullptr, v != nullptr ? v + i : nullptr,
+                    vmax != nullptr ? vmax + i : nullptr, i >= tail_from);
         kernels::split_remainder(w1, &bits[i], &t.remainder[i]);
       }
       return;
     }
   }
+  const int64_t vec_end = std::min(end, tail_from);
   int64_t i = begin;
-  for (; i + kStep <= end; i += kStep) {
+  for (; i + kStep <= vec_end; i += kStep) {
     VecF w[2], g[2], mv[2], vv[2], vm[2];
     if (master != nullptr) {
       load2(master + i, w[0], w[1]);
@@ -89,6 +124,13 @@ void optim_span(const OptimTensor& t, int64_t begin, int64_t end, float grad_sca
       load2(param + i, w[0], w[1]);
     }
     load2(grad + i, g[0], g[1]);
+    if (unscale) {
+      g[0] = g[0] / scale;
+      g[1] = g[1] / scale;
+      if (write_grads) {
+        store2(grad + i, g[0], g[1]);
+      }
+    }
     if (m != nullptr) {
       load2(m + i, mv[0], mv[1]);
     }
@@ -99,7 +141,7 @@ void optim_span(const OptimTensor& t, int64_t begin, int64_t end, float grad_sca
       load2(vmax + i, vm[0], vm[1]);
     }
     for (int h = 0; h < 2; ++h) {
-      vec_body(w[h], unscale ? g[h] / scale : g[h], mv[h], vv[h], vmax != nullptr ? &vm[h] : nullptr);
+      vec_body(w[h], g[h], mv[h], vv[h], vmax != nullptr ? &vm[h] : nullptr);
     }
     if (m != nullptr) {
       store2(m + i, mv[0], mv[1]);
@@ -117,9 +159,9 @@ void optim_span(const OptimTensor& t, int64_t begin, int64_t end, float grad_sca
   }
   for (; i < end; ++i) {
     float w1 = master != nullptr ? master[i] : static_cast<float>(param[i]);
-    const float g1 = static_cast<float>(grad[i]);
-    scalar_body(w1, unscale ? g1 / grad_scale : g1, m != nullptr ? m + i : nullptr, v != nullptr ? v + i : nullptr,
-                vmax != nullptr ? vmax + i : nullptr);
+    const float g1 = scalar_grad(i);
+    scalar_body(w1, g1, m != nullptr ? m + i : nullptr, v != nullptr ? v + i : nullptr,
+                vmax != nullptr ? vmax + i : nullptr, i >= tail_from);
     if (master != nullptr) {
       master[i] = w1;
     }
@@ -128,17 +170,18 @@ void optim_span(const OptimTensor& t, int64_t begin, int64_t end, float grad_sca
 }
 
 template <typename VecBody, typename ScalarBody>
-void dispatch_span(const OptimTensor& t, int64_t begin, int64_t end, float grad_scale, const VecBody& vec_body,
-                   const ScalarBody& scalar_body) {
+void dispatch_span(const OptimTensor& t, int64_t begin, int64_t end, int tail_width, float grad_scale,
+                   bool write_grads, const VecBody& vec_body, const ScalarBody& scalar_body) {
+  const int64_t tail_from = kernels::tail_start(t.numel, tail_width);
   switch (t.dtype) {
     case DType::kFloat16:
-      optim_span<c10::Half>(t, begin, end, grad_scale, vec_body, scalar_body);
+      optim_span<c10::Half>(t, begin, end, tail_from, grad_scale, write_grads, vec_body, scalar_body);
       break;
     case DType::kBFloat16:
-      optim_span<c10::BFloat16>(t, begin, end, grad_scale, vec_body, scalar_body);
+      optim_span<c10::BFloat16>(t, begin, end, tail_from, grad_scale, write_grads, vec_body, scalar_body);
       break;
     default:
-      optim_span<float>(t, begin, end, grad_scale, vec_body, scalar_body);
+      optim_span<float>(t, begin, end, tail_from, grad_scale, write_grads, vec_body, scalar_body);
       break;
   }
 }
@@ -149,7 +192,7 @@ void adam_step(const OptimTensor* tensors, int64_t n, const kernels::AdamParams&
   const kernels::AdamOp op{params};
   std::vector<kernels::AdamStepFactors> factors(n);
   for (int64_t t = 0; t < n; ++t) {
-    factors[t] = kernels::AdamStepFactors::at_step(params, *tensors[t].step + 1.f);
+    factors[t] = kernels::AdamStepFactors::at_step(params, params.lr, *tensors[t].step + 1.f);
   }
   // Grads are divided by the scale, as torch's fused kernels do.
   // Optimizer steps do ~20 flops per element: worth threads from a quarter of the unscale's threshold.
@@ -157,9 +200,9 @@ void adam_step(const OptimTensor* tensors, int64_t n, const kernels::AdamParams&
                  [&](size_t, const WorkItem& w) {
     const kernels::AdamStepFactors& f = factors[w.tensor];
     dispatch_span(
-        tensors[w.tensor], w.begin, w.end, grad_scale,
+        tensors[w.tensor], w.begin, w.end, params.tail_width, grad_scale, params.write_unscaled_grads,
         [&](VecF& w, VecF g, VecF& m, VecF& v, VecF* vmax) { op.apply<VecF, VecMath>(w, g, m, v, vmax, f); },
-        [&](float& w, float g, float* m, float* v, float* vmax) { op(w, g, *m, *v, vmax, f); });
+        [&](float& w, float g, float* m, float* v, float* vmax, bool tail) { op(w, g, *m, *v, vmax, f, tail); });
   });
   for (int64_t t = 0; t < n; ++t) {
     *tensors[t].step += 1.f;
@@ -172,9 +215,9 @@ void sgd_step(const OptimTensor* tensors, int64_t n, const kernels::SgdParams& p
                  [&](size_t, const WorkItem& w) {
     const bool first = tensors[w.tensor].step == nullptr || *tensors[w.tensor].step == 0.f;
     dispatch_span(
-        tensors[w.tensor], w.begin, w.end, grad_scale,
+        tensors[w.tensor], w.begin, w.end, params.tail_width, grad_scale, params.write_unscaled_grads,
         [&](VecF& w, VecF g, VecF& buf, VecF&, VecF*) { op.apply<VecF, VecMath>(w, g, &buf, first); },
-        [&](float& w, float g, float* buf, float*, float*) { op(w, g, buf, first); });
+        [&](float& w, float g, float* buf, float*, float*, bool tail) { op(w, g, buf, first, tail); });
   });
   for (int64_t t = 0; t < n; ++t) {
     if (tensors[t].step != nullptr) {
