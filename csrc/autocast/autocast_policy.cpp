@@ -117,8 +117,10 @@ void for_each_tensor_arg(torch::jit::Stack* stack, size_t num_args, const F& f) 
   }
 }
 
+// One instantiation per autocast key: the key a kernel serves is fixed at registration, never read from the
+// call's key set (under torch.compile's tracing the set's highest key is not the autocast key).
+template <c10::DispatchKey key>
 void autocast_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
-  const c10::DispatchKey key = ks.highestPriorityTypeId();
   const c10::DeviceType device =
       key == c10::DispatchKey::AutocastCUDA ? c10::DeviceType::CUDA : c10::DeviceType::CPU;
   const c10::OperatorName& name = op.operator_name();
@@ -179,7 +181,10 @@ void install(const std::string& name, c10::DispatchKey key) {
     const c10::WarningUtils::WarningHandlerGuard quiet(&silent);
     const std::string overload =
         op_name.overload_name.empty() ? op_name.name : op_name.name + "." + op_name.overload_name;
-    lib->impl(overload.c_str(), torch::CppFunction::makeFromBoxedFunction<&autocast_kernel>());
+    lib->impl(overload.c_str(),
+              key == c10::DispatchKey::AutocastCUDA
+                  ? torch::CppFunction::makeFromBoxedFunction<&autocast_kernel<c10::DispatchKey::AutocastCUDA>>()
+                  : torch::CppFunction::makeFromBoxedFunction<&autocast_kernel<c10::DispatchKey::AutocastCPU>>());
     registry().libraries.push_back(std::move(lib));
     registry().installed.emplace(k, std::move(entry));
   }

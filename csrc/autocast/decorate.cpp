@@ -20,8 +20,17 @@ bool is_norm(const torch::nn::Module& m) {
 
 }  // namespace
 
-void decorate(torch::nn::Module& module, OptLevel level, c10::ScalarType dtype, bool keep_norm_fp32,
-              const std::vector<std::string>& excluded) {
+void decorate(torch::nn::Module& module, OptLevel level, std::optional<c10::ScalarType> dtype_arg,
+              bool keep_norm_fp32, const std::vector<std::string>& excluded) {
+  c10::ScalarType dtype = c10::kBFloat16;
+  if (dtype_arg.has_value()) {
+    dtype = *dtype_arg;
+  } else {
+    const auto params = module.parameters();
+    if (!params.empty() && params.front().is_cuda()) {
+      dtype = c10::kHalf;
+    }
+  }
   TORCH_CHECK_VALUE(dtype == c10::kHalf || dtype == c10::kBFloat16,
                     "ampkit::decorate: dtype must be Half or BFloat16, but got ", dtype);
   if (level == OptLevel::kO0 || level == OptLevel::kO1) {

@@ -353,7 +353,7 @@ void GradScaler::update(double new_scale) {
   check_scale_exists("update");
   check_new_scale_allowed();
   TORCH_CHECK_VALUE(std::isfinite(new_scale) && new_scale > 0.0,
-                    "GradScaler.update: new_scale must be a finite number > 0, but got ", new_scale);
+                    "GradScaler update(new_scale): new_scale must be a finite number > 0, but got ", new_scale);
   scale_.fill_(new_scale);
   end_iteration();
 }
@@ -380,6 +380,10 @@ void GradScaler::update(const at::Tensor& new_scale) {
                                py_reason);
   }
   check_new_scale_allowed();
+  // A manual override, off the hot path: its value is read (one sync) and checked as update(double) checks it.
+  const double value = new_scale.item<double>();
+  TORCH_CHECK_VALUE(std::isfinite(value) && value > 0.0,
+                    "GradScaler update(new_scale): new_scale must be a finite number > 0, but got ", value);
   scale_.copy_(new_scale);
   end_iteration();
 }

@@ -8,7 +8,8 @@ dispatch path. ``op_stats`` counts which ops ran in which dtype. ``decorate`` ap
 from __future__ import annotations
 
 import warnings
-from typing import Any, Iterable, Optional, Union
+from collections.abc import Iterable
+from typing import Any, Optional, Union
 
 import torch
 from torch import nn
@@ -26,8 +27,19 @@ class autocast(torch.autocast):
     def __init__(self, device_type: str, dtype: Optional[torch.dtype] = None, enabled: bool = True,
                  cache_enabled: Optional[bool] = None, *, fp32_ops: Iterable[str] = (),
                  lowp_ops: Iterable[str] = ()) -> None:
+        _check_device_type("ampkit.autocast", device_type)
+        if dtype is not None and dtype not in (torch.float16, torch.bfloat16):
+            raise ValueError("ampkit.autocast: dtype must be torch.float16, torch.bfloat16 or None (the device's "
+                             f"default), but got {dtype!r}")
+        if not isinstance(enabled, bool):
+            raise TypeError(f"ampkit.autocast: enabled must be True or False, but got {type(enabled).__name__} "
+                            f"{enabled!r}")
+        if cache_enabled is not None and not isinstance(cache_enabled, bool):
+            raise TypeError("ampkit.autocast: cache_enabled must be True, False or None, but got "
+                            f"{type(cache_enabled).__name__} {cache_enabled!r}")
         for arg, ops in (("fp32_ops", fp32_ops), ("lowp_ops", lowp_ops)):
-            if isinstance(ops, str) or not all(isinstance(op, str) for op in ops):
+            if (isinstance(ops, str) or not isinstance(ops, Iterable)
+                    or not all(isinstance(op, str) for op in ops)):
                 raise TypeError(f"ampkit.autocast: {arg} must be a list of op names such as ['softmax'], but got "
                                 f"{ops!r}")
         super().__init__(device_type, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
@@ -62,7 +74,13 @@ def register_autocast(op: str, device_type: str, policy: str) -> None:
     """Autocast behaviour for a custom op (C++ or Python defined) on ``device_type`` ("cpu"/"cuda"): ``policy``
     ``"lowp"`` casts its floating inputs to the autocast dtype, ``"fp32"`` to FP32, ``"promote"`` to the widest
     of them. Implemented in C++: no Python runs when the op is dispatched."""
+    _check_device_type("register_autocast", device_type)
     _C.register_autocast(op, device_type, policy)
+
+
+def _check_device_type(where: str, device_type: Any) -> None:
+    if device_type not in ("cpu", "cuda"):
+        raise ValueError(f"{where}: device_type must be 'cpu' or 'cuda', but got {device_type!r}")
 
 
 class op_stats:
@@ -91,7 +109,8 @@ class op_stats:
 LEVELS = {
     "O0": "FP32 everywhere (the baseline).",
     "O1": "Autocast (ampkit.autocast / AutocastGuard) + a GradScaler: matmuls and convolutions in low precision, "
-          "softmax, norms, losses and reductions in FP32, weights FP32. The safe default.",
+          "the ops on autocast's FP32 list in FP32 (docs/autocast_ops.md: on CUDA softmax, most norms and losses; "
+          "on the CPU mainly losses), weights FP32. The safe default.",
     "O2": "The model's weights in FP16/BF16, normalisation layers (and `excluded` modules) kept FP32, FP32 master "
           "weights in the optimizer (taken from the FP32 weights before the cast) + a GradScaler. Faster and "
           "leaner than O1; keep embeddings that take sparse updates in `excluded`.",

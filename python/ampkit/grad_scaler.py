@@ -7,6 +7,8 @@ handing ``grad_scale``/``found_inf`` to optimizers that take them (``_step_suppo
 from __future__ import annotations
 
 import inspect
+import numbers
+import os
 import warnings
 from collections import abc
 from enum import Enum
@@ -33,6 +35,38 @@ def _params(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
                 raise AssertionError(f"expected param to be torch.Tensor, got {type(p).__name__}")
             params.append(p)
     return params
+
+
+def _number(where: str, name: str, value: Any) -> float:
+    """A real number (a Python number or a one-element tensor) as a float, or a TypeError naming the argument."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_complex():
+        return float(value)
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{where}: {name} must be a number, but got {type(value).__name__} {value!r}")
+    return float(value)
+
+
+def _flag(where: str, name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{where}: {name} must be True or False, but got {type(value).__name__} {value!r}")
+    return value
+
+
+def _device_type(device: Any) -> Optional[str]:
+    """The device type a device string names, or None when it names none."""
+    if not isinstance(device, str):
+        return None
+    try:
+        return torch.device(device).type
+    except RuntimeError:
+        return None
+
+
+def _optimizer(where: str, optimizer: Any) -> torch.optim.Optimizer:
+    if not isinstance(getattr(optimizer, "param_groups", None), list):
+        raise TypeError(f"{where}: optimizer must be a torch.optim.Optimizer (something with param_groups), but got "
+                        f"{type(optimizer).__name__}")
+    return optimizer
 
 
 class GradScaler:
@@ -71,6 +105,18 @@ class GradScaler:
         overflow_report: bool = False,
         raise_at_min_scale: bool = False,
     ) -> None:
+        where = "ampkit.GradScaler"
+        if _device_type(device) not in ("cpu", "cuda"):
+            raise ValueError(f"{where}: device must be 'cpu' or 'cuda' (ampkit has kernels for those), but got "
+                             f"{device!r}")
+        init_scale = _number(where, "init_scale", init_scale)
+        growth_factor = _number(where, "growth_factor", growth_factor)
+        backoff_factor = _number(where, "backoff_factor", backoff_factor)
+        min_scale = None if min_scale is None else _number(where, "min_scale", min_scale)
+        max_scale = None if max_scale is None else _number(where, "max_scale", max_scale)
+        for name, value in (("enabled", enabled), ("scaling", scaling), ("overflow_report", overflow_report),
+                            ("raise_at_min_scale", raise_at_min_scale)):
+            _flag(where, name, value)
         self._device = device
         if device == "cuda" and enabled and not torch.cuda.is_available():
             warnings.warn("torch.cuda.amp.GradScaler is enabled, but CUDA is not available.  Disabling.", stacklevel=2)
@@ -111,6 +157,8 @@ class GradScaler:
             return outputs
         if isinstance(outputs, torch.Tensor):
             return self._core.scale(outputs)
+        if isinstance(outputs, (str, bytes)):
+            raise ValueError("outputs must be a Tensor or an iterable of Tensors")
 
         def apply_scale(val):
             if isinstance(val, torch.Tensor):
@@ -128,6 +176,7 @@ class GradScaler:
         """Divide the optimizer's gradients by the scale in place and record Inf/NaN (no host sync)."""
         if not self._enabled:
             return
+        _optimizer("GradScaler.unscale_", optimizer)
         self._core.unscale_params_(id(optimizer), _params(optimizer))
 
     def step(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Optional[float]:
@@ -138,6 +187,7 @@ class GradScaler:
             return optimizer.step(*args, **kwargs)
         if "closure" in kwargs:
             raise RuntimeError("Closure use is not currently supported if GradScaler is enabled.")
+        _optimizer("GradScaler.step", optimizer)
         key = id(optimizer)
         self._core.begin_step(key)
         if getattr(optimizer, "_step_supports_amp_scaling", False):
@@ -179,7 +229,7 @@ class GradScaler:
         elif isinstance(new_scale, torch.Tensor):
             self._core.update_to_tensor(new_scale)
         else:
-            self._core.update_to(float(new_scale))
+            self._core.update_to(_number("GradScaler.update", "new_scale", new_scale))
 
     # ---- state --------------------------------------------------------------------------------------------------
 
@@ -201,18 +251,24 @@ class GradScaler:
         return self._core.get_growth_factor()
 
     def set_growth_factor(self, new_factor: float) -> None:
-        self._core.set_growth_factor(float(new_factor))
+        self._core.set_growth_factor(_number("GradScaler.set_growth_factor", "new_factor", new_factor))
 
     def get_backoff_factor(self) -> float:
         return self._core.get_backoff_factor()
 
     def set_backoff_factor(self, new_factor: float) -> None:
-        self._core.set_backoff_factor(float(new_factor))
+        self._core.set_backoff_factor(_number("GradScaler.set_backoff_factor", "new_factor", new_factor))
 
     def get_growth_interval(self) -> int:
         return self._core.get_growth_interval()
 
     def set_growth_interval(self, new_interval: int) -> None:
+        if isinstance(new_interval, bool) or not isinstance(new_interval, numbers.Integral):
+            raise TypeError("GradScaler.set_growth_interval: new_interval must be an int, but got "
+                            f"{type(new_interval).__name__} {new_interval!r}")
+        if not 1 <= new_interval <= 2**31 - 1:
+            raise ValueError("GradScaler.set_growth_interval: growth_interval must be in [1, 2^31 - 1], but got "
+                             f"{new_interval}")
         self._core.set_growth_interval(int(new_interval))
 
     def is_enabled(self) -> bool:
@@ -234,7 +290,16 @@ class GradScaler:
 
     def name_parameters(self, named_parameters: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Register names for the overflow report, e.g. ``scaler.name_parameters(model.named_parameters())``."""
-        self._core.set_parameter_names(list(named_parameters))
+        if not isinstance(named_parameters, abc.Iterable):
+            raise TypeError("GradScaler.name_parameters: named_parameters must be an iterable of (name, tensor) "
+                            f"pairs such as model.named_parameters(), but got {type(named_parameters).__name__}")
+        pairs = list(named_parameters)
+        for i, pair in enumerate(pairs):
+            if not (isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[0], str)
+                    and isinstance(pair[1], torch.Tensor)):
+                raise TypeError(f"GradScaler.name_parameters: item {i} must be a (str, Tensor) pair, but got "
+                                f"{pair!r:.80}")
+        self._core.set_parameter_names(pairs)
 
     def state_dict(self) -> dict[str, Any]:
         """torch.amp.GradScaler's keys (plain floats and ints) plus ampkit's; ``{}`` when disabled."""
@@ -242,6 +307,9 @@ class GradScaler:
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load torch.amp.GradScaler's or ampkit's state; on a malformed dict raise and change nothing."""
+        if not isinstance(state_dict, abc.Mapping):
+            raise TypeError("GradScaler.load_state_dict: state_dict must be a dict (from state_dict()), but got "
+                            f"{type(state_dict).__name__}")
         if not self._enabled:
             return
         self._core.load_state_dict(dict(state_dict))
@@ -252,6 +320,8 @@ class GradScaler:
 
     def load(self, path: str) -> None:
         """Read a checkpoint written by :meth:`save` or by C++ ``torch::save(scaler, path)``."""
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"GradScaler.load: no checkpoint file at {str(path)!r}")
         self._core.load(str(path))
 
     # torch.amp.GradScaler internals that other libraries and fused optimizers call.

@@ -19,6 +19,8 @@ torch).
 """
 from __future__ import annotations
 
+import math
+import numbers
 from itertools import chain
 from typing import Any, Callable, Iterable, Optional
 
@@ -54,6 +56,28 @@ class _FusedOptimizer(torch.optim.Optimizer):
     _required_together: tuple[str, ...] = ()  # state entries that are all present or all absent
     _group_defaults: dict = {}  # torch.optim's __setstate__ defaults
     _group_forced: dict = {}
+
+    _flags: tuple[str, ...] = ("maximize",)  # torch's bool options of this optimizer
+
+    def add_param_group(self, param_group: dict) -> None:
+        """torch.optim's add_param_group, with the group's values checked (with the defaults it will take) before
+        it is added: a bad group raises and the optimizer is unchanged."""
+        if isinstance(param_group, dict):
+            merged = dict(self.defaults, **{k: v for k, v in param_group.items() if k != "params"})
+            self._check_group(merged)
+        super().add_param_group(param_group)
+
+    def _check_group(self, group: dict) -> None:
+        """torch's range checks (_check_values) plus ampkit's: master_weights and bool flags."""
+        self._check_values(group)
+        name = type(self).__name__
+        mw = group.get("master_weights")
+        if not (mw is None or isinstance(mw, bool) or mw == "remainder"):
+            raise ValueError(f"{name}: master_weights must be None, True, False or 'remainder', but got {mw!r}")
+        for flag in self._flags:
+            value = group.get(flag, False)
+            if not isinstance(value, (bool, int)) or isinstance(value, int) and value not in (0, 1):
+                raise TypeError(f"{name}: {flag} must be True or False, but got {type(value).__name__} {value!r}")
 
     def _master_mode(self, group: dict, p: torch.Tensor) -> str:
         """'master' (FP32 copy), 'remainder' (BF16 weight + int16 low half) or 'none' for this parameter."""
@@ -224,7 +248,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
         """Checks every group against the kernels' rules before anything is written (an optimizer step is
         atomic: a bad group raises before the first group is updated)."""
         for group in self.param_groups:
-            self._check_values(group)
+            self._check_group(group)
             if group.get("master_weights") is None:
                 continue  # the default mode cannot be refused
             for p in group["params"]:
@@ -311,6 +335,16 @@ class _FusedOptimizer(torch.optim.Optimizer):
                                               device=p.device if on_device else "cpu")
 
 
+def _check_number(name: str, value: Any) -> None:
+    """A hyper-parameter must be a real number or a one-element real tensor."""
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1 or value.is_complex():
+            raise ValueError(f"Tensor {name} must be a 1-element real tensor, but got shape {tuple(value.shape)} "
+                             f"{value.dtype}")
+    elif isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a number or a 1-element tensor, but got {type(value).__name__} {value!r}")
+
+
 def _check_bool(cls: str, name: str, value: Any) -> bool:
     if not isinstance(value, bool):
         raise TypeError(f"{cls}: {name} must be True or False, but got {value!r}")
@@ -357,6 +391,7 @@ class Adam(_FusedOptimizer):
     """torch.optim.Adam's arguments and results, on ampkit's fused kernel, plus ``master_weights``."""
 
     _decoupled_default = False
+    _flags = ("amsgrad", "maximize", "decoupled_weight_decay")
     _required_together = ("step", "exp_avg", "exp_avg_sq")
     _group_defaults = dict(amsgrad=False, maximize=False, foreach=None, capturable=False, differentiable=False,
                            decoupled_weight_decay=False, fused=None, master_weights=None)
@@ -383,12 +418,19 @@ class Adam(_FusedOptimizer):
     def _check_values(group: dict) -> None:
         """torch.optim.Adam's range checks and messages, for the constructor and for every group at step()."""
         lr, eps, betas, weight_decay = group["lr"], group["eps"], group["betas"], group["weight_decay"]
+        _check_number("lr", lr)
+        _check_number("eps", eps)
+        _check_number("weight_decay", weight_decay)
+        if not isinstance(betas, (tuple, list)):
+            raise TypeError(f"betas must be a pair (beta1, beta2), but got {type(betas).__name__} {betas!r}")
         if not 0.0 <= lr:
             raise ValueError(f"Invalid learning rate: {lr}")
         if not 0.0 <= eps:
             raise ValueError(f"Invalid epsilon value: {eps}")
         if len(betas) != 2:
             raise ValueError(f"betas must be a pair (beta1, beta2), but got {betas!r}")
+        for i, beta in enumerate(betas):
+            _check_number(f"betas[{i}]", beta)
         if not 0.0 <= betas[0] < 1.0:
             raise ValueError(f"Invalid beta parameter at index 0: {betas[0]}")
         if not 0.0 <= betas[1] < 1.0:
@@ -470,6 +512,7 @@ class SGD(_FusedOptimizer):
     """torch.optim.SGD's arguments and results, on ampkit's fused kernel, plus ``master_weights``."""
 
     _initialised_by = ("momentum_buffer",)
+    _flags = ("nesterov", "maximize")
     _group_defaults = dict(nesterov=False, maximize=False, foreach=None, differentiable=False, fused=False,
                            master_weights=None)
 
@@ -490,12 +533,17 @@ class SGD(_FusedOptimizer):
 
     @staticmethod
     def _check_values(group: dict) -> None:
-        """torch.optim.SGD's range checks and messages, for the constructor and for every group at step()."""
-        if group["lr"] < 0.0:
+        """torch.optim.SGD's range checks and messages (NaN refused too), for the constructor and for every group
+        at step()."""
+        for key in ("lr", "momentum", "dampening", "weight_decay"):
+            _check_number(key, group[key])
+        if not 0.0 <= group["lr"]:
             raise ValueError(f"Invalid learning rate: {group['lr']}")
-        if group["momentum"] < 0.0:
+        if not 0.0 <= group["momentum"] < math.inf:
             raise ValueError(f"Invalid momentum value: {group['momentum']}")
-        if group["weight_decay"] < 0.0:
+        if not -math.inf < group["dampening"] < math.inf:
+            raise ValueError(f"Invalid dampening value: {group['dampening']}")
+        if not 0.0 <= group["weight_decay"]:
             raise ValueError(f"Invalid weight_decay value: {group['weight_decay']}")
         if group["nesterov"] and (group["momentum"] <= 0 or group["dampening"] != 0):
             raise ValueError("Nesterov momentum requires a momentum and zero dampening")

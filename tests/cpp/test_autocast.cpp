@@ -195,3 +195,13 @@ TEST_CASE("decorate: O2 keeps norms FP32, casts the rest, and the model trains w
   REQUIRE_THROWS_WITH(ampkit::decorate(*model, ampkit::OptLevel::kO3, at::kBFloat16, true, {"nope"}),
                       Catch::Contains("excluded module 'nope' is not in the model"));
 }
+
+TEST_CASE("decorate: no dtype picks BF16 for a CPU module, and a bad dtype changes nothing", "[autocast][cpu]") {
+  torch::nn::Sequential model(torch::nn::Linear(4, 4), torch::nn::LayerNorm(torch::nn::LayerNormOptions({4})));
+  REQUIRE_THROWS_WITH(ampkit::decorate(*model, ampkit::OptLevel::kO2, at::kDouble),
+                      Catch::Contains("dtype must be Half or BFloat16, but got Double"));
+  CHECK(model->named_parameters()["0.weight"].scalar_type() == at::kFloat);
+  ampkit::decorate(*model, ampkit::OptLevel::kO2);
+  CHECK(model->named_parameters()["0.weight"].scalar_type() == at::kBFloat16);
+  CHECK(model->named_parameters()["1.weight"].scalar_type() == at::kFloat);
+}

@@ -69,6 +69,20 @@ def test_installed_override_kernels_leave_torch_behaviour_unchanged_outside_over
     assert "checked 36 results" in done.stdout
 
 
+def test_torch_compile_traces_ops_that_carry_override_kernels():
+    # Ops whose autocast kernel ampkit installed (for an override) still trace under torch.compile, where the
+    # kernel is reached with a key set whose highest key is not the autocast key.
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4))
+    x = torch.randn(3, 8)
+    with ampkit.autocast("cpu", dtype=torch.bfloat16, fp32_ops=["linear"]):
+        assert model(x).dtype == torch.float32
+    compiled = torch.compile(model, fullgraph=True, backend="eager")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = compiled(x)
+        assert out.dtype == torch.bfloat16
+        assert torch.equal(out, model(x))
+
+
 def test_forced_fp32_and_forced_low_precision():
     x = _inputs()
     with ampkit.autocast("cpu", dtype=DT, fp32_ops=["linear", "aten::mm"], lowp_ops=["sum"]):

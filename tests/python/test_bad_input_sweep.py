@@ -201,3 +201,150 @@ def test_a_skipped_step_changes_nothing_in_every_master_mode(cls, kwargs, master
                 assert torch.equal(value.reshape(-1).view(torch.uint8), old.reshape(-1).view(torch.uint8)), key
             elif key not in ("master_param", "param_remainder"):  # created lazily on the skipped step
                 assert value.count_nonzero().item() == 0, key
+
+
+# ---- class methods and options: GradScaler, the optimizers, autocast -------------------------------------------
+
+nan = float("nan")
+_p = torch.zeros(3, requires_grad=True)
+
+SCALER_OPTIONS = [
+    (dict(init_scale="a"), TypeError, "init_scale must be a number"),
+    (dict(init_scale=-1.0), ValueError, "init_scale must be a finite number > 0"),
+    (dict(init_scale=nan), ValueError, "init_scale must be a finite number > 0"),
+    (dict(growth_factor="x"), TypeError, "growth_factor must be a number"),
+    (dict(backoff_factor=0.0), ValueError, "backoff_factor must be > 0"),
+    (dict(growth_interval=0), ValueError, "growth_interval must be an int"),
+    (dict(growth_interval=2**64), ValueError, "growth_interval must be an int"),
+    (dict(hysteresis=1.5), ValueError, "hysteresis must be an int"),
+    (dict(min_scale=nan), ValueError, "min_scale must be a finite number"),
+    (dict(min_scale=10.0, max_scale=1.0), ValueError, "max_scale must be >= min_scale"),
+    (dict(process_group=42), TypeError, "process_group must be a torch.distributed.ProcessGroup"),
+    (dict(scaling="yes"), TypeError, "scaling must be True or False"),
+    (dict(overflow_report=3), TypeError, "overflow_report must be True or False"),
+    (dict(raise_at_min_scale="x"), TypeError, "raise_at_min_scale must be True or False"),
+    (dict(enabled="x"), TypeError, "enabled must be True or False"),
+    (dict(device="tpu"), ValueError, "device must be 'cpu' or 'cuda'"),
+    (dict(device=3), ValueError, "device must be 'cpu' or 'cuda'"),
+]
+
+
+@pytest.mark.parametrize("kwargs,error,match", SCALER_OPTIONS, ids=lambda v: repr(v)[:40] if isinstance(v, dict) else "")
+def test_scaler_options_get_an_error_naming_the_option(kwargs, error, match):
+    kwargs = dict(kwargs)
+    device = kwargs.pop("device", "cpu")
+    with pytest.raises(error, match=match):
+        ampkit.GradScaler(device, **kwargs)
+
+
+def _scaled_scaler():
+    s = ampkit.GradScaler("cpu", init_scale=1024.0)
+    s.scale(torch.ones(1))
+    return s
+
+
+SCALER_METHODS = [
+    ("set_growth_factor", (nan,), ValueError, "set_growth_factor: the growth factor must be a finite number"),
+    ("set_growth_factor", ("a",), TypeError, "set_growth_factor: new_factor must be a number"),
+    ("set_backoff_factor", (2.0,), ValueError, "set_backoff_factor: the backoff factor must be in"),
+    ("set_growth_interval", (-1,), ValueError, "set_growth_interval: growth_interval must be in"),
+    ("set_growth_interval", ("a",), TypeError, "set_growth_interval: new_interval must be an int"),
+    ("scale", ("loss",), ValueError, "outputs must be a Tensor or an iterable of Tensors"),
+    ("scale", ([1, 2],), ValueError, "outputs must be a Tensor or an iterable of Tensors"),
+    ("unscale_", ("opt",), TypeError, "unscale_: optimizer must be a torch.optim.Optimizer"),
+    ("step", (None,), TypeError, "step: optimizer must be a torch.optim.Optimizer"),
+    ("update", ("x",), TypeError, "update: new_scale must be a number"),
+    ("update", (nan,), ValueError, r"update\(new_scale\): new_scale must be a finite number > 0"),
+    ("update", (-1.0,), ValueError, r"update\(new_scale\): new_scale must be a finite number > 0"),
+    ("update", (torch.tensor(-2.0),), ValueError, r"update\(new_scale\): new_scale must be a finite number > 0"),
+    ("update", (torch.ones(2),), AssertionError, "new_scale should be a float or a 1-element"),
+    ("load_state_dict", (5,), TypeError, "load_state_dict: state_dict must be a dict"),
+    ("load_state_dict", ({"scale": "a"},), TypeError, "load_state_dict: 'scale' must be a number"),
+    ("name_parameters", (5,), TypeError, "name_parameters: named_parameters must be an iterable"),
+    ("name_parameters", ([("a", 1)],), TypeError, r"name_parameters: item 0 must be a \(str, Tensor\) pair"),
+    ("load", ("/nonexistent/scaler.pt",), FileNotFoundError, "load: no checkpoint file at"),
+]
+
+
+@pytest.mark.parametrize("method,args,error,match", SCALER_METHODS,
+                         ids=[f"{m}-{i}" for i, (m, *_rest) in enumerate(SCALER_METHODS)])
+def test_scaler_methods_name_the_method_and_argument_and_change_nothing(method, args, error, match):
+    s = _scaled_scaler()
+    before = (s.state_dict(), s.stats(), float(s._scale))
+    with pytest.raises(error, match=match):
+        getattr(s, method)(*args)
+    assert (s.state_dict(), s.stats(), float(s._scale)) == before
+    # Nothing half-done was left behind: a whole iteration runs after the error.
+    p = torch.ones(3, requires_grad=True)
+    opt = torch.optim.SGD([p], lr=0.1)
+    s.scale(p.sum()).backward()
+    s.step(opt)
+    s.update()
+    assert s.stats()["steps"] == 1 and torch.equal(p.detach(), torch.full((3,), 0.9))
+
+
+OPTIMIZER_OPTIONS = [
+    ("AdamW", dict(lr="a"), TypeError, "lr must be a number or a 1-element tensor"),
+    ("AdamW", dict(lr=nan), ValueError, "Invalid learning rate: nan"),
+    ("AdamW", dict(betas=0.9), TypeError, r"betas must be a pair \(beta1, beta2\)"),
+    ("AdamW", dict(betas=(0.9,)), ValueError, r"betas must be a pair \(beta1, beta2\)"),
+    ("AdamW", dict(betas=(0.9, "b")), TypeError, r"betas\[1\] must be a number"),
+    ("AdamW", dict(eps=nan), ValueError, "Invalid epsilon value: nan"),
+    ("AdamW", dict(weight_decay=nan), ValueError, "Invalid weight_decay value: nan"),
+    ("AdamW", dict(master_weights="bogus"), ValueError, "AdamW: master_weights must be None, True, False or"),
+    ("AdamW", dict(amsgrad="x"), TypeError, "AdamW: amsgrad must be True or False"),
+    ("Adam", dict(maximize=2), TypeError, "Adam: maximize must be True or False"),
+    ("AdamW", dict(write_unscaled_grads=None), TypeError, "AdamW: write_unscaled_grads must be True or False"),
+    ("SGD", dict(lr=nan), ValueError, "Invalid learning rate: nan"),
+    ("SGD", dict(lr=0.1, momentum=nan), ValueError, "Invalid momentum value: nan"),
+    ("SGD", dict(lr=0.1, dampening=nan), ValueError, "Invalid dampening value: nan"),
+    ("SGD", dict(lr=0.1, weight_decay="w"), TypeError, "weight_decay must be a number"),
+    ("SGD", dict(lr=0.1, master_weights=3), ValueError, "SGD: master_weights must be None, True, False or"),
+]
+
+
+@pytest.mark.parametrize("cls,kwargs,error,match", OPTIMIZER_OPTIONS,
+                         ids=[f"{c}-{i}" for i, (c, *_rest) in enumerate(OPTIMIZER_OPTIONS)])
+def test_optimizer_options_are_refused_in_the_constructor_and_in_add_param_group(cls, kwargs, error, match):
+    with pytest.raises(error, match=match):
+        getattr(ampkit.optim, cls)([_p], **kwargs)
+    opt = getattr(ampkit.optim, cls)([_p], lr=0.1)
+    if not set(kwargs) <= set(opt.defaults):
+        return  # a constructor-only option
+    before = [dict((k, v) for k, v in g.items() if k != "params") for g in opt.param_groups]
+    with pytest.raises(error, match=match):
+        opt.add_param_group(dict(params=[torch.zeros(2, requires_grad=True)], **kwargs))
+    assert [dict((k, v) for k, v in g.items() if k != "params") for g in opt.param_groups] == before
+
+
+AUTOCAST_OPTIONS = [
+    (dict(device_type="tpu"), ValueError, "ampkit.autocast: device_type must be 'cpu' or 'cuda'"),
+    (dict(device_type="cpu", dtype=torch.float64), ValueError, "ampkit.autocast: dtype must be torch.float16"),
+    (dict(device_type="cpu", enabled="x"), TypeError, "ampkit.autocast: enabled must be True or False"),
+    (dict(device_type="cpu", cache_enabled=3), TypeError, "ampkit.autocast: cache_enabled must be True, False"),
+    (dict(device_type="cpu", fp32_ops="softmax"), TypeError, "ampkit.autocast: fp32_ops must be a list of op names"),
+    (dict(device_type="cpu", lowp_ops=5), TypeError, "ampkit.autocast: lowp_ops must be a list of op names"),
+    (dict(device_type="cpu", fp32_ops=["softmax"], lowp_ops=["softmax"]), ValueError,
+     "'softmax' is in both fp32_ops and lowp_ops"),
+    (dict(device_type="cpu", fp32_ops=["nope"]), ValueError, "no operator named 'aten::nope'"),
+]
+
+
+@pytest.mark.parametrize("kwargs,error,match", AUTOCAST_OPTIONS, ids=lambda v: repr(v)[:50] if isinstance(v, dict) else "")
+def test_autocast_options_get_an_error_and_leave_autocast_as_it_was(kwargs, error, match):
+    before = (torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"), torch.is_autocast_cache_enabled())
+    with pytest.raises(error, match=match):
+        with ampkit.autocast(**kwargs):
+            pass
+    assert (torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"),
+            torch.is_autocast_cache_enabled()) == before
+    with ampkit.autocast("cpu", fp32_ops=["mm"]):  # no override scope was left behind
+        pass
+    x = torch.randn(4, 4)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.mm(x, x).dtype == torch.bfloat16
+
+
+def test_register_autocast_refuses_a_device_it_has_no_autocast_key_for():
+    with pytest.raises(ValueError, match="register_autocast: device_type must be 'cpu' or 'cuda', but got 'tpu'"):
+        ampkit.register_autocast("aten::relu", "tpu", "fp32")

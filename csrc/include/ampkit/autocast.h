@@ -100,8 +100,9 @@ enum class OptLevel { kO0, kO1, kO2, kO3 };
 // LayerNorm, GroupNorm, InstanceNorm; when keep_norm_fp32) and of modules whose qualified name is in `excluded`,
 // which stay FP32 and take low-precision inputs (ATen's norms accept mixed input/weight dtypes); O3 casts
 // everything but `excluded`. Call the optimizer's init_master_params() before, so that its FP32 masters are the
-// FP32 weights rather than rounded copies.
-AMPKIT_API void decorate(torch::nn::Module& module, OptLevel level, c10::ScalarType dtype = c10::kHalf,
+// FP32 weights rather than rounded copies. No `dtype` picks BF16 for a module on the CPU (or without parameters)
+// and FP16 on CUDA, as ampkit.decorate does.
+AMPKIT_API void decorate(torch::nn::Module& module, OptLevel level, std::optional<c10::ScalarType> dtype = std::nullopt,
                          bool keep_norm_fp32 = true, const std::vector<std::string>& excluded = {});
 
 }  // namespace ampkit
