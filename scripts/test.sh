@@ -29,5 +29,8 @@ mkdir -p "$AMPKIT_BUILD_DIR/demo"
   --inject-overflow 50 --history "$AMPKIT_BUILD_DIR/demo/history_test.csv" | tail -n 5
 
 log "pytest"
-cd "$AMPKIT_ROOT" && "$PY" -m pytest -q tests/python "$@"
+(cd "$AMPKIT_ROOT" && "$PY" -m pytest -q tests/python "$@")
+
+log "install paths: a wheel in a fresh virtualenv, a CMake-only CPU-only install, each used from C++ and Python"
+PYTHON="$PY" "$AMPKIT_ROOT/tests/install/check_install_paths.sh"
 log "all tests passed"

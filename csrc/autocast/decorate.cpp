@@ -26,9 +26,12 @@ void decorate(torch::nn::Module& module, OptLevel level, std::optional<c10::Scal
   if (dtype_arg.has_value()) {
     dtype = *dtype_arg;
   } else {
+    // The device's low-precision dtype (BF16 on the CPU, FP16 on CUDA); a warning when it is not faster there.
     const auto params = module.parameters();
-    if (!params.empty() && params.front().is_cuda()) {
-      dtype = c10::kHalf;
+    const PrecisionSupport support = precision_support(params.empty() ? c10::Device(c10::kCPU) : params.front().device());
+    dtype = support.lowp_dtype;
+    if ((level == OptLevel::kO2 || level == OptLevel::kO3) && !support.fast) {
+      TORCH_WARN_ONCE("ampkit::decorate: ", support.reason);
     }
   }
   TORCH_CHECK_VALUE(dtype == c10::kHalf || dtype == c10::kBFloat16,

@@ -2,6 +2,7 @@
 #include <ATen/record_function.h>
 
 #include <memory>
+#include <string_view>
 
 #include "ampkit/autocast.h"
 
@@ -10,7 +11,9 @@ namespace {
 
 struct Stats {
   std::map<std::pair<std::string, std::string>, int64_t> counts;
-  int depth = 0;
+  int depth = 0;           // nesting of ops: only the outermost is counted
+  int backward_depth = 0;  // nesting of autograd backward nodes
+  bool include_backward = false;
 };
 thread_local Stats* t_stats = nullptr;
 
@@ -23,9 +26,16 @@ std::string dtype_of(c10::ArrayRef<c10::IValue> values) {
   return "";
 }
 
-std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction&) {
+// Autograd's backward nodes, and the engine's records around them ("autograd::engine::evaluate_function: ...",
+// FUNCTION scope): not ops themselves; the ops they run are the backward's.
+bool is_backward_record(const at::RecordFunction& fn) {
+  static constexpr std::string_view kEngine = "autograd::engine::evaluate_function";
+  return fn.scope() == at::RecordScope::BACKWARD_FUNCTION || std::string_view(fn.name()).starts_with(kEngine);
+}
+
+std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   if (t_stats != nullptr) {
-    ++t_stats->depth;
+    ++(is_backward_record(fn) ? t_stats->backward_depth : t_stats->depth);
   }
   return nullptr;
 }
@@ -34,8 +44,15 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
   if (t_stats == nullptr) {
     return;
   }
+  if (is_backward_record(fn)) {
+    --t_stats->backward_depth;
+    return;
+  }
   if (--t_stats->depth != 0) {
     return;  // an internal call of an outer op
+  }
+  if (t_stats->backward_depth > 0 && !t_stats->include_backward) {
+    return;
   }
   std::string dtype = dtype_of(fn.outputs());
   if (dtype.empty()) {
@@ -46,13 +63,15 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
 
 }  // namespace
 
-OpStatsGuard::OpStatsGuard() : stats_(new Stats()) {
+OpStatsGuard::OpStatsGuard(bool include_backward) : stats_(new Stats()) {
   TORCH_CHECK(t_stats == nullptr, "ampkit::OpStatsGuard: one collection per thread at a time");
   t_stats = static_cast<Stats*>(stats_);
+  t_stats->include_backward = include_backward;
   handle_ = at::addThreadLocalCallback(at::RecordFunctionCallback(&on_start, &on_end)
                                            .needsInputs(true)
                                            .needsOutputs(true)
-                                           .scopes({at::RecordScope::FUNCTION}));
+                                           .scopes({at::RecordScope::FUNCTION,
+                                                    at::RecordScope::BACKWARD_FUNCTION}));
 }
 
 OpStatsGuard::~OpStatsGuard() {

@@ -122,7 +122,7 @@ PYBIND11_MODULE(_C, m) {
       .def(py::init([](double init_scale, double growth_factor, double backoff_factor, int64_t growth_interval,
                        bool enabled, int64_t hysteresis, std::optional<double> min_scale,
                        std::optional<double> max_scale, bool raise_at_min_scale, bool scaling, bool overflow_report,
-                       py::object process_group) {
+                       py::object process_group, bool dynamic) {
              ampkit::GradScalerOptions o;
              o.init_scale(init_scale)
                  .growth_factor(growth_factor)
@@ -134,6 +134,7 @@ PYBIND11_MODULE(_C, m) {
                  .max_scale(max_scale)
                  .raise_at_min_scale(raise_at_min_scale)
                  .scaling(scaling)
+                 .dynamic(dynamic)
                  .overflow_report(overflow_report);
              if (!process_group.is_none()) {
                o.process_group(process_group.cast<c10::intrusive_ptr<c10d::ProcessGroup>>());
@@ -142,7 +143,8 @@ PYBIND11_MODULE(_C, m) {
            }),
            py::arg("init_scale"), py::arg("growth_factor"), py::arg("backoff_factor"), py::arg("growth_interval"),
            py::arg("enabled"), py::arg("hysteresis"), py::arg("min_scale"), py::arg("max_scale"),
-           py::arg("raise_at_min_scale"), py::arg("scaling"), py::arg("overflow_report"), py::arg("process_group"))
+           py::arg("raise_at_min_scale"), py::arg("scaling"), py::arg("overflow_report"), py::arg("process_group"),
+           py::arg("dynamic") = true)
       .def("scale", [](GradScaler& s, const at::Tensor& t) { return guarded([&] { return s.scale(t); }); })
       .def("unscale_params_",
            [](GradScaler& s, int64_t key, const Params& p) { guarded([&] { s.unscale_params_(key, p); }); })
@@ -222,8 +224,27 @@ PYBIND11_MODULE(_C, m) {
         guarded([&] { ampkit::register_autocast(op, device_of(device_type), p); });
       },
       py::arg("op"), py::arg("device_type"), py::arg("policy"));
+  m.def(
+      "precision_support",
+      [](const std::string& device) {
+        const ampkit::PrecisionSupport s = guarded([&] { return ampkit::precision_support(c10::Device(device)); });
+        py::dict d;
+        d["fp16"] = s.fp16;
+        d["bf16"] = s.bf16;
+        d["fp16_fast"] = s.fp16_fast;
+        d["bf16_fast"] = s.bf16_fast;
+        d["lowp_dtype"] = std::string(c10::toString(s.lowp_dtype));
+        d["fast"] = s.fast;
+        d["recommended"] = std::string(c10::toString(s.recommended));
+        d["reason"] = s.reason;
+        return d;
+      },
+      py::arg("device"), "ampkit::precision_support as a dict (dtypes by their c10 names).");
   py::class_<ampkit::OpStatsGuard>(m, "OpStatsGuard")
-      .def(py::init([] { return guarded([] { return std::make_unique<ampkit::OpStatsGuard>(); }); }))
+      .def(py::init([](bool include_backward) {
+             return guarded([&] { return std::make_unique<ampkit::OpStatsGuard>(include_backward); });
+           }),
+           py::arg("include_backward") = false)
       .def("counts", [](const ampkit::OpStatsGuard& g) {
         py::dict d;
         for (const auto& [key, n] : g.counts()) {

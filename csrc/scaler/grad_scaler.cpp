@@ -295,6 +295,12 @@ at::Tensor GradScaler::step(torch::optim::Optimizer& optimizer) {
   return result;
 }
 
+at::Tensor GradScaler::minimize(torch::optim::Optimizer& optimizer) {
+  at::Tensor result = step(optimizer);
+  update();
+  return result;
+}
+
 void GradScaler::update() {
   if (!enabled_) {
     return;
@@ -322,7 +328,7 @@ void GradScaler::update() {
   update_scale_hysteresis_(scale_, growth_tracker_, hysteresis_tracker_, stats_, combined, growth_factor_,
                            backoff_factor_, growth_interval_, options_.hysteresis(), options_.min_scale().value_or(0.0),
                            options_.max_scale().value_or(std::numeric_limits<double>::infinity()),
-                           options_.scaling());
+                           options_.scaling() && options_.dynamic());
   // A fresh flag per step, so that flags collected step after step without a sync each keep their own value.
   step_ran_ = combined.eq(0);
   if (options_.overflow_report()) {
@@ -344,6 +350,9 @@ void GradScaler::check_new_scale_allowed() const {
   TORCH_CHECK(options_.scaling(), "GradScaler update(new_scale): this scaler was built without loss scaling "
               "(scaling=False in Python, GradScalerOptions().scaling(false) in C++), so its scale is fixed at 1 (a "
               "BF16 run); build it with scaling on to set a scale");
+  TORCH_CHECK(options_.dynamic(), "GradScaler update(new_scale): this scaler has a static loss scale (dynamic=False "
+              "in Python, GradScalerOptions().dynamic(false) in C++), fixed at ", init_scale_,
+              "; build a dynamic one to change the scale");
 }
 
 void GradScaler::update(double new_scale) {

@@ -18,7 +18,7 @@ const std::vector<std::string>& state_keys() {
   static const std::vector<std::string> keys = {
       "scale",         "growth_factor",      "backoff_factor", "growth_interval",    "_growth_tracker",
       "hysteresis",    "_hysteresis_tracker", "min_scale",      "max_scale",          "steps",
-      "skipped_steps", "last_overflow_step", "_overflows_at_min_scale"};
+      "skipped_steps", "last_overflow_step", "_overflows_at_min_scale", "dynamic"};
   return keys;
 }
 
@@ -192,6 +192,7 @@ ScalerState GradScaler::state_dict() const {
   d.emplace_back("skipped_steps", s.skipped_steps);
   d.emplace_back("last_overflow_step", s.last_overflow_step);
   d.emplace_back("_overflows_at_min_scale", s.overflows_at_min_scale);
+  d.emplace_back("dynamic", options_.dynamic());
   return d;
 }
 
@@ -264,6 +265,13 @@ void GradScaler::load_state_dict(const ScalerState& state) {
   }
   TORCH_CHECK_VALUE(stats[1] <= stats[0] && stats[2] <= stats[0],
                     "GradScaler.load_state_dict: 'skipped_steps' and 'last_overflow_step' cannot exceed 'steps'");
+  if (const c10::IValue* dynamic = find_entry(state, "dynamic")) {
+    TORCH_CHECK_VALUE(dynamic->isBool(), "GradScaler.load_state_dict: 'dynamic' must be a bool, but got ",
+                      dynamic->tagKind());
+    TORCH_CHECK_VALUE(dynamic->toBool() == options_.dynamic(), "GradScaler.load_state_dict: the state is of a ",
+                      dynamic->toBool() ? "dynamic" : "static", "-scale scaler, but this scaler is ",
+                      options_.dynamic() ? "dynamic" : "static", " (the dynamic option)");
+  }
 
   // Apply.
   init_scale_ = scale;

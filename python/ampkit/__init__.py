@@ -23,7 +23,7 @@ def _check_torch_version(running: str, built: str) -> None:
 _check_torch_version(_torch.__version__, _BUILT_TORCH)
 
 from . import _C, optim  # noqa: E402
-from .autocast import LEVELS, autocast, decorate, op_stats, register_autocast
+from .autocast import LEVELS, autocast, decorate, op_stats, precision_support, register_autocast
 from .grad_scaler import GradScaler, OptState, load_scaler_state, save_scaler_state
 from .ops import check_finite_, unscale_and_check_, update_scale_
 
@@ -62,6 +62,7 @@ __all__ = [
     "autocast",
     "decorate",
     "op_stats",
+    "precision_support",
     "register_autocast",
     "OptState",
     "build_info",

@@ -16,7 +16,7 @@ from torch import nn
 
 from . import _C
 
-__all__ = ["autocast", "register_autocast", "op_stats", "decorate", "LEVELS"]
+__all__ = ["autocast", "register_autocast", "op_stats", "decorate", "precision_support", "LEVELS"]
 
 
 class autocast(torch.autocast):
@@ -78,6 +78,32 @@ def register_autocast(op: str, device_type: str, policy: str) -> None:
     _C.register_autocast(op, device_type, policy)
 
 
+_DTYPES = {"Half": torch.float16, "BFloat16": torch.bfloat16, "Float": torch.float32}
+_warned_slow: set = set()
+
+
+def precision_support(device: Union[str, torch.device] = "cpu") -> dict:
+    """Which low-precision dtypes ``device`` runs and runs fast: ``fp16``, ``bf16``, ``fp16_fast``, ``bf16_fast``
+    (CUDA: FP16 from sm_53, fast with Tensor Cores from sm_70, BF16 from sm_80; CPU: both run through FP32, fast
+    with AVX512-BF16/AMX-BF16 and AVX512-FP16/AMX-FP16), ``lowp_dtype`` (BF16 on the CPU, FP16 on CUDA),
+    ``fast`` (whether ``lowp_dtype`` beats FP32 here), ``recommended`` (``lowp_dtype`` when fast, else
+    ``torch.float32``) and ``reason`` in words."""
+    if isinstance(device, torch.device):
+        device = str(device)
+    if not isinstance(device, str):
+        raise TypeError(f"precision_support: device must be a str or torch.device, but got {type(device).__name__}")
+    try:
+        device_type = torch.device(device).type
+    except RuntimeError:
+        device_type = None
+    if device_type not in ("cpu", "cuda"):
+        raise ValueError(f"precision_support: device must be a CPU or CUDA device, but got {device!r}")
+    info = dict(_C.precision_support(device))
+    info["lowp_dtype"] = _DTYPES[info["lowp_dtype"]]
+    info["recommended"] = _DTYPES[info["recommended"]]
+    return info
+
+
 def _check_device_type(where: str, device_type: Any) -> None:
     if device_type not in ("cpu", "cuda"):
         raise ValueError(f"{where}: device_type must be 'cpu' or 'cuda', but got {device_type!r}")
@@ -85,11 +111,17 @@ def _check_device_type(where: str, device_type: Any) -> None:
 
 class op_stats:
     """Counts the ops run on this thread inside the ``with`` block, per dtype (outermost ops only; dtype of the
-    first floating output). ``counts`` maps ``(op, dtype)`` to calls; ``summary()`` formats them."""
+    first floating output). ``counts`` maps ``(op, dtype)`` to calls; ``summary()`` formats them. The forward
+    ops only, unless ``backward=True`` (then also the ops autograd's backward nodes run on this thread)."""
+
+    def __init__(self, backward: bool = False) -> None:
+        if not isinstance(backward, bool):
+            raise TypeError(f"ampkit.op_stats: backward must be True or False, but got {backward!r}")
+        self.backward = backward
 
     def __enter__(self) -> "op_stats":
         self.counts: dict[tuple[str, str], int] = {}
-        self._guard = _C.OpStatsGuard()
+        self._guard = _C.OpStatsGuard(self.backward)
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -145,7 +177,12 @@ def decorate(model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = None
         raise ValueError(f"decorate: level must be one of {sorted(LEVELS)}, but got {level!r}")
     if dtype is None:
         first = next(model.parameters(), None)
-        dtype = torch.float16 if first is not None and first.device.type == "cuda" else torch.bfloat16
+        device = first.device if first is not None else torch.device("cpu")
+        support = precision_support(device)
+        dtype = support["lowp_dtype"]
+        if level in ("O2", "O3") and not support["fast"] and str(device) not in _warned_slow:
+            _warned_slow.add(str(device))
+            warnings.warn(f"decorate: {support['reason']}", stacklevel=2)
     if dtype not in (torch.float16, torch.bfloat16):
         raise ValueError(f"decorate: dtype must be torch.float16 or torch.bfloat16, but got {dtype}")
     result = model if optimizer is None else (model, optimizer)

@@ -82,6 +82,8 @@ class GradScaler:
             decision, so every rank skips together.
         scaling: ``False`` fixes the scale at 1 (BF16 runs) while still checking grads and skipping
             non-finite steps.
+        dynamic: ``False`` keeps a static loss scale, ``init_scale`` for ever (Apex's ``loss_scale=128``, Paddle's
+            ``use_dynamic_loss_scaling=False``); non-finite steps are still skipped and counted.
         overflow_report: record which parameters held Inf/NaN grads; see :meth:`overflow_report`.
 
     ``stats()`` returns steps, skipped_steps, last_overflow_step, scale and the trackers; ``last_step_ran()`` a
@@ -104,6 +106,7 @@ class GradScaler:
         scaling: bool = True,
         overflow_report: bool = False,
         raise_at_min_scale: bool = False,
+        dynamic: bool = True,
     ) -> None:
         where = "ampkit.GradScaler"
         if _device_type(device) not in ("cpu", "cuda"):
@@ -115,7 +118,7 @@ class GradScaler:
         min_scale = None if min_scale is None else _number(where, "min_scale", min_scale)
         max_scale = None if max_scale is None else _number(where, "max_scale", max_scale)
         for name, value in (("enabled", enabled), ("scaling", scaling), ("overflow_report", overflow_report),
-                            ("raise_at_min_scale", raise_at_min_scale)):
+                            ("raise_at_min_scale", raise_at_min_scale), ("dynamic", dynamic)):
             _flag(where, name, value)
         self._device = device
         if device == "cuda" and enabled and not torch.cuda.is_available():
@@ -142,12 +145,13 @@ class GradScaler:
             scaling=scaling,
             overflow_report=overflow_report,
             process_group=process_group,
+            dynamic=dynamic,
         )
         self._options = dict(
             device=device, init_scale=init_scale, growth_factor=growth_factor, backoff_factor=backoff_factor,
             growth_interval=growth_interval, enabled=enabled, hysteresis=hysteresis, min_scale=min_scale,
             max_scale=max_scale, scaling=scaling, overflow_report=overflow_report,
-            raise_at_min_scale=raise_at_min_scale)
+            raise_at_min_scale=raise_at_min_scale, dynamic=dynamic)
 
     # ---- the training loop ----------------------------------------------------------------------------------
 
@@ -219,6 +223,19 @@ class GradScaler:
             retval = optimizer.step(*args, **kwargs)
         self._core.mark_stepped(key)
         return retval
+
+    def minimize(self, optimizer: torch.optim.Optimizer, scaled_loss: Optional[torch.Tensor] = None):
+        """Paddle's ``scaler.minimize(optimizer, scaled_loss)``: :meth:`step` then :meth:`update`, after the
+        backward of the scaled loss (with gradient accumulation, once per optimizer step, after the last
+        micro-batch's backward). ``scaled_loss`` is taken for Paddle's signature and not used. Returns what
+        ``optimizer.step()`` returned."""
+        _optimizer("GradScaler.minimize", optimizer)
+        if scaled_loss is not None and not isinstance(scaled_loss, torch.Tensor):
+            raise TypeError("GradScaler.minimize: scaled_loss must be a Tensor or None, but got "
+                            f"{type(scaled_loss).__name__}")
+        result = self.step(optimizer)
+        self.update()
+        return result
 
     def update(self, new_scale: Union[float, torch.Tensor, None] = None) -> None:
         """Back off or grow the scale on the device from this iteration's inf checks (or set ``new_scale``)."""
@@ -344,7 +361,8 @@ class GradScaler:
         self.__init__(device, **{k: options[k] for k in ("init_scale", "growth_factor", "backoff_factor",
                                                           "growth_interval", "enabled")},
                       **{k: options[k] for k in ("hysteresis", "min_scale", "max_scale", "scaling",
-                                                 "overflow_report", "raise_at_min_scale")})
+                                                 "overflow_report", "raise_at_min_scale")},
+                      dynamic=options.get("dynamic", True))
         if state["state"]:
             self.load_state_dict(state["state"])
 

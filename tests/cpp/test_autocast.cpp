@@ -162,6 +162,23 @@ TEST_CASE("OpStatsGuard: counts ops per dtype", "[autocast][cpu]") {
   CHECK(counts.at({"aten::linear", "Float"}) == 1);
 }
 
+TEST_CASE("OpStatsGuard: the backward's ops only when asked for", "[autocast][cpu]") {
+  const auto x = torch::randn({8, 16});
+  const auto w = torch::randn({4, 16}, torch::requires_grad());
+  std::map<std::pair<std::string, std::string>, int64_t> counts[2];
+  for (const bool backward : {false, true}) {
+    ampkit::OpStatsGuard stats(backward);
+    at::linear(x, w).sum().backward();
+    counts[backward] = stats.counts();
+  }
+  CHECK(counts[0].count({"aten::linear", "Float"}) == 1);
+  CHECK(counts[0].count({"aten::mm", "Float"}) == 0);  // the grad of the linear is the backward's
+  CHECK(counts[1].count({"aten::mm", "Float"}) == 1);
+  for (const auto& [key, n] : counts[0]) {
+    CHECK(key.first.find("Backward") == std::string::npos);
+  }
+}
+
 TEST_CASE("decorate: O2 keeps norms FP32, casts the rest, and the model trains with FP32 masters", "[autocast][cpu]") {
   torch::manual_seed(0);
   torch::nn::Sequential model(torch::nn::Linear(16, 32), torch::nn::BatchNorm1d(32), torch::nn::ReLU(),
@@ -177,9 +194,12 @@ TEST_CASE("decorate: O2 keeps norms FP32, casts the rest, and the model trains w
   CHECK(model->named_buffers()["1.running_mean"].scalar_type() == at::kFloat);
   CHECK(params["4.weight"].scalar_type() == at::kFloat);
   CHECK(params["5.weight"].scalar_type() == at::kBFloat16);
-  const auto& state =
-      static_cast<ampkit::optim::AdamParamState&>(*opt.state().at(params["0.weight"].unsafeGetTensorImpl()));
-  CHECK(torch::equal(state.master_param(), fp32_weight));
+  const auto* state = ampkit::optim::state_of<ampkit::optim::AdamParamState>(opt, params["0.weight"]);
+  REQUIRE(state != nullptr);
+  CHECK(torch::equal(state->master_param(), fp32_weight));
+  CHECK(ampkit::optim::state_of<ampkit::optim::AdamParamState>(opt, torch::zeros({1})) == nullptr);
+  REQUIRE_THROWS_WITH(ampkit::optim::state_of<ampkit::optim::SGDParamState>(opt, params["0.weight"]),
+                      Catch::Contains("ampkit::optim::state_of: the optimizer keeps a"));
   const auto x = torch::randn({128, 16});
   const auto y = x.narrow(1, 0, 3).sum(1, true);
   double first = 0;
@@ -204,4 +224,17 @@ TEST_CASE("decorate: no dtype picks BF16 for a CPU module, and a bad dtype chang
   ampkit::decorate(*model, ampkit::OptLevel::kO2);
   CHECK(model->named_parameters()["0.weight"].scalar_type() == at::kBFloat16);
   CHECK(model->named_parameters()["1.weight"].scalar_type() == at::kFloat);
+}
+
+TEST_CASE("precision_support: the CPU runs both low-precision dtypes; fast only with BF16/FP16 units",
+          "[autocast][cpu]") {
+  const ampkit::PrecisionSupport s = ampkit::precision_support(c10::Device(c10::kCPU));
+  CHECK(s.fp16);
+  CHECK(s.bf16);
+  CHECK(s.lowp_dtype == at::kBFloat16);
+  CHECK(s.fast == s.bf16_fast);
+  CHECK(s.recommended == (s.fast ? at::kBFloat16 : at::kFloat));
+  CHECK(s.reason.rfind("CPU: ", 0) == 0);
+  REQUIRE_THROWS_WITH(ampkit::precision_support(c10::Device(c10::kMeta)),
+                      Catch::Contains("device must be a CPU or CUDA device, but got meta"));
 }

@@ -186,6 +186,33 @@ TEST_CASE("GradScaler: hysteresis and bounds", "[scaler][cpu]") {
   CHECK(scaler.stats().overflows_at_min_scale == 1);
 }
 
+TEST_CASE("GradScaler: a static loss scale stays put, skips and counts overflows; minimize() is step + update",
+          "[scaler][cpu]") {
+  GradScaler scaler(GradScalerOptions().init_scale(128.0).growth_interval(1).dynamic(false));
+  auto p = torch::ones({4}, torch::requires_grad());
+  torch::optim::SGD opt({p}, 0.01);
+  int skipped = 0;
+  for (const bool overflow : {false, true, false, false, true, false}) {
+    opt.zero_grad();
+    scaler.scale(p.sum()).backward();
+    if (overflow) {
+      p.mutable_grad()[0] = kInf;
+    }
+    const auto before = p.detach().clone();
+    scaler.minimize(opt);
+    CHECK(scaler.get_scale() == 128.0);
+    CHECK(torch::equal(p.detach(), before) == overflow);
+    skipped += overflow ? 1 : 0;
+  }
+  CHECK(scaler.stats().skipped_steps == skipped);
+  const auto state = scaler.state_dict();
+  CHECK(state.back().first == "dynamic");
+  CHECK(state.back().second.toBool() == false);
+  GradScaler dynamic;
+  REQUIRE_THROWS_WITH(dynamic.load_state_dict(state), Catch::Contains("the state is of a static-scale scaler"));
+  REQUIRE_THROWS_WITH(scaler.update(64.0), Catch::Contains("this scaler has a static loss scale"));
+}
+
 TEST_CASE("GradScaler: torch::save / torch::load round trip, and a failed load changes nothing", "[scaler][cpu]") {
   GradScaler scaler(GradScalerOptions().init_scale(512.0).growth_interval(3).hysteresis(2));
   auto p = torch::ones({4}, torch::requires_grad());

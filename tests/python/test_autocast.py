@@ -4,6 +4,7 @@ and decorate's O-levels training a model with LayerNorm and BatchNorm."""
 from __future__ import annotations
 
 import threading
+import warnings
 
 import pytest
 import torch
@@ -211,6 +212,27 @@ def test_op_stats_answer_is_my_model_running_in_low_precision():
     assert "aten::linear" in stats.summary()
 
 
+def test_op_stats_counts_forward_ops_unless_backward_is_asked_for():
+    model = torch.nn.Linear(16, 4)
+    x = torch.randn(8, 16)
+    counts = {}
+    for backward in (False, True):
+        with ampkit.op_stats(backward=backward) as stats:
+            with ampkit.autocast("cpu", dtype=DT):
+                loss = model(x).float().sum()
+            loss.backward()
+        counts[backward] = stats.counts
+    forward = {op for op, _ in counts[False]}
+    assert "aten::linear" in forward and "aten::sum" in forward
+    assert not any("Backward" in op or op.startswith("autograd::") for op in forward)
+    assert ("aten::mm", "BFloat16") not in counts[False]  # the backward's matmuls are left out
+    assert ("aten::mm", "BFloat16") in counts[True]  # the grad of the BF16 linear
+    assert all(counts[True].get(key, 0) >= n for key, n in counts[False].items())
+    assert sum(counts[True].values()) > sum(counts[False].values())
+    with pytest.raises(TypeError, match="ampkit.op_stats: backward must be True or False"):
+        ampkit.op_stats(backward="yes")
+
+
 def _o2_model():
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.BatchNorm1d(64), torch.nn.ReLU(),
@@ -270,3 +292,42 @@ def test_cuda_overrides_and_parity():
     with ampkit.autocast("cuda", dtype=torch.float16):
         got = torch.mm(a, b)
     assert got.dtype == torch.float16 and bits_equal(got, expected)
+
+
+def _cpu_flags() -> set:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def test_precision_support_on_the_cpu_follows_the_processor_flags():
+    flags = _cpu_flags()
+    if not flags:
+        pytest.skip("no /proc/cpuinfo flags on this system")
+    info = ampkit.precision_support("cpu")
+    assert info["fp16"] and info["bf16"] and info["lowp_dtype"] == torch.bfloat16
+    assert info["bf16_fast"] == bool({"avx512_bf16", "amx_bf16"} & flags)
+    assert info["fp16_fast"] == bool({"avx512_fp16", "amx_fp16"} & flags)
+    assert info["fast"] == info["bf16_fast"]
+    assert info["recommended"] == (torch.bfloat16 if info["fast"] else torch.float32)
+    assert ("no BF16 units" in info["reason"]) == (not info["bf16_fast"])
+    with pytest.raises(ValueError, match="precision_support: device must be a CPU or CUDA device, but got 'tpu'"):
+        ampkit.precision_support("tpu")
+
+
+def test_decorate_without_a_dtype_warns_once_where_low_precision_is_not_faster():
+    import sys
+
+    sys.modules["ampkit.autocast"]._warned_slow.discard("cpu")  # (ampkit.autocast the name is the class)
+    fast = ampkit.precision_support("cpu")["fast"]
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        ampkit.decorate(torch.nn.Linear(4, 4), level="O2")
+        ampkit.decorate(torch.nn.Linear(4, 4), level="O2")
+    slow = [w for w in seen if "does not speed up arithmetic" in str(w.message)]
+    assert len(slow) == (0 if fast else 1)

@@ -401,3 +401,78 @@ def test_sparse_gradients_like_torch():
         results[kind] = (emb.weight.detach().clone(), scaler.get_scale())
     assert bits_equal(results["ampkit"][0], results["torch"][0])
     assert results["ampkit"][1] == results["torch"][1] == 32.0
+
+
+# ---- static loss scale, minimize ----------------------------------------------------------------------------
+
+def test_static_loss_scale_never_changes_and_still_skips_and_counts_overflows():
+    torch.manual_seed(0)
+    p = torch.nn.Parameter(torch.randn(8))
+    opt = torch.optim.SGD([p], lr=0.1)
+    scaler = ampkit.GradScaler("cpu", init_scale=128.0, growth_interval=2, dynamic=False)
+    overflow_steps = {3, 4, 9}
+    for step in range(12):
+        before = p.detach().clone()
+        opt.zero_grad()
+        loss = (p * torch.randn(8)).sum()
+        if step in overflow_steps:
+            loss = loss * float("inf")
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        assert scaler.get_scale() == 128.0
+        assert torch.equal(p.detach(), before) == (step in overflow_steps)
+    stats = scaler.stats()
+    assert stats["steps"] == 12 and stats["skipped_steps"] == 3 and stats["last_overflow_step"] == 10
+    state = scaler.state_dict()
+    assert state["dynamic"] is False and state["scale"] == 128.0
+    dynamic = ampkit.GradScaler("cpu")
+    before = dynamic.state_dict()
+    with pytest.raises(ValueError, match="the state is of a static-scale scaler, but this scaler is dynamic"):
+        dynamic.load_state_dict(state)
+    assert dynamic.state_dict() == before
+    with pytest.raises(RuntimeError, match="this scaler has a static loss scale"):
+        scaler.scale(torch.ones(1))
+        scaler.update(64.0)
+    again = pickle.loads(pickle.dumps(ampkit.GradScaler("cpu", init_scale=32.0, dynamic=False)))
+    assert again.state_dict()["dynamic"] is False and again.get_scale() == 32.0
+    torch.amp.GradScaler("cpu").load_state_dict(state)  # torch's scaler takes it (its keys are there)
+
+
+def _accumulation_run(minimize: bool, micro_batches: int):
+    torch.manual_seed(1)
+    model = torch.nn.Linear(6, 3)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    scaler = ampkit.GradScaler("cpu", init_scale=1024.0) if micro_batches else None
+    data = torch.randn(5, 8, 6), torch.randn(5, 8, 3)
+    for x, y in zip(*data):
+        opt.zero_grad()
+        if scaler is None:  # one large batch, FP32, no scaler: the reference
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+            continue
+        for xs, ys in zip(x.chunk(micro_batches), y.chunk(micro_batches)):
+            loss = torch.nn.functional.mse_loss(model(xs), ys) / micro_batches
+            scaler.scale(loss).backward()
+        if minimize:
+            scaler.minimize(opt, loss)
+        else:
+            scaler.step(opt)
+            scaler.update()
+    return [p.detach() for p in model.parameters()], scaler
+
+
+def test_minimize_is_step_then_update_and_accumulation_equals_one_large_batch():
+    stepped, s1 = _accumulation_run(minimize=False, micro_batches=4)
+    minimized, s2 = _accumulation_run(minimize=True, micro_batches=4)
+    assert all(torch.equal(a, b) for a, b in zip(stepped, minimized))
+    assert s1.state_dict() == s2.state_dict()
+    # 4 micro-batches of 2 with the scaler = one batch of 8 without it, up to summation order (power-of-2 scales
+    # are exact): rtol 1e-6.
+    reference, _ = _accumulation_run(minimize=False, micro_batches=0)
+    for a, b in zip(minimized, reference):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+    with pytest.raises(TypeError, match="GradScaler.minimize: optimizer must be a torch.optim.Optimizer"):
+        s1.minimize("sgd")
+    with pytest.raises(TypeError, match="GradScaler.minimize: scaled_loss must be a Tensor or None"):
+        s1.minimize(torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1), 1.0)

@@ -1,6 +1,7 @@
 // ampkit::AutocastGuard: torch.autocast for C++ programs, as an RAII scope over ATen's autocast state.
 #pragma once
 
+#include <c10/core/Device.h>
 #include <c10/core/DeviceType.h>
 #include <c10/core/ScalarType.h>
 
@@ -77,10 +78,11 @@ AMPKIT_API void register_autocast(const std::string& op, c10::DeviceType device,
 
 // Counts, per op and dtype, the ops run on this thread while the guard lives (Paddle's operator stats): the
 // question "is my model really running in FP16?". Only outermost ops are counted (an op's internal calls are
-// its own business), each under the dtype of its first floating output (else input, else "other").
+// its own business), each under the dtype of its first floating output (else input, else "other"). The ops that
+// autograd's backward nodes run on this thread are left out unless `include_backward`.
 class AMPKIT_API OpStatsGuard {
  public:
-  OpStatsGuard();
+  explicit OpStatsGuard(bool include_backward = false);
   ~OpStatsGuard();
   OpStatsGuard(const OpStatsGuard&) = delete;
   OpStatsGuard& operator=(const OpStatsGuard&) = delete;
@@ -91,6 +93,22 @@ class AMPKIT_API OpStatsGuard {
   uint64_t handle_;
   void* stats_;
 };
+
+// Which low-precision dtypes `device` runs, and runs fast (the seeds' advice: check the hardware before choosing
+// FP16 or BF16; without low-precision units there is no speed-up). CUDA: FP16 from sm_53, fast with Tensor Cores
+// from sm_70, BF16 (fast) from sm_80. CPU: both run (through FP32); BF16 is fast with AVX512-BF16 or AMX-BF16,
+// FP16 with AVX512-FP16 or AMX-FP16.
+struct PrecisionSupport {
+  bool fp16 = false;
+  bool bf16 = false;
+  bool fp16_fast = false;
+  bool bf16_fast = false;
+  c10::ScalarType lowp_dtype = c10::kBFloat16;  // the low-precision dtype for this device: BF16 CPU, FP16 CUDA
+  bool fast = false;                            // lowp_dtype computes faster than FP32 here
+  c10::ScalarType recommended = c10::kFloat;    // lowp_dtype when fast, else FP32
+  std::string reason;                           // the above in words
+};
+AMPKIT_API PrecisionSupport precision_support(const c10::Device& device);
 
 // The O-level presets of ampkit.decorate, for LibTorch modules.
 enum class OptLevel { kO0, kO1, kO2, kO3 };

@@ -54,6 +54,9 @@ struct AMPKIT_API GradScalerOptions {
   TORCH_ARG(bool, raise_at_min_scale) = false;
   // false: the scale is fixed at 1 (BF16 runs); grads are still checked and non-finite steps skipped.
   TORCH_ARG(bool, scaling) = true;
+  // false: a static loss scale (Apex's loss_scale=128, Paddle's use_dynamic_loss_scaling=False): the scale stays
+  // at init_scale; non-finite steps are still skipped and counted. Recorded in state_dict() ("dynamic").
+  TORCH_ARG(bool, dynamic) = true;
   // Record, per step, which parameters held Inf/NaN gradients (see GradScaler::overflow_report).
   TORCH_ARG(bool, overflow_report) = false;
   // found_inf is all-reduced (MAX) over this group before the skip decision, so all ranks skip together.
@@ -107,6 +110,9 @@ class AMPKIT_API GradScaler {
   void update();
   void update(double new_scale);
   void update(const at::Tensor& new_scale);
+  // Paddle's scaler.minimize(optimizer, scaled_loss): step(optimizer) then update(), after the backward of the
+  // scaled loss (with gradient accumulation, once per optimizer step). Returns what step() returned.
+  at::Tensor minimize(torch::optim::Optimizer& optimizer);
 
   // ---- state ----------------------------------------------------------------------------------------------
   double get_scale() const;  // synchronises; init_scale before the first scale(), 1.0 when disabled

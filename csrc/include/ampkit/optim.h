@@ -10,6 +10,7 @@
 
 #include <optional>
 #include <tuple>
+#include <typeinfo>
 #include <vector>
 
 #include "ampkit/export.h"
@@ -139,6 +140,23 @@ class AMPKIT_API SGD : public torch::optim::Optimizer, public ScaledStep {
  private:
   static void check_options(const SGDOptions& o);
 };
+
+// The state of parameter `p` in `optimizer` (nullptr before its first step), typed: instead of
+// static_cast<AdamParamState&>(*opt.state().at(p.unsafeGetTensorImpl())),
+//   if (const auto* s = ampkit::optim::state_of<ampkit::optim::AdamParamState>(opt, p)) { s->exp_avg(); ... }
+// Throws (naming both types) when the optimizer keeps another kind of state for p.
+template <typename State>
+State* state_of(torch::optim::Optimizer& optimizer, const at::Tensor& p) {
+  auto& states = optimizer.state();
+  const auto it = states.find(p.unsafeGetTensorImpl());
+  if (it == states.end()) {
+    return nullptr;
+  }
+  auto* state = dynamic_cast<State*>(it->second.get());
+  TORCH_CHECK(state != nullptr, "ampkit::optim::state_of: the optimizer keeps a ", typeid(*it->second).name(),
+              " for this parameter, not the ", typeid(State).name(), " asked for");
+  return state;
+}
 
 extern template struct AdamOptionsT<false>;
 extern template struct AdamOptionsT<true>;
