@@ -13,6 +13,29 @@
 namespace ampkit::optim {
 namespace {
 
+// Throws unless every group that carries options carries this optimizer's (groups[i] becomes group first + i).
+template <typename Options>
+void check_group_options(const char* optimizer, size_t first,
+                         const std::vector<torch::optim::OptimizerParamGroup>& groups) {
+  for (size_t i = 0; i < groups.size(); ++i) {
+    TORCH_CHECK_VALUE(!groups[i].has_options() || dynamic_cast<const Options*>(&groups[i].options()) != nullptr,
+                      "ampkit::optim::", optimizer, ": param group ", first + i, " carries the options of another "
+                      "optimizer; give it this optimizer's options (or none, for the defaults)");
+  }
+}
+
+// LibTorch's Optimizer constructor and add_param_group give the param groups of an optimizer it does not know the
+// defaults, dropping the options a group carries: put each group's own options back (groups[i] became group
+// first + i).
+void keep_group_options(std::vector<torch::optim::OptimizerParamGroup>& added, size_t first,
+                        const std::vector<torch::optim::OptimizerParamGroup>& groups) {
+  for (size_t i = 0; i < groups.size(); ++i) {
+    if (groups[i].has_options()) {
+      added.at(first + i).set_options(groups[i].options().clone());
+    }
+  }
+}
+
 // A bool option that archives from before it existed do not hold: left at its default when absent.
 void read_optional_flag(torch::serialize::InputArchive& archive, const char* key, bool& value) {
   c10::IValue ivalue;
@@ -166,6 +189,15 @@ template <bool kDecoupled>
 AdamT<kDecoupled>::AdamT(const std::vector<torch::optim::OptimizerParamGroup>& param_groups, Options defaults)
     : torch::optim::Optimizer(param_groups, std::make_unique<Options>(defaults)) {
   check_options(defaults);
+  check_group_options<Options>(kDecoupled ? "AdamW" : "Adam", 0, param_groups);
+  keep_group_options(param_groups_, 0, param_groups);
+}
+
+template <bool kDecoupled>
+void AdamT<kDecoupled>::add_param_group(const torch::optim::OptimizerParamGroup& param_group) {
+  check_group_options<Options>(kDecoupled ? "AdamW" : "Adam", param_groups_.size(), {param_group});
+  torch::optim::Optimizer::add_param_group(param_group);
+  keep_group_options(param_groups_, param_groups_.size() - 1, {param_group});
 }
 
 template <bool kDecoupled>
@@ -280,6 +312,14 @@ void SGDParamState::serialize(torch::serialize::InputArchive& archive) {
 SGD::SGD(const std::vector<torch::optim::OptimizerParamGroup>& param_groups, SGDOptions defaults)
     : torch::optim::Optimizer(param_groups, std::make_unique<SGDOptions>(defaults)) {
   check_options(defaults);
+  check_group_options<SGDOptions>("SGD", 0, param_groups);
+  keep_group_options(param_groups_, 0, param_groups);
+}
+
+void SGD::add_param_group(const torch::optim::OptimizerParamGroup& param_group) {
+  check_group_options<SGDOptions>("SGD", param_groups_.size(), {param_group});
+  torch::optim::Optimizer::add_param_group(param_group);
+  keep_group_options(param_groups_, param_groups_.size() - 1, {param_group});
 }
 
 void SGD::check_options(const SGDOptions& o) {

@@ -232,3 +232,54 @@ TEST_CASE("optim::AdamW and SGD: FP32 steps under a grad scale are bit-identical
   sgd.step();
   CHECK(bits_equal(left[0].grad(), before));
 }
+
+TEST_CASE("WarmupDecayLR: linear warm-up, then linear, cosine or no decay, on every param group", "[optim][cpu]") {
+  auto a = torch::zeros({2}, torch::requires_grad());
+  auto b = torch::zeros({2}, torch::requires_grad());
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(std::vector<at::Tensor>{a});
+  groups.emplace_back(std::vector<at::Tensor>{b}, std::make_unique<ampkit::optim::AdamWOptions>(2e-3));
+  ampkit::optim::AdamW opt(groups, ampkit::optim::AdamWOptions(1e-3));
+  REQUIRE(opt.param_groups()[1].options().get_lr() == 2e-3);  // the group keeps its own options
+  auto extra = torch::zeros({1}, torch::requires_grad());
+  opt.add_param_group(torch::optim::OptimizerParamGroup({extra}, std::make_unique<ampkit::optim::AdamWOptions>(5e-3)));
+  CHECK(opt.param_groups()[2].options().get_lr() == 5e-3);
+  REQUIRE_THROWS_WITH(ampkit::optim::SGD(groups, ampkit::optim::SGDOptions(0.1)),
+                      Catch::Contains("ampkit::optim::SGD: param group 1 carries the options of another optimizer"));
+  opt.param_groups().pop_back();
+  ampkit::optim::WarmupDecayLR linear(opt, 4, 12);
+  REQUIRE(linear.base_lrs() == std::vector<double>{1e-3, 2e-3});
+  std::vector<double> seen;
+  for (int step = 0; step < 14; ++step) {
+    seen.push_back(opt.param_groups()[0].options().get_lr());
+    CHECK(opt.param_groups()[1].options().get_lr() == Approx(2 * seen.back()).margin(1e-15));
+    a.mutable_grad() = torch::ones({2});
+    b.mutable_grad() = torch::ones({2});
+    opt.step();
+    linear.step();
+  }
+  // 0, 1/4, 2/4, 3/4 of the base; 1 at step 4; then down by 1/8 per step to 0 at step 12, and 0 after.
+  const std::vector<double> expected = {0, .25, .5, .75, 1, .875, .75, .625, .5, .375, .25, .125, 0, 0};
+  for (size_t i = 0; i < expected.size(); ++i) {
+    CHECK(seen[i] == Approx(1e-3 * expected[i]).margin(1e-15));
+  }
+  CHECK(torch::equal(a.detach(), torch::zeros({2})) == false);  // the optimizer stepped with these lrs
+
+  auto c = torch::zeros({1}, torch::requires_grad());
+  torch::optim::SGD sgd({c}, torch::optim::SGDOptions(0.1));
+  ampkit::optim::WarmupDecayLR cosine(sgd, 2, 10, ampkit::optim::Decay::kCosine, 0.1);
+  CHECK(cosine.factor(0) == 0.0);
+  CHECK(cosine.factor(1) == 0.5);
+  CHECK(cosine.factor(2) == 1.0);
+  CHECK(cosine.factor(6) == Approx(0.1 + 0.9 * 0.5));  // halfway through the decay
+  CHECK(cosine.factor(10) == Approx(0.1));
+  CHECK(cosine.factor(50) == Approx(0.1));
+  ampkit::optim::WarmupDecayLR constant(sgd, 0, 0, ampkit::optim::Decay::kConstant);
+  CHECK(constant.factor(0) == 1.0);
+  CHECK(constant.factor(1000) == 1.0);
+
+  REQUIRE_THROWS_WITH(ampkit::optim::WarmupDecayLR(sgd, -1, 10), Catch::Contains("warmup_steps must be >= 0"));
+  REQUIRE_THROWS_WITH(ampkit::optim::WarmupDecayLR(sgd, 10, 10), Catch::Contains("total_steps must be > warmup_steps"));
+  REQUIRE_THROWS_WITH(ampkit::optim::WarmupDecayLR(sgd, 1, 10, ampkit::optim::Decay::kLinear, 1.5),
+                      Catch::Contains("min_lr_ratio must be in [0, 1], but got 1.5"));
+}

@@ -5,3 +5,4 @@
 #include "ampkit/grad_scaler.h"
 #include "ampkit/autocast.h"
 #include "ampkit/optim.h"
+#include "ampkit/lr_scheduler.h"

@@ -82,6 +82,9 @@ class AMPKIT_API AdamT : public torch::optim::Optimizer, public ScaledStep {
   explicit AdamT(std::vector<at::Tensor> params, Options defaults = {})
       : AdamT({torch::optim::OptimizerParamGroup(std::move(params))}, std::move(defaults)) {}
 
+  // Adds a param group with its own options (torch::optim::Optimizer::add_param_group gives a group of a custom
+  // optimizer the defaults instead of the options it carries).
+  void add_param_group(const torch::optim::OptimizerParamGroup& param_group);
   // Checks every param group (options, parameter dtypes) before anything is written or created: a step that
   // raises leaves every parameter and state as it was.
   at::Tensor step(LossClosure closure = nullptr) override;
@@ -131,6 +134,7 @@ class AMPKIT_API SGD : public torch::optim::Optimizer, public ScaledStep {
   explicit SGD(std::vector<at::Tensor> params, SGDOptions defaults)
       : SGD({torch::optim::OptimizerParamGroup(std::move(params))}, std::move(defaults)) {}
 
+  void add_param_group(const torch::optim::OptimizerParamGroup& param_group);  // as AdamT's
   at::Tensor step(LossClosure closure = nullptr) override;
   void save(torch::serialize::OutputArchive& archive) const override;
   void load(torch::serialize::InputArchive& archive) override;

@@ -1,0 +1,42 @@
+// ampkit::optim::WarmupDecayLR: linear warm-up, then constant, linear or cosine decay, for any LibTorch optimizer
+// (LibTorch ships only StepLR and ReduceLROnPlateau). The schedule of BERT-style pre-training (NVIDIA's LAMB
+// recipe, Hugging Face's get_linear_schedule_with_warmup / get_cosine_schedule_with_warmup).
+#pragma once
+
+#include <torch/optim/optimizer.h>
+#include <torch/optim/schedulers/lr_scheduler.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "ampkit/export.h"
+
+namespace ampkit::optim {
+
+enum class Decay { kConstant, kLinear, kCosine };
+
+// Each param group's lr is its lr at construction (the base) times factor(step), where step counts the scheduler's
+// step() calls: factor rises linearly from 0 (step 0) to 1 (step warmup_steps), then stays 1 (kConstant), falls
+// linearly (kLinear) or along a half cosine (kCosine) to min_lr_ratio at total_steps and stays there. The
+// constructor sets factor(0); call step() after each optimizer step, as Python's LambdaLR.
+class AMPKIT_API WarmupDecayLR : public torch::optim::LRScheduler {
+ public:
+  WarmupDecayLR(torch::optim::Optimizer& optimizer, int64_t warmup_steps, int64_t total_steps,
+                Decay decay = Decay::kLinear, double min_lr_ratio = 0.0);
+
+  // The multiplier of the base lrs at scheduler step `step` (>= 0).
+  double factor(int64_t step) const;
+  const std::vector<double>& base_lrs() const { return base_lrs_; }
+
+ private:
+  std::vector<double> get_lrs() override;
+
+  torch::optim::Optimizer& optimizer_;
+  int64_t warmup_steps_;
+  int64_t total_steps_;
+  Decay decay_;
+  double min_lr_ratio_;
+  std::vector<double> base_lrs_;
+};
+
+}  // namespace ampkit::optim
