@@ -150,7 +150,9 @@ def test_ops_refuse_aliased_outputs_and_change_nothing():
     s, s2 = torch.zeros(1), torch.zeros(1)
     before = p.clone()
     with pytest.raises(RuntimeError, match=r"adamw_step_: params\[0\] and params\[1\] share memory"):
-        _adamw([p, p], [g, g], [], [m, m2], [v, v2], [s, s2])
+        _adamw([p, p], [g, g.clone()], [], [m, m2], [v, v2], [s, s2])
+    with pytest.raises(RuntimeError, match=r"adamw_step_: grads\[0\] and grads\[1\] share memory"):
+        _adamw([p, p.clone()], [g, g], [], [m, m2], [v, v2], [s, s2])  # grads are stored back unscaled
     with pytest.raises(RuntimeError, match="share memory"):  # a moment aliasing another one
         _adamw([p], [g], [], [m], [m], [s])
     half = torch.randn(8, dtype=torch.float16)
