@@ -5,22 +5,13 @@
 #include <string>
 
 #include "ampkit/autocast.h"
+#include "precision_cuda.h"
 
 #if defined(__x86_64__)
 #include <cpuid.h>
 #endif
 
 namespace ampkit {
-namespace detail {
-// precision_cuda.cpp (CUDA builds only): compute capability and name of CUDA device `index`.
-struct CudaDeviceInfo {
-  int major;
-  int minor;
-  std::string name;
-};
-CudaDeviceInfo cuda_device_info(int index);
-}  // namespace detail
-
 namespace {
 
 struct CpuUnits {

@@ -340,18 +340,12 @@ kernels::UpdateScaleOp update_scale_op(const UpdateScaleArgs& a) {
 }
 
 kernels::AdamParams adam_params(const AdamStepArgs& a, double lr, int tail_width) {
-  kernels::AdamParams p{lr,         a.beta1,    a.beta2,    a.weight_decay, a.eps, a.amsgrad,
-                        a.maximize, a.decoupled_weight_decay};
-  p.tail_width = tail_width;
-  p.write_unscaled_grads = a.write_unscaled_grads;
-  return p;
+  return {lr,         a.beta1,    a.beta2,    a.weight_decay, a.eps, a.amsgrad,
+          a.maximize, a.decoupled_weight_decay, tail_width,   a.write_unscaled_grads};
 }
 
 kernels::SgdParams sgd_params(const SgdStepArgs& a, double lr, int tail_width) {
-  kernels::SgdParams p{lr, a.momentum, a.dampening, a.weight_decay, a.nesterov, a.maximize};
-  p.tail_width = tail_width;
-  p.write_unscaled_grads = a.write_unscaled_grads;
-  return p;
+  return {lr, a.momentum, a.dampening, a.weight_decay, a.nesterov, a.maximize, tail_width, a.write_unscaled_grads};
 }
 
 }  // namespace ampkit::detail

@@ -14,7 +14,7 @@ from typing import Any, Optional, Union
 import torch
 from torch import nn
 
-from . import _C
+from . import _C, _checks
 
 __all__ = ["autocast", "register_autocast", "op_stats", "decorate", "precision_support", "LEVELS"]
 
@@ -27,16 +27,12 @@ class autocast(torch.autocast):
     def __init__(self, device_type: str, dtype: Optional[torch.dtype] = None, enabled: bool = True,
                  cache_enabled: Optional[bool] = None, *, fp32_ops: Iterable[str] = (),
                  lowp_ops: Iterable[str] = ()) -> None:
-        _check_device_type("ampkit.autocast", device_type)
+        _checks.device_type("ampkit.autocast", device_type, "device_type")
         if dtype is not None and dtype not in (torch.float16, torch.bfloat16):
             raise ValueError("ampkit.autocast: dtype must be torch.float16, torch.bfloat16 or None (the device's "
                              f"default), but got {dtype!r}")
-        if not isinstance(enabled, bool):
-            raise TypeError(f"ampkit.autocast: enabled must be True or False, but got {type(enabled).__name__} "
-                            f"{enabled!r}")
-        if cache_enabled is not None and not isinstance(cache_enabled, bool):
-            raise TypeError("ampkit.autocast: cache_enabled must be True, False or None, but got "
-                            f"{type(cache_enabled).__name__} {cache_enabled!r}")
+        _checks.flag("ampkit.autocast", "enabled", enabled)
+        _checks.flag("ampkit.autocast", "cache_enabled", cache_enabled, optional=True)
         for arg, ops in (("fp32_ops", fp32_ops), ("lowp_ops", lowp_ops)):
             if (isinstance(ops, str) or not isinstance(ops, Iterable)
                     or not all(isinstance(op, str) for op in ops)):
@@ -74,7 +70,7 @@ def register_autocast(op: str, device_type: str, policy: str) -> None:
     """Autocast behaviour for a custom op (C++ or Python defined) on ``device_type`` ("cpu"/"cuda"): ``policy``
     ``"lowp"`` casts its floating inputs to the autocast dtype, ``"fp32"`` to FP32, ``"promote"`` to the widest
     of them. Implemented in C++: no Python runs when the op is dispatched."""
-    _check_device_type("register_autocast", device_type)
+    _checks.device_type("register_autocast", device_type, "device_type")
     _C.register_autocast(op, device_type, policy)
 
 
@@ -88,25 +84,11 @@ def precision_support(device: Union[str, torch.device] = "cpu") -> dict:
     with AVX512-BF16/AMX-BF16 and AVX512-FP16/AMX-FP16), ``lowp_dtype`` (BF16 on the CPU, FP16 on CUDA),
     ``fast`` (whether ``lowp_dtype`` beats FP32 here), ``recommended`` (``lowp_dtype`` when fast, else
     ``torch.float32``) and ``reason`` in words."""
-    if isinstance(device, torch.device):
-        device = str(device)
-    if not isinstance(device, str):
-        raise TypeError(f"precision_support: device must be a str or torch.device, but got {type(device).__name__}")
-    try:
-        device_type = torch.device(device).type
-    except RuntimeError:
-        device_type = None
-    if device_type not in ("cpu", "cuda"):
-        raise ValueError(f"precision_support: device must be a CPU or CUDA device, but got {device!r}")
-    info = dict(_C.precision_support(device))
+    _checks.device_type("precision_support", device, expected="a CPU or CUDA device")
+    info = dict(_C.precision_support(str(device)))
     info["lowp_dtype"] = _DTYPES[info["lowp_dtype"]]
     info["recommended"] = _DTYPES[info["recommended"]]
     return info
-
-
-def _check_device_type(where: str, device_type: Any) -> None:
-    if device_type not in ("cpu", "cuda"):
-        raise ValueError(f"{where}: device_type must be 'cpu' or 'cuda', but got {device_type!r}")
 
 
 class op_stats:
@@ -115,9 +97,7 @@ class op_stats:
     ops only, unless ``backward=True`` (then also the ops autograd's backward nodes run on this thread)."""
 
     def __init__(self, backward: bool = False) -> None:
-        if not isinstance(backward, bool):
-            raise TypeError(f"ampkit.op_stats: backward must be True or False, but got {backward!r}")
-        self.backward = backward
+        self.backward = _checks.flag("ampkit.op_stats", "backward", backward)
 
     def __enter__(self) -> "op_stats":
         self.counts: dict[tuple[str, str], int] = {}

@@ -16,7 +16,7 @@ from typing import Any, Iterable, Optional, Union
 
 import torch
 
-from . import _C
+from . import _C, _checks
 
 __all__ = ["GradScaler", "OptState", "load_scaler_state", "save_scaler_state"]
 
@@ -38,28 +38,8 @@ def _params(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
 
 
 def _number(where: str, name: str, value: Any) -> float:
-    """A real number (a Python number or a one-element tensor) as a float, or a TypeError naming the argument."""
-    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_complex():
-        return float(value)
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{where}: {name} must be a number, but got {type(value).__name__} {value!r}")
+    _checks.number(where, name, value)
     return float(value)
-
-
-def _flag(where: str, name: str, value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f"{where}: {name} must be True or False, but got {type(value).__name__} {value!r}")
-    return value
-
-
-def _device_type(device: Any) -> Optional[str]:
-    """The device type a device string names, or None when it names none."""
-    if not isinstance(device, str):
-        return None
-    try:
-        return torch.device(device).type
-    except RuntimeError:
-        return None
 
 
 def _optimizer(where: str, optimizer: Any) -> torch.optim.Optimizer:
@@ -109,9 +89,9 @@ class GradScaler:
         dynamic: bool = True,
     ) -> None:
         where = "ampkit.GradScaler"
-        if _device_type(device) not in ("cpu", "cuda"):
-            raise ValueError(f"{where}: device must be 'cpu' or 'cuda' (ampkit has kernels for those), but got "
-                             f"{device!r}")
+        if not isinstance(device, str):  # torch's GradScaler takes a device-type string
+            raise ValueError(f"{where}: device must be 'cpu' or 'cuda', but got {device!r}")
+        _checks.device_type(where, device)
         init_scale = _number(where, "init_scale", init_scale)
         growth_factor = _number(where, "growth_factor", growth_factor)
         backoff_factor = _number(where, "backoff_factor", backoff_factor)
@@ -119,7 +99,7 @@ class GradScaler:
         max_scale = None if max_scale is None else _number(where, "max_scale", max_scale)
         for name, value in (("enabled", enabled), ("scaling", scaling), ("overflow_report", overflow_report),
                             ("raise_at_min_scale", raise_at_min_scale), ("dynamic", dynamic)):
-            _flag(where, name, value)
+            _checks.flag(where, name, value)
         self._device = device
         if device == "cuda" and enabled and not torch.cuda.is_available():
             warnings.warn("torch.cuda.amp.GradScaler is enabled, but CUDA is not available.  Disabling.", stacklevel=2)

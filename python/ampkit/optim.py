@@ -20,13 +20,14 @@ torch).
 from __future__ import annotations
 
 import math
-import numbers
 from itertools import chain
 from typing import Any, Callable, Iterable, Optional
 
 import torch
 from torch.optim import adam as _torch_adam
 from torch.optim import sgd as _torch_sgd
+
+from . import _checks
 
 __all__ = ["Adam", "AdamW", "SGD"]
 
@@ -194,12 +195,11 @@ class _FusedOptimizer(torch.optim.Optimizer):
         return lists, dict(lr=lr, grad_scale=grad_scale, found_inf=found_inf, lr_tensor=lr_tensor,
                            write_unscaled_grads=self.write_unscaled_grads)
 
-    def _write_back_staged(self, entries: list) -> None:
-        """Copies unscaled grads from the staging copies (see _partition) back into p.grad."""
-        if self.write_unscaled_grads and getattr(self, "grad_scale", None) is not None:
-            for p, _, g in entries:
-                if g is not p.grad:
-                    p.grad.copy_(g)
+    def _write_back_staged(self, staged: list) -> None:
+        """Copies the unscaled grads from the staging copies (see _partition) back into the grads."""
+        if staged and self.write_unscaled_grads and getattr(self, "grad_scale", None) is not None:
+            for grad, staging in staged:
+                grad.copy_(staging)
 
     @staticmethod
     def _takes_fused(group: dict, p: torch.Tensor, grad: torch.Tensor) -> bool:
@@ -208,11 +208,13 @@ class _FusedOptimizer(torch.optim.Optimizer):
         configuration torch.optim accepts gives torch.optim's result."""
         return (p.dtype in _FUSED and not group["differentiable"] and not grad.is_sparse and _dense(p))
 
-    def _partition(self, group: dict, state_keys: tuple[str, ...]) -> tuple[dict, list]:
-        """(fused buckets {(device, master mode): [(param, state, grad)]}, fallback params) of one group's params with
-        grads. Every group is validated before any state is created (see _validate)."""
+    def _partition(self, group: dict, state_keys: tuple[str, ...]) -> tuple[dict, list, list]:
+        """(fused buckets {(device, master mode): [(param, state, grad)]}, fallback params, staged [(grad, staging
+        copy)]) of one group's params with grads. Every group is validated before any state is created (see
+        _validate)."""
         buckets: dict = {}
         fallback: list = []
+        staged: list = []
         for p in group["params"]:
             grad = p.grad
             if grad is None:
@@ -223,14 +225,15 @@ class _FusedOptimizer(torch.optim.Optimizer):
             if not (grad.is_contiguous() and p.is_contiguous()) and grad.stride() != p.stride():
                 # The kernels read the grad in the parameter's layout: a staging copy for such (rare) grads
                 # (unscaled values go back to p.grad after the step, see _write_back_staged).
-                grad = torch.empty_like(p).copy_(grad)
+                staged.append((grad, torch.empty_like(p).copy_(grad)))
+                grad = staged[-1][1]
             if not state_keys and self._master_mode(group, p) == "none" and p not in self.state:
                 buckets.setdefault((p.device, "none"), []).append((p, {}, grad))  # stateless: no empty entry
                 continue
             state = self.state[p]
             mode = self._complete_state(group, p, state, state_keys)
             buckets.setdefault((p.device, mode), []).append((p, state, grad))
-        return buckets, fallback
+        return buckets, fallback, staged
 
     def _fallback_scaling(self, params: list) -> tuple[bool, Optional[torch.Tensor]]:
         """(skip, grad_scale) for the fallback params: found_inf is read on the host (a sync, on this path only),
@@ -335,22 +338,6 @@ class _FusedOptimizer(torch.optim.Optimizer):
                                               device=p.device if on_device else "cpu")
 
 
-def _check_number(name: str, value: Any) -> None:
-    """A hyper-parameter must be a real number or a one-element real tensor."""
-    if isinstance(value, torch.Tensor):
-        if value.numel() != 1 or value.is_complex():
-            raise ValueError(f"Tensor {name} must be a 1-element real tensor, but got shape {tuple(value.shape)} "
-                             f"{value.dtype}")
-    elif isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a number or a 1-element tensor, but got {type(value).__name__} {value!r}")
-
-
-def _check_bool(cls: str, name: str, value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f"{cls}: {name} must be True or False, but got {value!r}")
-    return value
-
-
 def _capturable_devices() -> list[str]:
     """The device types on which torch.optim accepts capturable=True."""
     from torch.optim import optimizer as _optimizer
@@ -401,7 +388,7 @@ class Adam(_FusedOptimizer):
                  maximize: bool = False, capturable: bool = False, differentiable: bool = False,
                  fused: Optional[bool] = None, decoupled_weight_decay: Optional[bool] = None,
                  master_weights: Optional[bool] = None, write_unscaled_grads: bool = True) -> None:
-        self.write_unscaled_grads = _check_bool(type(self).__name__, "write_unscaled_grads", write_unscaled_grads)
+        self.write_unscaled_grads = _checks.flag(type(self).__name__, "write_unscaled_grads", write_unscaled_grads)
         _check_tensor_hparams(lr, betas, foreach, capturable)
         self._check_values(dict(lr=lr, eps=eps, betas=betas, weight_decay=weight_decay))
         _check_betas(betas, foreach, capturable)
@@ -418,9 +405,9 @@ class Adam(_FusedOptimizer):
     def _check_values(group: dict) -> None:
         """torch.optim.Adam's range checks and messages, for the constructor and for every group at step()."""
         lr, eps, betas, weight_decay = group["lr"], group["eps"], group["betas"], group["weight_decay"]
-        _check_number("lr", lr)
-        _check_number("eps", eps)
-        _check_number("weight_decay", weight_decay)
+        _checks.number(None, "lr", lr)
+        _checks.number(None, "eps", eps)
+        _checks.number(None, "weight_decay", weight_decay)
         if not isinstance(betas, (tuple, list)):
             raise TypeError(f"betas must be a pair (beta1, beta2), but got {type(betas).__name__} {betas!r}")
         if not 0.0 <= lr:
@@ -430,7 +417,7 @@ class Adam(_FusedOptimizer):
         if len(betas) != 2:
             raise ValueError(f"betas must be a pair (beta1, beta2), but got {betas!r}")
         for i, beta in enumerate(betas):
-            _check_number(f"betas[{i}]", beta)
+            _checks.number(None, f"betas[{i}]", beta)
         if not 0.0 <= betas[0] < 1.0:
             raise ValueError(f"Invalid beta parameter at index 0: {betas[0]}")
         if not 0.0 <= betas[1] < 1.0:
@@ -454,7 +441,7 @@ class Adam(_FusedOptimizer):
         self._validate()
         for group in self.param_groups:
             keys = ("step", "exp_avg", "exp_avg_sq") + (("max_exp_avg_sq",) if group["amsgrad"] else ())
-            buckets, fallback = self._partition(group, keys)
+            buckets, fallback, staged = self._partition(group, keys)
             beta1, beta2 = (float(b) for b in group["betas"])
             for (device, mode), entries in buckets.items():
                 lists, kwargs = self._common_args(group, device, mode, entries)
@@ -465,7 +452,7 @@ class Adam(_FusedOptimizer):
                     beta1=beta1, beta2=beta2,
                     weight_decay=float(group["weight_decay"]), eps=float(group["eps"]), amsgrad=group["amsgrad"],
                     maximize=group["maximize"], decoupled_weight_decay=group["decoupled_weight_decay"], **kwargs)
-                self._write_back_staged(entries)
+            self._write_back_staged(staged)
             if fallback:
                 self._fallback_step(group, fallback)
         return loss
@@ -520,7 +507,7 @@ class SGD(_FusedOptimizer):
                  weight_decay: float = 0.0, nesterov: bool = False, *, maximize: bool = False,
                  foreach: Optional[bool] = None, differentiable: bool = False, fused: Optional[bool] = None,
                  master_weights: Optional[bool] = None, write_unscaled_grads: bool = True) -> None:
-        self.write_unscaled_grads = _check_bool(type(self).__name__, "write_unscaled_grads", write_unscaled_grads)
+        self.write_unscaled_grads = _checks.flag(type(self).__name__, "write_unscaled_grads", write_unscaled_grads)
         if isinstance(lr, torch.Tensor) and lr.numel() != 1:
             raise ValueError("Tensor lr must be 1-element")
         self._check_values(dict(lr=lr, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov,
@@ -536,7 +523,7 @@ class SGD(_FusedOptimizer):
         """torch.optim.SGD's range checks and messages (NaN refused too), for the constructor and for every group
         at step()."""
         for key in ("lr", "momentum", "dampening", "weight_decay"):
-            _check_number(key, group[key])
+            _checks.number(None, key, group[key])
         if not 0.0 <= group["lr"]:
             raise ValueError(f"Invalid learning rate: {group['lr']}")
         if not 0.0 <= group["momentum"] < math.inf:
@@ -555,7 +542,7 @@ class SGD(_FusedOptimizer):
         for group in self.param_groups:
             momentum = float(group["momentum"])
             keys = ("step", "momentum_buffer") if momentum != 0.0 else ()
-            buckets, fallback = self._partition(group, keys)
+            buckets, fallback, staged = self._partition(group, keys)
             for (device, mode), entries in buckets.items():
                 lists, kwargs = self._common_args(group, device, mode, entries)
                 torch.ops.ampkit.sgd_step_(
@@ -564,7 +551,7 @@ class SGD(_FusedOptimizer):
                     momentum=momentum, dampening=float(group["dampening"]),
                     weight_decay=float(group["weight_decay"]), nesterov=group["nesterov"],
                     maximize=group["maximize"], **kwargs)
-                self._write_back_staged(entries)
+            self._write_back_staged(staged)
             if fallback:
                 self._fallback_step(group, fallback)
         return loss
