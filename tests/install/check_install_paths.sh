@@ -101,7 +101,7 @@ cmake --install "$WORK/cmake-only" --prefix "$WORK/prefix" >/dev/null
 grep -q "AMPKIT_BUILD_PYTHON:BOOL=OFF" "$WORK/cmake-only/CMakeCache.txt"
 ! grep -q "^Python3_INCLUDE_DIR:" "$WORK/cmake-only/CMakeCache.txt" || fail "CMake-only build looked for Python headers"
 if command -v ninja >/dev/null; then
-  cuda_headers="$(ninja -C "$WORK/cmake-only" -t deps | grep -E 'cuda_runtime|cuda\.h|/cuda/include' | sort -u || true)"
+  cuda_headers="$(ninja -C "$WORK/cmake-only" -t deps | grep -E '(^|/)(cuda|cuda_runtime|cuda_runtime_api|cuda_fp16|cuda_bf16)\.h$|/cuda[^/]*/(include|targets)/' | sort -u || true)"
   [ -z "$cuda_headers" ] || fail "the CPU-only build includes CUDA headers: $cuda_headers"
   log "CPU-only build: no CUDA header among the dependencies"
 fi
