@@ -5,8 +5,8 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
-#include <map>
 #include <string>
+#include <tuple>
 
 #include "ampkit/ops.h"
 
@@ -46,76 +46,184 @@ void read_optional_flag(torch::serialize::InputArchive& archive, const char* key
   }
 }
 
-bool wants_master(const std::optional<bool>& option, const at::Tensor& p) {
-  return option.value_or(p.scalar_type() == at::kHalf || p.scalar_type() == at::kBFloat16);
-}
-
-at::Tensor fp32_zeros_like(const at::Tensor& p) {
-  return at::zeros_like(p, at::TensorOptions().dtype(at::kFloat), at::MemoryFormat::Preserve);
-}
-
-// The tensor lists of one fused call.
-struct Bucket {
-  std::vector<at::Tensor> params, grads, masters, first, second, third, steps;
-};
-
-// The parameter's state in `states`, created by `make()` when it has none.
-template <typename State, typename Make>
-State& state_for(ska::flat_hash_map<void*, std::unique_ptr<torch::optim::OptimizerParamState>>& states,
-                 const at::Tensor& p, const Make& make) {
-  auto& slot = states[p.unsafeGetTensorImpl()];
-  if (!slot) {
-    slot = make();
+// Writes a master_weights option: a bool or none (as archives before remainder mode), or "remainder".
+void write_master_weights(torch::serialize::OutputArchive& archive, MasterWeights mw) {
+  switch (mw.mode()) {
+    case MasterWeights::kRemainder:
+      archive.write("master_weights", c10::IValue(std::string(mw.name())));
+      break;
+    case MasterWeights::kAuto:
+      archive.write("master_weights", c10::IValue());
+      break;
+    default:
+      archive.write("master_weights", c10::IValue(mw == MasterWeights::kOn));
   }
-  return static_cast<State&>(*slot);
 }
 
-// Adds the param, its grad and its master (if any) to the bucket of its (device, has master).
-Bucket& add_to_bucket(std::map<std::pair<std::string, bool>, Bucket>& buckets, const at::Tensor& p,
-                      const at::Tensor& master) {
-  Bucket& b = buckets[{p.device().str(), master.defined()}];
-  b.params.push_back(p);
-  b.grads.push_back(p.grad());
-  if (master.defined()) {
-    b.masters.push_back(master);
+void read_master_weights(torch::serialize::InputArchive& archive, MasterWeights& mw) {
+  c10::IValue ivalue;
+  if (!archive.try_read("master_weights", ivalue)) {
+    return;
   }
-  return b;
+  if (ivalue.isNone()) {
+    mw = MasterWeights::kAuto;
+  } else if (ivalue.isBool()) {
+    mw = MasterWeights(ivalue.toBool());
+  } else {
+    TORCH_CHECK_VALUE(ivalue.isString(), "ampkit::optim: option 'master_weights' in the archive must be a bool, none "
+                      "or a string, but it is a ", ivalue.tagKind());
+    mw = MasterWeights::from_name(ivalue.toStringRef());
+  }
 }
 
-// Throws unless every param with a grad is one the fused kernels take (checked for all groups before a step
-// writes or creates anything, so that a step is all or nothing).
-void check_params(const char* optimizer, const torch::optim::OptimizerParamGroup& group) {
-  for (const auto& p : group.params()) {
-    if (!p.grad().defined()) {
-      continue;
+void write_lr_tensor(torch::serialize::OutputArchive& archive, const at::Tensor& lr_tensor) {
+  if (lr_tensor.defined()) {
+    archive.write("lr_tensor", lr_tensor);
+  }
+}
+
+void read_lr_tensor(torch::serialize::InputArchive& archive, at::Tensor& lr_tensor) {
+  c10::IValue ivalue;
+  if (archive.try_read("lr_tensor", ivalue)) {
+    TORCH_CHECK_VALUE(ivalue.isTensor(), "ampkit::optim: option 'lr_tensor' in the archive must be a tensor, but it is a ",
+                      ivalue.tagKind());
+    lr_tensor = ivalue.toTensor();
+  }
+}
+
+// The entries of a LibTorch param state, as the core names them (and back).
+core::ParamState to_core(const AdamParamState& s) {
+  core::ParamState c;
+  c.step = s.step();
+  c.exp_avg = s.exp_avg();
+  c.exp_avg_sq = s.exp_avg_sq();
+  c.max_exp_avg_sq = s.max_exp_avg_sq();
+  c.master_param = s.master_param();
+  c.param_remainder = s.param_remainder();
+  return c;
+}
+
+void from_core(const core::ParamState& c, AdamParamState& s) {
+  s.step(c.step).exp_avg(c.exp_avg).exp_avg_sq(c.exp_avg_sq).max_exp_avg_sq(c.max_exp_avg_sq);
+  s.master_param(c.master_param).param_remainder(c.param_remainder);
+}
+
+core::ParamState to_core(const SGDParamState& s) {
+  core::ParamState c;
+  c.step = s.step();
+  c.momentum_buffer = s.momentum_buffer();
+  c.master_param = s.master_param();
+  c.param_remainder = s.param_remainder();
+  return c;
+}
+
+void from_core(const core::ParamState& c, SGDParamState& s) {
+  s.step(c.step).momentum_buffer(c.momentum_buffer).master_param(c.master_param).param_remainder(c.param_remainder);
+}
+
+using StateMap = ska::flat_hash_map<void*, std::unique_ptr<torch::optim::OptimizerParamState>>;
+
+// One step of every group through the core: every group is checked before the first one is written; states are
+// created for the params the core gives state to (an SGD param without momentum or master gets none).
+template <typename State, typename Options, typename ConfigOf>
+void core_step(std::vector<torch::optim::OptimizerParamGroup>& groups, StateMap& states, const ConfigOf& config_of,
+               const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
+  std::vector<core::GroupConfig> configs;
+  for (const auto& group : groups) {
+    configs.push_back(config_of(static_cast<const Options&>(group.options())));
+    core::check_group(configs.back(), group.params());
+  }
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const auto& params = groups[g].params();
+    std::vector<core::ParamState> cores(params.size());
+    std::vector<core::ParamState*> ptrs(params.size());
+    for (size_t i = 0; i < params.size(); ++i) {
+      const auto it = states.find(params[i].unsafeGetTensorImpl());
+      if (it != states.end()) {
+        cores[i] = to_core(static_cast<const State&>(*it->second));
+      }
+      ptrs[i] = &cores[i];
     }
-    const auto dtype = p.scalar_type();
-    TORCH_CHECK_TYPE(dtype == at::kHalf || dtype == at::kBFloat16 || dtype == at::kFloat, "ampkit::optim::",
-                     optimizer, ": parameters must be Half, BFloat16 or Float, but one is ", dtype);
-    TORCH_CHECK(!p.grad().is_sparse(), "ampkit::optim::", optimizer, " does not support sparse gradients");
+    core::step(configs[g], params, ptrs, grad_scale, found_inf);
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (cores[i].empty()) {
+        continue;
+      }
+      auto& slot = states[params[i].unsafeGetTensorImpl()];
+      if (!slot) {
+        slot = std::make_unique<State>();
+      }
+      from_core(cores[i], static_cast<State&>(*slot));
+    }
   }
 }
 
-at::Tensor fp32_copy(const at::Tensor& p) { return p.detach().to(at::kFloat, /*non_blocking=*/false, /*copy=*/true); }
-
-std::unique_ptr<AdamParamState> new_adam_state(const at::Tensor& p, bool with_master) {
-  auto s = std::make_unique<AdamParamState>();
-  s->step(at::zeros({}, p.options().dtype(at::kFloat)));
-  s->exp_avg(fp32_zeros_like(p));
-  s->exp_avg_sq(fp32_zeros_like(p));
-  if (with_master) {
-    s->master_param(fp32_copy(p));
+// Loads an archive of save() into the optimizer, all or nothing: the options and states are checked by the core,
+// states of fused params kept FP32 (torch::optim::serialize restores them as saved); on any error the optimizer's
+// options and states are put back.
+template <typename State, typename Options, typename ConfigOf>
+void checked_load(torch::optim::Optimizer& optimizer, torch::serialize::InputArchive& archive,
+                  const ConfigOf& config_of) {
+  auto& groups = optimizer.param_groups();
+  auto& states = optimizer.state();
+  std::vector<std::unique_ptr<torch::optim::OptimizerOptions>> saved_options;
+  for (const auto& group : groups) {
+    saved_options.push_back(group.options().clone());
   }
-  return s;
+  StateMap saved_states;
+  for (const auto& [key, value] : states) {
+    saved_states[key] = value->clone();
+  }
+  try {
+    torch::optim::serialize<State, Options>(archive, optimizer);
+    size_t index = 0;
+    for (const auto& group : groups) {
+      const core::GroupConfig config = config_of(static_cast<const Options&>(group.options()));
+      core::check_config(config);
+      for (const auto& p : group.params()) {
+        const auto it = states.find(p.unsafeGetTensorImpl());
+        const std::string where = "state[" + std::to_string(index++) + "]";
+        if (it == states.end() || !core::takes_fused(p, p)) {
+          continue;  // torch.optim's state format (the single-tensor path)
+        }
+        core::ParamState c = to_core(static_cast<const State&>(*it->second));
+        std::vector<std::pair<std::string, at::Tensor>> entries;
+        for (const auto& name : core::ParamState::names()) {
+          if (c.entry(name)->defined()) {
+            entries.emplace_back(name, *c.entry(name));
+          }
+        }
+        core::check_loaded_state(config, where, p, entries);
+        for (auto& [name, value] : entries) {
+          *c.entry(name) = core::loaded_entry(name, value, p);
+        }
+        from_core(c, static_cast<State&>(*it->second));
+      }
+    }
+  } catch (...) {
+    for (size_t i = 0; i < groups.size() && i < saved_options.size(); ++i) {
+      groups[i].set_options(std::move(saved_options[i]));
+    }
+    states = std::move(saved_states);
+    throw;
+  }
 }
 
-std::unique_ptr<SGDParamState> new_sgd_state(const at::Tensor& p, bool with_master) {
-  auto s = std::make_unique<SGDParamState>();
-  s->step(at::zeros({}, p.options().dtype(at::kFloat)));
-  if (with_master) {
-    s->master_param(fp32_copy(p));
+// Gives every parameter an FP32 master copied from its current value (init_master_params).
+template <typename State>
+void init_masters(std::vector<torch::optim::OptimizerParamGroup>& groups, StateMap& states) {
+  const at::NoGradGuard no_grad;
+  for (auto& group : groups) {
+    for (const auto& p : group.params()) {
+      auto& slot = states[p.unsafeGetTensorImpl()];
+      if (!slot) {
+        slot = std::make_unique<State>();
+      }
+      core::ParamState c = to_core(static_cast<const State&>(*slot));
+      core::init_master(p, c);
+      from_core(c, static_cast<State&>(*slot));
+    }
   }
-  return s;
 }
 
 // The loss closure of torch::optim::Optimizer::step, run with grad enabled (as LibTorch's optimizers do).
@@ -129,18 +237,12 @@ at::Tensor run_closure(const torch::optim::Optimizer::LossClosure& closure) {
 
 }  // namespace
 
-std::optional<at::Tensor> ScaledStep::grad_scale_for(const at::Device& device) const {
-  if (!grad_scale_.defined()) {
-    return std::nullopt;
-  }
-  return grad_scale_.device() == device ? grad_scale_ : grad_scale_.to(device, /*non_blocking=*/true);
+std::optional<at::Tensor> ScaledStep::grad_scale() const {
+  return grad_scale_.defined() ? std::optional<at::Tensor>(grad_scale_) : std::nullopt;
 }
 
-std::optional<at::Tensor> ScaledStep::found_inf_for(const at::Device& device) const {
-  if (!found_inf_.defined()) {
-    return std::nullopt;
-  }
-  return found_inf_.device() == device ? found_inf_ : found_inf_.to(device, /*non_blocking=*/true);
+std::optional<at::Tensor> ScaledStep::found_inf() const {
+  return found_inf_.defined() ? std::optional<at::Tensor>(found_inf_) : std::nullopt;
 }
 
 // ---- Adam / AdamW -------------------------------------------------------------------------------------------------
@@ -153,8 +255,9 @@ void AdamOptionsT<kDecoupled>::serialize(torch::serialize::OutputArchive& archiv
   _TORCH_OPTIM_SERIALIZE_TORCH_ARG(weight_decay);
   _TORCH_OPTIM_SERIALIZE_TORCH_ARG(amsgrad);
   _TORCH_OPTIM_SERIALIZE_TORCH_ARG(maximize);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(master_weights);
+  write_master_weights(archive, master_weights());
   _TORCH_OPTIM_SERIALIZE_TORCH_ARG(write_unscaled_grads);
+  write_lr_tensor(archive, lr_tensor());
 }
 
 template <bool kDecoupled>
@@ -165,8 +268,9 @@ void AdamOptionsT<kDecoupled>::serialize(torch::serialize::InputArchive& archive
   _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, weight_decay);
   _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, amsgrad);
   _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, maximize);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG_OPTIONAL(bool, master_weights);
+  read_master_weights(archive, master_weights_);
   read_optional_flag(archive, "write_unscaled_grads", write_unscaled_grads_);
+  read_lr_tensor(archive, lr_tensor_);
 }
 
 void AdamParamState::serialize(torch::serialize::OutputArchive& archive) const {
@@ -175,6 +279,7 @@ void AdamParamState::serialize(torch::serialize::OutputArchive& archive) const {
   _TORCH_OPTIM_SERIALIZE_TORCH_ARG(exp_avg_sq);
   _TORCH_OPTIM_SERIALIZE_TORCH_ARG(max_exp_avg_sq);
   _TORCH_OPTIM_SERIALIZE_TORCH_ARG(master_param);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(param_remainder);
 }
 
 void AdamParamState::serialize(torch::serialize::InputArchive& archive) {
@@ -183,12 +288,31 @@ void AdamParamState::serialize(torch::serialize::InputArchive& archive) {
   _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, exp_avg_sq);
   _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, max_exp_avg_sq);
   _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, master_param);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, param_remainder);
+}
+
+template <bool kDecoupled>
+core::GroupConfig AdamT<kDecoupled>::config(const Options& o) {
+  core::GroupConfig c;
+  c.optimizer = kDecoupled ? "AdamW" : "Adam";
+  c.algorithm = core::Algorithm::kAdam;
+  c.lr = o.lr();
+  c.lr_tensor = o.lr_tensor();
+  std::tie(c.beta1, c.beta2) = o.betas();
+  c.eps = o.eps();
+  c.weight_decay = o.weight_decay();
+  c.amsgrad = o.amsgrad();
+  c.decoupled_weight_decay = kDecoupled;
+  c.maximize = o.maximize();
+  c.master_weights = o.master_weights();
+  c.write_unscaled_grads = o.write_unscaled_grads();
+  return c;
 }
 
 template <bool kDecoupled>
 AdamT<kDecoupled>::AdamT(const std::vector<torch::optim::OptimizerParamGroup>& param_groups, Options defaults)
     : torch::optim::Optimizer(param_groups, std::make_unique<Options>(defaults)) {
-  check_options(defaults);
+  core::check_config(config(defaults));
   check_group_options<Options>(kDecoupled ? "AdamW" : "Adam", 0, param_groups);
   keep_group_options(param_groups_, 0, param_groups);
 }
@@ -201,61 +325,16 @@ void AdamT<kDecoupled>::add_param_group(const torch::optim::OptimizerParamGroup&
 }
 
 template <bool kDecoupled>
-void AdamT<kDecoupled>::check_options(const Options& o) {
-  TORCH_CHECK_VALUE(o.lr() >= 0, "Invalid learning rate: ", o.lr());
-  TORCH_CHECK_VALUE(o.eps() >= 0, "Invalid epsilon value: ", o.eps());
-  const auto [b1, b2] = o.betas();
-  TORCH_CHECK_VALUE(0 <= b1 && b1 < 1.0, "Invalid beta parameter at index 0: ", b1);
-  TORCH_CHECK_VALUE(0 <= b2 && b2 < 1.0, "Invalid beta parameter at index 1: ", b2);
-  TORCH_CHECK_VALUE(o.weight_decay() >= 0, "Invalid weight_decay value: ", o.weight_decay());
-}
-
-template <bool kDecoupled>
 at::Tensor AdamT<kDecoupled>::step(LossClosure closure) {
   at::Tensor loss = run_closure(closure);
   const at::NoGradGuard no_grad;
-  for (const auto& group : param_groups_) {  // every group is checked before the first one is written
-    check_options(static_cast<const Options&>(group.options()));
-    check_params(kDecoupled ? "AdamW" : "Adam", group);
-  }
-  for (auto& group : param_groups_) {
-    const auto& o = static_cast<const Options&>(group.options());
-    std::map<std::pair<std::string, bool>, Bucket> buckets;  // (device, has master)
-    for (const auto& p : group.params()) {
-      if (!p.grad().defined()) {
-        continue;
-      }
-      auto& s = state_for<AdamParamState>(state_, p,
-                                          [&] { return new_adam_state(p, wants_master(o.master_weights(), p)); });
-      if (o.amsgrad() && !s.max_exp_avg_sq().defined()) {
-        s.max_exp_avg_sq(fp32_zeros_like(p));
-      }
-      Bucket& b = add_to_bucket(buckets, p, s.master_param());
-      b.first.push_back(s.exp_avg());
-      b.second.push_back(s.exp_avg_sq());
-      if (o.amsgrad()) {
-        b.third.push_back(s.max_exp_avg_sq());
-      }
-      b.steps.push_back(s.step());
-    }
-    for (auto& [key, b] : buckets) {
-      const at::Device device = b.params[0].device();
-      adamw_step_(b.params, b.grads, b.masters, {}, b.first, b.second, b.third, b.steps, o.lr(), std::get<0>(o.betas()),
-                  std::get<1>(o.betas()), o.weight_decay(), o.eps(), o.amsgrad(), o.maximize(), kDecoupled,
-                  grad_scale_for(device), found_inf_for(device), std::nullopt, o.write_unscaled_grads());
-    }
-  }
+  core_step<AdamParamState, Options>(param_groups_, state_, &AdamT::config, grad_scale(), found_inf());
   return loss;
 }
 
 template <bool kDecoupled>
 void AdamT<kDecoupled>::init_master_params() {
-  const at::NoGradGuard no_grad;
-  for (auto& group : param_groups_) {
-    for (const auto& p : group.params()) {
-      state_for<AdamParamState>(state_, p, [&] { return new_adam_state(p, false); }).master_param(fp32_copy(p));
-    }
-  }
+  init_masters<AdamParamState>(param_groups_, state_);
 }
 
 template <bool kDecoupled>
@@ -265,7 +344,7 @@ void AdamT<kDecoupled>::save(torch::serialize::OutputArchive& archive) const {
 
 template <bool kDecoupled>
 void AdamT<kDecoupled>::load(torch::serialize::InputArchive& archive) {
-  torch::optim::serialize<AdamParamState, Options>(archive, *this);
+  checked_load<AdamParamState, Options>(*this, archive, &AdamT::config);
 }
 
 template struct AdamOptionsT<false>;
@@ -282,8 +361,9 @@ void SGDOptions::serialize(torch::serialize::OutputArchive& archive) const {
   _TORCH_OPTIM_SERIALIZE_TORCH_ARG(weight_decay);
   _TORCH_OPTIM_SERIALIZE_TORCH_ARG(nesterov);
   _TORCH_OPTIM_SERIALIZE_TORCH_ARG(maximize);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(master_weights);
+  write_master_weights(archive, master_weights());
   _TORCH_OPTIM_SERIALIZE_TORCH_ARG(write_unscaled_grads);
+  write_lr_tensor(archive, lr_tensor());
 }
 
 void SGDOptions::serialize(torch::serialize::InputArchive& archive) {
@@ -293,25 +373,44 @@ void SGDOptions::serialize(torch::serialize::InputArchive& archive) {
   _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, weight_decay);
   _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, nesterov);
   _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, maximize);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG_OPTIONAL(bool, master_weights);
+  read_master_weights(archive, master_weights_);
   read_optional_flag(archive, "write_unscaled_grads", write_unscaled_grads_);
+  read_lr_tensor(archive, lr_tensor_);
 }
 
 void SGDParamState::serialize(torch::serialize::OutputArchive& archive) const {
   _TORCH_OPTIM_SERIALIZE_TORCH_ARG(step);
   _TORCH_OPTIM_SERIALIZE_TORCH_ARG(momentum_buffer);
   _TORCH_OPTIM_SERIALIZE_TORCH_ARG(master_param);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(param_remainder);
 }
 
 void SGDParamState::serialize(torch::serialize::InputArchive& archive) {
   _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, step);
   _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, momentum_buffer);
   _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, master_param);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, param_remainder);
+}
+
+core::GroupConfig SGD::config(const SGDOptions& o) {
+  core::GroupConfig c;
+  c.optimizer = "SGD";
+  c.algorithm = core::Algorithm::kSGD;
+  c.lr = o.lr();
+  c.lr_tensor = o.lr_tensor();
+  c.momentum = o.momentum();
+  c.dampening = o.dampening();
+  c.weight_decay = o.weight_decay();
+  c.nesterov = o.nesterov();
+  c.maximize = o.maximize();
+  c.master_weights = o.master_weights();
+  c.write_unscaled_grads = o.write_unscaled_grads();
+  return c;
 }
 
 SGD::SGD(const std::vector<torch::optim::OptimizerParamGroup>& param_groups, SGDOptions defaults)
     : torch::optim::Optimizer(param_groups, std::make_unique<SGDOptions>(defaults)) {
-  check_options(defaults);
+  core::check_config(config(defaults));
   check_group_options<SGDOptions>("SGD", 0, param_groups);
   keep_group_options(param_groups_, 0, param_groups);
 }
@@ -322,65 +421,21 @@ void SGD::add_param_group(const torch::optim::OptimizerParamGroup& param_group) 
   keep_group_options(param_groups_, param_groups_.size() - 1, {param_group});
 }
 
-void SGD::check_options(const SGDOptions& o) {
-  TORCH_CHECK_VALUE(o.lr() >= 0, "Invalid learning rate: ", o.lr());
-  TORCH_CHECK_VALUE(o.momentum() >= 0, "Invalid momentum value: ", o.momentum());
-  TORCH_CHECK_VALUE(o.weight_decay() >= 0, "Invalid weight_decay value: ", o.weight_decay());
-  TORCH_CHECK_VALUE(!o.nesterov() || (o.momentum() > 0 && o.dampening() == 0),
-                    "Nesterov momentum requires a momentum and zero dampening");
-}
-
 at::Tensor SGD::step(LossClosure closure) {
   at::Tensor loss = run_closure(closure);
   const at::NoGradGuard no_grad;
-  for (const auto& group : param_groups_) {  // every group is checked before the first one is written
-    check_options(static_cast<const SGDOptions&>(group.options()));
-    check_params("SGD", group);
-  }
-  for (auto& group : param_groups_) {
-    const auto& o = static_cast<const SGDOptions&>(group.options());
-    const bool momentum = o.momentum() != 0;
-    std::map<std::pair<std::string, bool>, Bucket> buckets;  // (device, has master)
-    for (const auto& p : group.params()) {
-      if (!p.grad().defined()) {
-        continue;
-      }
-      auto& s = state_for<SGDParamState>(state_, p,
-                                         [&] { return new_sgd_state(p, wants_master(o.master_weights(), p)); });
-      if (momentum && !s.momentum_buffer().defined()) {
-        s.momentum_buffer(fp32_zeros_like(p));
-      }
-      Bucket& b = add_to_bucket(buckets, p, s.master_param());
-      if (momentum) {
-        b.first.push_back(s.momentum_buffer());
-        b.steps.push_back(s.step());
-      }
-    }
-    for (auto& [key, b] : buckets) {
-      const at::Device device = b.params[0].device();
-      sgd_step_(b.params, b.grads, b.masters, {}, b.first, b.steps, o.lr(), o.momentum(), o.dampening(),
-                o.weight_decay(), o.nesterov(), o.maximize(), grad_scale_for(device), found_inf_for(device),
-                std::nullopt, o.write_unscaled_grads());
-    }
-  }
+  core_step<SGDParamState, SGDOptions>(param_groups_, state_, &SGD::config, grad_scale(), found_inf());
   return loss;
 }
 
-void SGD::init_master_params() {
-  const at::NoGradGuard no_grad;
-  for (auto& group : param_groups_) {
-    for (const auto& p : group.params()) {
-      state_for<SGDParamState>(state_, p, [&] { return new_sgd_state(p, false); }).master_param(fp32_copy(p));
-    }
-  }
-}
+void SGD::init_master_params() { init_masters<SGDParamState>(param_groups_, state_); }
 
 void SGD::save(torch::serialize::OutputArchive& archive) const {
   torch::optim::serialize<SGDParamState, SGDOptions>(archive, *this);
 }
 
 void SGD::load(torch::serialize::InputArchive& archive) {
-  torch::optim::serialize<SGDParamState, SGDOptions>(archive, *this);
+  checked_load<SGDParamState, SGDOptions>(*this, archive, &SGD::config);
 }
 
 }  // namespace ampkit::optim

@@ -94,6 +94,87 @@ decltype(auto) guarded(F&& f) {
   }
 }
 
+
+namespace core = ampkit::optim::core;
+
+double number(const py::handle& v) { return v.cast<double>(); }
+
+// group[key], or `fallback` where the group (a constructor's partial one) has no such key.
+py::object get(const py::dict& group, const char* key, py::object fallback) {
+  return group.contains(key) ? py::object(group[key]) : std::move(fallback);
+}
+
+// A param group of ampkit.optim (a dict with torch.optim's keys) as the core's config; `optimizer` must outlive it.
+core::GroupConfig group_config(const std::string& kind, const std::string& optimizer, const py::dict& group,
+                               bool write_unscaled_grads) {
+  TORCH_CHECK_VALUE(kind == "adam" || kind == "sgd", "ampkit.optim: unknown algorithm '", kind, "'");
+  core::GroupConfig c;
+  c.optimizer = optimizer.c_str();
+  c.algorithm = kind == "sgd" ? core::Algorithm::kSGD : core::Algorithm::kAdam;
+  const py::object lr = group["lr"];
+  if (THPVariable_Check(lr.ptr())) {
+    c.lr_tensor = THPVariable_Unpack(lr.ptr());
+    c.lr = c.lr_tensor.is_cpu() && c.lr_tensor.numel() == 1 ? c.lr_tensor.item<double>() : 0.0;  // range check
+  } else {
+    c.lr = number(lr);
+  }
+  const py::object no = py::bool_(false);
+  const py::object zero = py::float_(0.0);
+  c.weight_decay = number(group["weight_decay"]);
+  c.maximize = get(group, "maximize", no).cast<bool>();
+  if (c.algorithm == core::Algorithm::kAdam) {
+    const py::sequence betas = group["betas"];
+    c.beta1 = number(betas[0]);
+    c.beta2 = number(betas[1]);
+    c.eps = number(group["eps"]);
+    c.amsgrad = get(group, "amsgrad", no).cast<bool>();
+    c.decoupled_weight_decay = get(group, "decoupled_weight_decay", no).cast<bool>();
+  } else {
+    c.momentum = number(get(group, "momentum", zero));
+    c.dampening = number(get(group, "dampening", zero));
+    c.nesterov = get(group, "nesterov", no).cast<bool>();
+  }
+  const py::object mw = group.contains("master_weights") ? py::object(group["master_weights"]) : py::none();
+  if (mw.is_none()) {
+    c.master_weights = ampkit::optim::MasterWeights::kAuto;
+  } else if (py::isinstance<py::str>(mw)) {
+    c.master_weights = mw.cast<std::string>() == "remainder" ? ampkit::optim::MasterWeights::kRemainder
+                                                               : ampkit::optim::MasterWeights::kAuto;
+  } else {
+    c.master_weights = ampkit::optim::MasterWeights(mw.cast<bool>());
+  }
+  c.write_unscaled_grads = write_unscaled_grads;
+  c.python_spelling = true;
+  return c;
+}
+
+// A state dict entry of ampkit.optim (torch.optim's names; None or absent: no entry) to the core's, and back.
+core::ParamState state_from_py(const py::dict& d) {
+  core::ParamState s;
+  for (const auto& name : core::ParamState::names()) {
+    const py::str key(name);
+    if (d.contains(key)) {
+      const py::handle v = d[key];
+      if (THPVariable_Check(v.ptr())) {
+        *s.entry(name) = THPVariable_Unpack(v.ptr());
+      }
+    }
+  }
+  return s;
+}
+
+void state_to_py(const core::ParamState& before, core::ParamState& after, py::dict& d) {
+  for (const auto& name : core::ParamState::names()) {
+    const at::Tensor& old = *const_cast<core::ParamState&>(before).entry(name);
+    const at::Tensor& now = *after.entry(name);
+    if (now.defined() && !(old.defined() && old.unsafeGetTensorImpl() == now.unsafeGetTensorImpl())) {
+      d[py::str(name)] = now;
+    } else if (!now.defined() && old.defined()) {
+      PyDict_DelItemString(d.ptr(), name.c_str());
+    }
+  }
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -115,6 +196,58 @@ PYBIND11_MODULE(_C, m) {
       "optimizer steps (torch's Vectorized<float>::size()).");
   m.def("cuda_arch_supported", &ampkit::cuda_arch_supported, py::arg("major"), py::arg("minor"),
         "Whether this build's CUDA kernels run on a GPU of compute capability major.minor.");
+
+
+  // ampkit.optim's decisions, made by ampkit::optim::core (the LibTorch optimizers' too).
+  m.def("_optim_check", [](const std::string& kind, const std::string& optimizer, const py::dict& group,
+                           const std::vector<at::Tensor>& params) {
+    guarded([&] { core::check_group(group_config(kind, optimizer, group, true), params); });
+  });
+  m.def("_optim_check_config", [](const std::string& kind, const std::string& optimizer, const py::dict& group) {
+    guarded([&] { core::check_config(group_config(kind, optimizer, group, true)); });
+  });
+  m.def("_optim_step", [](const std::string& kind, const std::string& optimizer, const py::dict& group,
+                          const std::vector<at::Tensor>& params, std::vector<py::dict> states,
+                          const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf,
+                          bool write_unscaled_grads) {
+    const core::GroupConfig config =
+        guarded([&] { return group_config(kind, optimizer, group, write_unscaled_grads); });
+    std::vector<core::ParamState> before, after;
+    before.reserve(states.size());
+    for (const auto& d : states) {
+      before.push_back(state_from_py(d));
+    }
+    after = before;
+    std::vector<core::ParamState*> ptrs;
+    for (auto& s : after) {
+      ptrs.push_back(&s);
+    }
+    guarded([&] { core::step(config, params, ptrs, grad_scale, found_inf); });
+    for (size_t i = 0; i < states.size(); ++i) {
+      state_to_py(before[i], after[i], states[i]);
+    }
+  });
+  m.def("_optim_takes_fused", [](const at::Tensor& p) { return core::takes_fused(p, p); });
+  m.def("_optim_remainder_of",
+        [](const at::Tensor& p, const at::Tensor& master) { return guarded([&] { return core::remainder_of(p, master); }); });
+  m.def("_optim_master_from_remainder", [](const at::Tensor& p, const at::Tensor& rem) {
+    return guarded([&] { return core::master_from_remainder(p, rem); });
+  });
+  m.def("_optim_check_loaded_state",
+        [](const std::string& kind, const std::string& optimizer, const py::dict& group, const std::string& where,
+           const at::Tensor& p, const std::vector<std::pair<std::string, at::Tensor>>& entries) {
+          guarded([&] { core::check_loaded_state(group_config(kind, optimizer, group, true), where, p, entries); });
+        });
+  m.def("_optim_init_master", [](const at::Tensor& p, py::dict state) {
+    const core::ParamState before = state_from_py(state);
+    core::ParamState after = before;
+    guarded([&] { core::init_master(p, after); });
+    state_to_py(before, after, state);
+  });
+  m.def("_optim_state_names", [] { return core::ParamState::names(); });
+  m.def("_optim_loaded_entry", [](const std::string& name, const at::Tensor& value, const at::Tensor& p) {
+    return guarded([&] { return core::loaded_entry(name, value, p); });
+  });
 
   using ampkit::GradScaler;
   using Params = std::vector<at::Tensor>;

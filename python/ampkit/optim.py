@@ -19,9 +19,8 @@ torch).
 """
 from __future__ import annotations
 
-import math
 from itertools import chain
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Callable, Optional
 
 import torch
 from torch.optim import adam as _torch_adam
@@ -31,30 +30,19 @@ from . import _checks
 
 __all__ = ["Adam", "AdamW", "SGD"]
 
-_LOW_PRECISION = (torch.float16, torch.bfloat16)
-_FUSED = _LOW_PRECISION + (torch.float32,)  # the dtypes the fused kernels take
-
-
-def _dense(t: torch.Tensor) -> bool:
-    """Whether t's elements fill one block of memory without gaps or overlap (any permutation of contiguous)."""
-    if t.is_contiguous():
-        return True
-    expected = 1
-    for stride, size in sorted((st, sz) for st, sz in zip(t.stride(), t.shape) if sz != 1):
-        if stride != expected:
-            return False
-        expected *= size
-    return True
-
+def _core():
+    from . import _C
+    return _C
 
 
 class _FusedOptimizer(torch.optim.Optimizer):
+    """What ampkit's optimizers share. Their decisions (range checks, master modes, which parameters take the fused
+    kernels, state creation, loaded-state checks, torch.optim's single-tensor path for FP64/complex/sparse/non-dense
+    parameters) are made by ampkit::optim::core in C++, the same code the LibTorch optimizers run; this class keeps
+    what needs Python: param_groups as torch.optim.Optimizer, Python types, hooks, differentiable=True."""
+
     _step_supports_amp_scaling = True
-    #: state entries that stay FP32 whatever the parameter's dtype
-    _fp32_state = ("master_param", "exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer", "step")
-    _exact_state = ("param_remainder",)  # kept bit for bit (int16) through load_state_dict
-    _initialised_by: tuple[str, ...] = ()  # state entries whose presence means the first step has happened
-    _required_together: tuple[str, ...] = ()  # state entries that are all present or all absent
+    _kind = "adam"  # the core's algorithm: "adam" or "sgd"
     _group_defaults: dict = {}  # torch.optim's __setstate__ defaults
     _group_forced: dict = {}
 
@@ -69,8 +57,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
         super().add_param_group(param_group)
 
     def _check_group(self, group: dict) -> None:
-        """torch's range checks (_check_values) plus ampkit's: master_weights and bool flags."""
-        self._check_values(group)
+        """torch's checks (_check_values) plus ampkit's: master_weights and bool flags."""
         name = type(self).__name__
         mw = group.get("master_weights")
         if not (mw is None or isinstance(mw, bool) or mw == "remainder"):
@@ -79,71 +66,17 @@ class _FusedOptimizer(torch.optim.Optimizer):
             value = group.get(flag, False)
             if not isinstance(value, (bool, int)) or isinstance(value, int) and value not in (0, 1):
                 raise TypeError(f"{name}: {flag} must be True or False, but got {type(value).__name__} {value!r}")
+        self._check_values(group)
 
-    def _master_mode(self, group: dict, p: torch.Tensor) -> str:
-        """'master' (FP32 copy), 'remainder' (BF16 weight + int16 low half) or 'none' for this parameter."""
-        mw = group.get("master_weights")
-        if mw and p.dtype not in _LOW_PRECISION + (torch.float32,):
-            raise ValueError(f"{type(self).__name__}: master_weights={mw!r} needs FP16, BF16 or FP32 parameters, "
-                             f"but got a {p.dtype} parameter of shape {tuple(p.shape)}")
-        if mw == "remainder":
-            if p.dtype != torch.bfloat16:
-                raise ValueError(f"master_weights='remainder' needs BFloat16 parameters, but got {p.dtype}")
-            return "remainder"
-        if mw is None:
-            return "master" if p.dtype in _LOW_PRECISION else "none"
-        return "master" if mw else "none"
-
-    def _complete_state(self, group: dict, p: torch.Tensor, state: dict, keys: Iterable[str]) -> str:
-        """Creates the state entries this step needs (a fresh state, or one loaded from torch.optim); returns
-        the parameter's master mode."""
-        if "step" in keys and "step" not in state:
-            # A state loaded from torch.optim.SGD has its momentum buffer but no step: the buffer is initialised,
-            # so the next step must use it (step 1), not restart it from the grad (step 0).
-            started = any(state.get(k) is not None for k in self._initialised_by)
-            state["step"] = torch.full((), 1.0 if started else 0.0, dtype=torch.float32, device=p.device)
-        for key in keys:
-            if key != "step" and state.get(key) is None:
-                state[key] = torch.zeros_like(p, dtype=torch.float32, memory_format=torch.preserve_format)
-        mode = self._master_mode(group, p)
-        if mode == "master" and "master_param" not in state:
-            state["master_param"] = p.detach().to(torch.float32, copy=True)
-        if mode == "remainder" and "param_remainder" not in state:
-            master = state.pop("master_param", None)
-            if master is None:  # the BF16 weight is the master: remainder 0
-                state["param_remainder"] = torch.zeros_like(p, dtype=torch.int16,
-                                                            memory_format=torch.preserve_format)
-            else:
-                state["param_remainder"] = self._remainder_of(p, master)
-        return mode
-
-    @staticmethod
-    @torch.no_grad()
-    def _remainder_of(p: torch.Tensor, master: torch.Tensor) -> torch.Tensor:
-        """The int16 remainder that, with the BF16 weight p as it is, holds the FP32 master (init_master_params).
-
-        The weight is left untouched (state is created lazily inside step(), and a step that the scaler skips
-        must not change a weight). p is the master rounded to nearest-even, so master bits - (p bits << 16) fits
-        an int16 except at exact ties rounded down, where it is 32768: those keep 32767, a master 1 ulp (2^-24
-        relative) closer to the weight. Only a weight that is not the master's rounding at all (changed after
-        init_master_params) is re-derived from the master (ties away from zero, NOTE [BF16 weight + 16-bit
-        remainder])."""
-        bits = master.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
-        high = (p.detach().view(torch.int16).to(torch.int64) & 0xFFFF) << 16
-        rem = bits - high
-        foreign = (rem < -32768) | (rem > 32768)
-        split_weight = ((bits >> 16) + ((bits & 0xFFFF) >> 15)) & 0xFFFF
-        split_rem = bits & 0xFFFF
-        weight = torch.where(foreign, split_weight, high >> 16)
-        rem = torch.where(foreign, split_rem, rem.clamp(max=32767))
-        p.detach().view(torch.int16).copy_(weight.to(torch.int16))  # the same bits unless foreign
-        return rem.to(torch.int16)
+    @classmethod
+    def _check_ranges(cls, group: dict) -> None:
+        """torch.optim's range checks and messages, made by the C++ core."""
+        _core()._optim_check_config(cls._kind, cls.__name__, group)
 
     @staticmethod
     def master_from_remainder(param: torch.Tensor, remainder: torch.Tensor) -> torch.Tensor:
         """The exact FP32 master held by a BF16 weight and its int16 remainder."""
-        bits = (param.detach().view(torch.int16).to(torch.int32) << 16) + remainder.to(torch.int32)
-        return bits.view(torch.float32)
+        return _core()._optim_master_from_remainder(param, remainder)
 
     @torch.no_grad()
     def init_master_params(self) -> None:
@@ -152,30 +85,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
         unrounded weights instead of copies of the rounded ones."""
         for group in self.param_groups:
             for p in group["params"]:
-                self.state[p]["master_param"] = p.detach().to(torch.float32, copy=True)
-
-    @staticmethod
-    def _lr(group: dict, device: torch.device) -> tuple[float, Optional[torch.Tensor]]:
-        """(float lr, device tensor lr or None). A tensor lr on the parameters' device is read on the device
-        (schedules inside a captured CUDA graph); a CPU tensor lr is read on the host, which costs no sync and no
-        per-step copy to the device (its value is then fixed inside a captured graph)."""
-        lr = group["lr"]
-        if isinstance(lr, torch.Tensor):
-            if lr.device.type == "cpu" and device.type != "cpu":
-                return float(lr), None
-            if lr.device == device and lr.dtype == torch.float32:
-                return 0.0, lr
-            return 0.0, lr.to(device=device, dtype=torch.float32)
-        return float(lr), None
-
-    def _scaling(self, device: torch.device) -> tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
-        grad_scale = getattr(self, "grad_scale", None)
-        found_inf = getattr(self, "found_inf", None)
-        if grad_scale is not None:
-            grad_scale = grad_scale.to(device, non_blocking=True)
-        if found_inf is not None:
-            found_inf = found_inf.to(device, non_blocking=True)
-        return grad_scale, found_inf
+                _core()._optim_init_master(p, self.state[p])
 
     @staticmethod
     def _run_closure(closure: Optional[Callable[[], float]]):
@@ -184,147 +94,93 @@ class _FusedOptimizer(torch.optim.Optimizer):
         with torch.enable_grad():
             return closure()
 
-    def _common_args(self, group: dict, device: torch.device, mode: str, entries: list) -> tuple[list, dict]:
-        """The leading lists (params, grads, masters, remainders) and keyword arguments (lr, grad_scale, found_inf,
-        lr_tensor, write_unscaled_grads) that both fused ops take, for one bucket."""
-        grad_scale, found_inf = self._scaling(device)
-        lr, lr_tensor = self._lr(group, device)
-        lists = [[p for p, _, _ in entries], [g for _, _, g in entries],
-                 [s["master_param"] for _, s, _ in entries] if mode == "master" else [],
-                 [s["param_remainder"] for _, s, _ in entries] if mode == "remainder" else []]
-        return lists, dict(lr=lr, grad_scale=grad_scale, found_inf=found_inf, lr_tensor=lr_tensor,
-                           write_unscaled_grads=self.write_unscaled_grads)
+    def _validate(self) -> None:
+        """Checks every group before anything is written (an optimizer step is atomic: a bad group raises before
+        the first group is updated)."""
+        core = _core()
+        for group in self.param_groups:
+            self._check_group(group)
+            core._optim_check(self._kind, type(self).__name__, group, group["params"])
 
-    def _write_back_staged(self, staged: list) -> None:
-        """Copies the unscaled grads from the staging copies (see _partition) back into the grads."""
-        if staged and self.write_unscaled_grads and getattr(self, "grad_scale", None) is not None:
-            for grad, staging in staged:
-                grad.copy_(staging)
-
-    @staticmethod
-    def _takes_fused(group: dict, p: torch.Tensor, grad: torch.Tensor) -> bool:
-        """Whether the fused kernels take this parameter; the others go through torch.optim's own single-tensor
-        implementation (FP64, complex, sparse grads, differentiable=True, non-dense weights), so that every
-        configuration torch.optim accepts gives torch.optim's result."""
-        return (p.dtype in _FUSED and not group["differentiable"] and not grad.is_sparse and _dense(p))
-
-    def _partition(self, group: dict, state_keys: tuple[str, ...]) -> tuple[dict, list, list]:
-        """(fused buckets {(device, master mode): [(param, state, grad)]}, fallback params, staged [(grad, staging
-        copy)]) of one group's params with grads. Every group is validated before any state is created (see
-        _validate)."""
-        buckets: dict = {}
-        fallback: list = []
-        staged: list = []
-        for p in group["params"]:
-            grad = p.grad
-            if grad is None:
-                continue
-            if not self._takes_fused(group, p, grad):
-                fallback.append(p)
-                continue
-            if not (grad.is_contiguous() and p.is_contiguous()) and grad.stride() != p.stride():
-                # The kernels read the grad in the parameter's layout: a staging copy for such (rare) grads
-                # (unscaled values go back to p.grad after the step, see _write_back_staged).
-                staged.append((grad, torch.empty_like(p).copy_(grad)))
-                grad = staged[-1][1]
-            if not state_keys and self._master_mode(group, p) == "none" and p not in self.state:
-                buckets.setdefault((p.device, "none"), []).append((p, {}, grad))  # stateless: no empty entry
-                continue
-            state = self.state[p]
-            mode = self._complete_state(group, p, state, state_keys)
-            buckets.setdefault((p.device, mode), []).append((p, state, grad))
-        return buckets, fallback, staged
-
-    def _fallback_scaling(self, params: list) -> tuple[bool, Optional[torch.Tensor]]:
-        """(skip, grad_scale) for the fallback params: found_inf is read on the host (a sync, on this path only),
-        and the grads are unscaled in place, as torch's fused optimizers leave them."""
+    @torch.no_grad()
+    def step(self, closure: Optional[Callable[[], float]] = None):
+        loss = self._run_closure(closure)
+        self._validate()
+        core = _core()
         grad_scale = getattr(self, "grad_scale", None)
         found_inf = getattr(self, "found_inf", None)
+        name = type(self).__name__
+        for group in self.param_groups:
+            params = [p for p in group["params"] if p.grad is not None]
+            if group["differentiable"]:
+                self._differentiable_step(group, params, grad_scale, found_inf)
+                continue
+            states = [self.state[p] if p in self.state else {} for p in params]
+            core._optim_step(self._kind, name, group, params, states, grad_scale, found_inf,
+                             self.write_unscaled_grads)
+            for p, st in zip(params, states):
+                if st and p not in self.state:
+                    self.state[p] = st
+        return loss
+
+    def _differentiable_step(self, group: dict, params: list, grad_scale, found_inf) -> None:
+        """differentiable=True: torch.optim's own single-tensor functions (autograd through the update)."""
         if found_inf is not None and float(found_inf) != 0.0:
-            return True, None
+            return
         if grad_scale is not None:
             for p in params:
                 p.grad.div_(grad_scale.to(p.grad.device))
-        return False, grad_scale
-
-    def _validate(self) -> None:
-        """Checks every group against the kernels' rules before anything is written (an optimizer step is
-        atomic: a bad group raises before the first group is updated)."""
-        for group in self.param_groups:
-            self._check_group(group)
-            if group.get("master_weights") is None:
-                continue  # the default mode cannot be refused
-            for p in group["params"]:
-                if p.grad is not None:
-                    self._master_mode(group, p)
+        if params:
+            self._torch_step(group, params)
 
     def _check_loaded_state(self, state_dict: dict[str, Any]) -> None:
         """Refuses, before anything changes, a state that cannot be right: entries for parameter ids no group
         holds, tensors of the wrong shape or kind, or a partial Adam state (a missing moment or step would silently
         restart from zeros)."""
+        name = type(self).__name__
         groups = state_dict.get("param_groups")
         if not isinstance(groups, list) or len(groups) != len(self.param_groups):
-            raise ValueError(f"{type(self).__name__}.load_state_dict: expected {len(self.param_groups)} param groups, "
+            raise ValueError(f"{name}.load_state_dict: expected {len(self.param_groups)} param groups, "
                              f"but the state dict has {len(groups) if isinstance(groups, list) else groups!r}")
         params = {}
         for saved, group in zip(groups, self.param_groups):
             if len(saved.get("params", ())) != len(group["params"]):
-                raise ValueError(f"{type(self).__name__}.load_state_dict: a param group of {len(group['params'])} "
+                raise ValueError(f"{name}.load_state_dict: a param group of {len(group['params'])} "
                                  f"parameters gets {len(saved.get('params', ()))} from the state dict")
-            params.update(zip(saved["params"], group["params"]))
+            params.update((pid, (p, group)) for pid, p in zip(saved["params"], group["params"]))
+        core = _core()
         for pid, st in state_dict.get("state", {}).items():
             if pid not in params:
-                raise ValueError(f"{type(self).__name__}.load_state_dict: state for parameter id {pid!r}, which no "
+                raise ValueError(f"{name}.load_state_dict: state for parameter id {pid!r}, which no "
                                  "param group of the state dict holds")
-            p = params[pid]
-            if p.dtype not in _FUSED:
-                continue  # torch's own format (the fallback path), checked by torch's code
-            for key, value in st.items():
-                if not torch.is_tensor(value):
-                    continue
-                shape = () if key == "step" else tuple(p.shape)
-                if key != "step" and tuple(value.shape) != shape:
-                    raise ValueError(f"{type(self).__name__}.load_state_dict: state[{pid!r}][{key!r}] must have the "
-                                     f"parameter's shape {shape}, but has {tuple(value.shape)}")
-                if key == "step" and value.numel() != 1:
-                    raise ValueError(f"{type(self).__name__}.load_state_dict: state[{pid!r}]['step'] must have one "
-                                     f"element, but has {value.numel()}")
-                if key in self._fp32_state and not value.is_floating_point():
-                    raise ValueError(f"{type(self).__name__}.load_state_dict: state[{pid!r}][{key!r}] must be a "
-                                     f"floating tensor, but is {value.dtype}")
-                if key in self._exact_state and value.dtype != torch.int16:
-                    raise ValueError(f"{type(self).__name__}.load_state_dict: state[{pid!r}][{key!r}] must be int16, "
-                                     f"but is {value.dtype}")
-            present = [k for k in self._required_together if k in st]
-            if present and len(present) != len(self._required_together):
-                missing = [k for k in self._required_together if k not in st]
-                raise ValueError(f"{type(self).__name__}.load_state_dict: state[{pid!r}] has {present} but no "
-                                 f"{missing}: a partial state would silently restart from zeros")
+            p, group = params[pid]
+            if core._optim_takes_fused(p):  # else torch's own format, checked by torch's code
+                # a step saved as a Python number (older torch) counts as present; it is made a tensor on load
+                entries = [(k, v if torch.is_tensor(v) else torch.tensor(float(v))) for k, v in st.items()
+                           if torch.is_tensor(v) or k == "step" and isinstance(v, (int, float))]
+                core._optim_check_loaded_state(self._kind, name, group, f"state[{pid!r}]", p, entries)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._check_loaded_state(state_dict)
+        core = _core()
+        names = set(core._optim_state_names())
         # torch's base class casts floating state to each parameter's dtype; masters and moments must stay FP32.
-        saved = {pid: {k: v for k, v in st.items()
-                       if k in self._fp32_state + self._exact_state and torch.is_tensor(v)}
+        saved = {pid: {k: v for k, v in st.items() if k in names and torch.is_tensor(v)}
                  for pid, st in state_dict["state"].items()}
         super().load_state_dict(state_dict)
         ids = chain.from_iterable(g["params"] for g in state_dict["param_groups"])
         params = chain.from_iterable(g["params"] for g in self.param_groups)
         for pid, p in zip(ids, params):
-            if p.dtype not in _FUSED:
-                continue  # torch.optim's state format (the fallback path): the base class's cast is right
+            if not core._optim_takes_fused(p):
+                continue  # torch.optim's state format (the single-tensor path): the base class's cast is right
             for key, value in saved.get(pid, {}).items():
-                dtype = torch.float32 if key in self._fp32_state else value.dtype
-                if value.dim() and value.shape == p.shape and value.stride() != p.stride():
-                    # e.g. a channels_last state for a contiguous parameter: the kernels take the param's layout.
-                    self.state[p][key] = torch.empty_like(p, dtype=dtype).copy_(value)
-                else:
-                    self.state[p][key] = value.to(device=p.device, dtype=dtype, copy=True)
+                self.state[p][key] = core._optim_loaded_entry(key, value, p)
 
     def __setstate__(self, state: dict) -> None:
         # torch.optim's defaults for keys an older torch did not save, and Python-number steps made tensors.
         state.setdefault("write_unscaled_grads", True)
         super().__setstate__(state)
+        core = _core()
         for group in self.param_groups:
             for key, value in self._group_defaults.items():
                 group.setdefault(key, value)
@@ -333,7 +189,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
             for p in group["params"]:
                 st = self.state.get(p)
                 if st and "step" in st and not torch.is_tensor(st["step"]):
-                    on_device = p.dtype in _FUSED
+                    on_device = core._optim_takes_fused(p)
                     st["step"] = torch.tensor(float(st["step"]), dtype=torch.float32,
                                               device=p.device if on_device else "cpu")
 
@@ -379,7 +235,6 @@ class Adam(_FusedOptimizer):
 
     _decoupled_default = False
     _flags = ("amsgrad", "maximize", "decoupled_weight_decay")
-    _required_together = ("step", "exp_avg", "exp_avg_sq")
     _group_defaults = dict(amsgrad=False, maximize=False, foreach=None, capturable=False, differentiable=False,
                            decoupled_weight_decay=False, fused=None, master_weights=None)
 
@@ -401,29 +256,20 @@ class Adam(_FusedOptimizer):
         super().__init__(params, defaults)
         _check_fused_flags(fused, foreach, differentiable)
 
-    @staticmethod
-    def _check_values(group: dict) -> None:
-        """torch.optim.Adam's range checks and messages, for the constructor and for every group at step()."""
-        lr, eps, betas, weight_decay = group["lr"], group["eps"], group["betas"], group["weight_decay"]
-        _checks.number(None, "lr", lr)
-        _checks.number(None, "eps", eps)
-        _checks.number(None, "weight_decay", weight_decay)
+    @classmethod
+    def _check_values(cls, group: dict) -> None:
+        """torch.optim.Adam's checks and messages, for the constructor and for every group at step(): Python types
+        here, ranges in the C++ core."""
+        betas = group["betas"]
+        for key in ("lr", "eps", "weight_decay"):
+            _checks.number(None, key, group[key])
         if not isinstance(betas, (tuple, list)):
             raise TypeError(f"betas must be a pair (beta1, beta2), but got {type(betas).__name__} {betas!r}")
-        if not 0.0 <= lr:
-            raise ValueError(f"Invalid learning rate: {lr}")
-        if not 0.0 <= eps:
-            raise ValueError(f"Invalid epsilon value: {eps}")
         if len(betas) != 2:
             raise ValueError(f"betas must be a pair (beta1, beta2), but got {betas!r}")
         for i, beta in enumerate(betas):
             _checks.number(None, f"betas[{i}]", beta)
-        if not 0.0 <= betas[0] < 1.0:
-            raise ValueError(f"Invalid beta parameter at index 0: {betas[0]}")
-        if not 0.0 <= betas[1] < 1.0:
-            raise ValueError(f"Invalid beta parameter at index 1: {betas[1]}")
-        if not 0.0 <= weight_decay:
-            raise ValueError(f"Invalid weight_decay value: {weight_decay}")
+        cls._check_ranges(group)
 
     def _validate(self) -> None:
         super()._validate()
@@ -435,33 +281,8 @@ class Adam(_FusedOptimizer):
                         raise AssertionError(f"If capturable=True, params and state_steps must be on supported "
                                              f"devices: {supported}.")
 
-    @torch.no_grad()
-    def step(self, closure: Optional[Callable[[], float]] = None):
-        loss = self._run_closure(closure)
-        self._validate()
-        for group in self.param_groups:
-            keys = ("step", "exp_avg", "exp_avg_sq") + (("max_exp_avg_sq",) if group["amsgrad"] else ())
-            buckets, fallback, staged = self._partition(group, keys)
-            beta1, beta2 = (float(b) for b in group["betas"])
-            for (device, mode), entries in buckets.items():
-                lists, kwargs = self._common_args(group, device, mode, entries)
-                torch.ops.ampkit.adamw_step_(
-                    *lists, [s["exp_avg"] for _, s, _ in entries], [s["exp_avg_sq"] for _, s, _ in entries],
-                    [s["max_exp_avg_sq"] for _, s, _ in entries] if group["amsgrad"] else [],
-                    [s["step"] for _, s, _ in entries],
-                    beta1=beta1, beta2=beta2,
-                    weight_decay=float(group["weight_decay"]), eps=float(group["eps"]), amsgrad=group["amsgrad"],
-                    maximize=group["maximize"], decoupled_weight_decay=group["decoupled_weight_decay"], **kwargs)
-            self._write_back_staged(staged)
-            if fallback:
-                self._fallback_step(group, fallback)
-        return loss
-
-    def _fallback_step(self, group: dict, params: list) -> None:
-        """torch.optim's own single-tensor Adam for the parameters the kernels do not take, on torch's state."""
-        skip, _ = self._fallback_scaling(params)
-        if skip:
-            return
+    def _torch_step(self, group: dict, params: list) -> None:
+        """torch.optim's own single-tensor Adam (differentiable=True), on torch's state."""
         states = [self.state[p] for p in params]
         for p, st in zip(params, states):
             if not st:
@@ -498,7 +319,7 @@ class AdamW(Adam):
 class SGD(_FusedOptimizer):
     """torch.optim.SGD's arguments and results, on ampkit's fused kernel, plus ``master_weights``."""
 
-    _initialised_by = ("momentum_buffer",)
+    _kind = "sgd"
     _flags = ("nesterov", "maximize")
     _group_defaults = dict(nesterov=False, maximize=False, foreach=None, differentiable=False, fused=False,
                            master_weights=None)
@@ -518,49 +339,16 @@ class SGD(_FusedOptimizer):
         super().__init__(params, defaults)
         _check_fused_flags(fused, foreach, differentiable)
 
-    @staticmethod
-    def _check_values(group: dict) -> None:
-        """torch.optim.SGD's range checks and messages (NaN refused too), for the constructor and for every group
-        at step()."""
+    @classmethod
+    def _check_values(cls, group: dict) -> None:
+        """torch.optim.SGD's checks and messages (NaN refused too), for the constructor and for every group at
+        step(): Python types here, ranges in the C++ core."""
         for key in ("lr", "momentum", "dampening", "weight_decay"):
             _checks.number(None, key, group[key])
-        if not 0.0 <= group["lr"]:
-            raise ValueError(f"Invalid learning rate: {group['lr']}")
-        if not 0.0 <= group["momentum"] < math.inf:
-            raise ValueError(f"Invalid momentum value: {group['momentum']}")
-        if not -math.inf < group["dampening"] < math.inf:
-            raise ValueError(f"Invalid dampening value: {group['dampening']}")
-        if not 0.0 <= group["weight_decay"]:
-            raise ValueError(f"Invalid weight_decay value: {group['weight_decay']}")
-        if group["nesterov"] and (group["momentum"] <= 0 or group["dampening"] != 0):
-            raise ValueError("Nesterov momentum requires a momentum and zero dampening")
+        cls._check_ranges(group)
 
-    @torch.no_grad()
-    def step(self, closure: Optional[Callable[[], float]] = None):
-        loss = self._run_closure(closure)
-        self._validate()
-        for group in self.param_groups:
-            momentum = float(group["momentum"])
-            keys = ("step", "momentum_buffer") if momentum != 0.0 else ()
-            buckets, fallback, staged = self._partition(group, keys)
-            for (device, mode), entries in buckets.items():
-                lists, kwargs = self._common_args(group, device, mode, entries)
-                torch.ops.ampkit.sgd_step_(
-                    *lists, [s["momentum_buffer"] for _, s, _ in entries] if momentum != 0.0 else [],
-                    [s["step"] for _, s, _ in entries] if momentum != 0.0 else [],
-                    momentum=momentum, dampening=float(group["dampening"]),
-                    weight_decay=float(group["weight_decay"]), nesterov=group["nesterov"],
-                    maximize=group["maximize"], **kwargs)
-            self._write_back_staged(staged)
-            if fallback:
-                self._fallback_step(group, fallback)
-        return loss
-
-    def _fallback_step(self, group: dict, params: list) -> None:
-        """torch.optim's own single-tensor SGD for the parameters the kernels do not take, on torch's state."""
-        skip, _ = self._fallback_scaling(params)
-        if skip:
-            return
+    def _torch_step(self, group: dict, params: list) -> None:
+        """torch.optim's own single-tensor SGD (differentiable=True), on torch's state."""
         momentum = group["momentum"]
         buffers = [self.state[p].get("momentum_buffer") for p in params] if momentum != 0 else [None] * len(params)
         with torch.set_grad_enabled(group["differentiable"]):

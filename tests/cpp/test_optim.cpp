@@ -179,12 +179,15 @@ TEST_CASE("optim: a step that raises for one param group writes and creates noth
 
   auto c = torch::randn({4}).requires_grad_();
   auto d = torch::randn({4}, torch::kDouble).requires_grad_();
-  ampkit::optim::SGD sgd({torch::optim::OptimizerParamGroup({c}), torch::optim::OptimizerParamGroup({d})},
+  ampkit::optim::SGD sgd({torch::optim::OptimizerParamGroup({c}),
+                          torch::optim::OptimizerParamGroup(
+                              {d}, std::make_unique<ampkit::optim::SGDOptions>(
+                                       ampkit::optim::SGDOptions(0.1).momentum(0.9).master_weights(true)))},
                          ampkit::optim::SGDOptions(0.1).momentum(0.9));
   c.mutable_grad() = torch::ones({4});
   d.mutable_grad() = torch::ones({4}, torch::kDouble);
   const auto c0 = c.detach().clone();
-  REQUIRE_THROWS_WITH(sgd.step(), Catch::Contains("parameters must be Half, BFloat16 or Float"));
+  REQUIRE_THROWS_WITH(sgd.step(), Catch::Contains("SGD: master_weights(true) needs FP16, BF16 or FP32 parameters, but got a Double"));
   CHECK(torch::equal(c.detach(), c0));
   CHECK(sgd.state().empty());
 }

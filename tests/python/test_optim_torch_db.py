@@ -172,8 +172,13 @@ FALLBACKS = [
 
 
 @pytest.mark.parametrize("name,make,_", FALLBACKS, ids=[f[0] for f in FALLBACKS])
-@pytest.mark.parametrize("cls,kwargs", [("Adam", dict(weight_decay=0.1, amsgrad=True)), ("AdamW", {}),
-                                        ("SGD", dict(momentum=0.9, nesterov=True))])
+@pytest.mark.parametrize("cls,kwargs", [
+    ("Adam", dict(weight_decay=0.1, amsgrad=True)), ("AdamW", {}), ("SGD", dict(momentum=0.9, nesterov=True)),
+    ("Adam", dict(lr=torch.tensor(0.01), maximize=True, weight_decay=0.1)),
+    ("AdamW", dict(lr=torch.tensor([0.02]), amsgrad=True)),
+    ("SGD", dict(lr=torch.tensor(0.05), momentum=0.9, dampening=0.1, weight_decay=0.01, maximize=True))],
+    ids=["Adam-l2-amsgrad", "AdamW", "SGD-nesterov", "Adam-tensor-lr-maximize", "AdamW-tensor-lr-amsgrad",
+         "SGD-tensor-lr-dampening-maximize"])
 def test_parameters_the_kernels_do_not_take_follow_torch_bit_for_bit(name, make, _, cls, kwargs):
     torch.manual_seed(0)
     ref_params = make()

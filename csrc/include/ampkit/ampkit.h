@@ -5,4 +5,5 @@
 #include "ampkit/grad_scaler.h"
 #include "ampkit/autocast.h"
 #include "ampkit/optim.h"
+#include "ampkit/optim_core.h"
 #include "ampkit/lr_scheduler.h"

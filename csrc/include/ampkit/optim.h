@@ -1,7 +1,12 @@
 // ampkit::optim::Adam, AdamW and SGD: torch::optim::Optimizer subclasses on ampkit's fused kernels. Options
-// mirror LibTorch's (AdamWOptions(lr).betas(...).weight_decay(...)) plus master_weights: unset (default) keeps
-// an FP32 master for FP16/BF16 parameters, true/false forces it. All state is FP32. ampkit::GradScaler drives
-// them without a host sync: it hands them grad_scale/found_inf and the skip happens on the device.
+// mirror LibTorch's (AdamWOptions(lr).betas(...).weight_decay(...)) plus master_weights (MasterWeights: unset
+// keeps an FP32 master for FP16/BF16 parameters, true/false forces it, MasterWeights::remainder() keeps BF16
+// parameters' masters as int16 remainders), lr_tensor (a one-element tensor learning rate read on the device) and
+// write_unscaled_grads. Their decisions (state creation, checks, master modes, fallbacks) are ampkit::optim::core's,
+// shared with ampkit.optim in Python: FP16/BF16/FP32 parameters take the fused kernels with FP32 states; FP64 and
+// complex parameters, sparse SGD grads and parameters with gaps in memory take torch.optim's single-tensor
+// formulas on torch's state format. ampkit::GradScaler drives them without a host sync: it hands them
+// grad_scale/found_inf and the skip happens on the device.
 #pragma once
 
 #include <torch/arg.h>
@@ -15,13 +20,13 @@
 
 #include "ampkit/export.h"
 #include "ampkit/grad_scaler.h"
+#include "ampkit/optim_core.h"
 
 namespace ampkit::optim {
 
 using AmpScalingOptimizer = ::ampkit::AmpScalingOptimizer;
 
-// The scaler's grad_scale and found_inf held for the next step() of an ampkit optimizer (AmpScalingOptimizer),
-// each moved to the device a parameter bucket lives on.
+// The scaler's grad_scale and found_inf held for the next step() of an ampkit optimizer (AmpScalingOptimizer).
 class AMPKIT_API ScaledStep : public AmpScalingOptimizer {
  public:
   void set_amp_scaling(at::Tensor grad_scale, at::Tensor found_inf) override {
@@ -30,8 +35,8 @@ class AMPKIT_API ScaledStep : public AmpScalingOptimizer {
   }
 
  protected:
-  std::optional<at::Tensor> grad_scale_for(const at::Device& device) const;
-  std::optional<at::Tensor> found_inf_for(const at::Device& device) const;
+  std::optional<at::Tensor> grad_scale() const;
+  std::optional<at::Tensor> found_inf() const;
 
  private:
   at::Tensor grad_scale_;
@@ -48,10 +53,13 @@ struct AMPKIT_API AdamOptionsT : public torch::optim::OptimizerCloneableOptions<
   TORCH_ARG(double, weight_decay) = kDecoupled ? 1e-2 : 0.0;
   TORCH_ARG(bool, amsgrad) = false;
   TORCH_ARG(bool, maximize) = false;
-  TORCH_ARG(std::optional<bool>, master_weights) = std::nullopt;
+  TORCH_ARG(MasterWeights, master_weights) = MasterWeights::kAuto;
   // A step the GradScaler unscales stores the unscaled grads back (as torch's fused optimizers); false leaves
   // them scaled and saves that write.
   TORCH_ARG(bool, write_unscaled_grads) = true;
+  // Defined: a one-element tensor learning rate that replaces lr (torch.optim's tensor lr): on the parameters'
+  // device the kernels read it there (an LR schedule inside a captured CUDA graph). Saved with the options.
+  TORCH_ARG(at::Tensor, lr_tensor);
 
  public:
   double get_lr() const override { return lr(); }
@@ -63,11 +71,12 @@ using AdamOptions = AdamOptionsT<false>;
 using AdamWOptions = AdamOptionsT<true>;
 
 struct AMPKIT_API AdamParamState : public torch::optim::OptimizerCloneableParamState<AdamParamState> {
-  TORCH_ARG(at::Tensor, step);  // FP32, one element, on the parameter's device
+  TORCH_ARG(at::Tensor, step);  // FP32, one element, on the parameter's device (the CPU for a single-tensor param)
   TORCH_ARG(at::Tensor, exp_avg);
   TORCH_ARG(at::Tensor, exp_avg_sq);
   TORCH_ARG(at::Tensor, max_exp_avg_sq);
   TORCH_ARG(at::Tensor, master_param);
+  TORCH_ARG(at::Tensor, param_remainder);  // int16, MasterWeights::remainder()
 
  public:
   void serialize(torch::serialize::OutputArchive& archive) const override;
@@ -89,13 +98,15 @@ class AMPKIT_API AdamT : public torch::optim::Optimizer, public ScaledStep {
   // raises leaves every parameter and state as it was.
   at::Tensor step(LossClosure closure = nullptr) override;
   void save(torch::serialize::OutputArchive& archive) const override;
+  // Loads an archive of save(); checks the options and every state (shapes, dtypes, Adam's step and moments all
+  // present or all absent) and keeps states FP32: an archive that fails leaves the optimizer as it was.
   void load(torch::serialize::InputArchive& archive) override;
   // Creates every parameter's state now, with an FP32 master copied from its current value. Call it while the
   // model is still FP32, then cast the model to FP16/BF16 (O2): the masters keep the unrounded weights.
   void init_master_params();
 
- private:
-  static void check_options(const Options& o);
+  // The core's view of a group's options.
+  static core::GroupConfig config(const Options& o);
 };
 using Adam = AdamT<false>;
 using AdamW = AdamT<true>;
@@ -108,8 +119,9 @@ struct AMPKIT_API SGDOptions : public torch::optim::OptimizerCloneableOptions<SG
   TORCH_ARG(double, weight_decay) = 0;
   TORCH_ARG(bool, nesterov) = false;
   TORCH_ARG(bool, maximize) = false;
-  TORCH_ARG(std::optional<bool>, master_weights) = std::nullopt;
+  TORCH_ARG(MasterWeights, master_weights) = MasterWeights::kAuto;
   TORCH_ARG(bool, write_unscaled_grads) = true;  // as AdamOptionsT's
+  TORCH_ARG(at::Tensor, lr_tensor);              // as AdamOptionsT's
 
  public:
   double get_lr() const override { return lr(); }
@@ -122,6 +134,7 @@ struct AMPKIT_API SGDParamState : public torch::optim::OptimizerCloneableParamSt
   TORCH_ARG(at::Tensor, step);
   TORCH_ARG(at::Tensor, momentum_buffer);
   TORCH_ARG(at::Tensor, master_param);
+  TORCH_ARG(at::Tensor, param_remainder);
 
  public:
   void serialize(torch::serialize::OutputArchive& archive) const override;
@@ -137,12 +150,11 @@ class AMPKIT_API SGD : public torch::optim::Optimizer, public ScaledStep {
   void add_param_group(const torch::optim::OptimizerParamGroup& param_group);  // as AdamT's
   at::Tensor step(LossClosure closure = nullptr) override;
   void save(torch::serialize::OutputArchive& archive) const override;
-  void load(torch::serialize::InputArchive& archive) override;
+  void load(torch::serialize::InputArchive& archive) override;  // as AdamT's
   // As AdamT::init_master_params.
   void init_master_params();
 
- private:
-  static void check_options(const SGDOptions& o);
+  static core::GroupConfig config(const SGDOptions& o);
 };
 
 // The state of parameter `p` in `optimizer` (nullptr before its first step), typed: instead of

@@ -1,0 +1,123 @@
+// The decisions of ampkit's optimizers, in one place: ampkit::optim::{Adam,AdamW,SGD} (LibTorch) and
+// ampkit.optim.{Adam,AdamW,SGD} (Python) both call these. A param group's options become a core::GroupConfig,
+// each parameter's state a core::ParamState (torch.optim's entry names); core::step() checks them, creates the
+// state a step needs, groups the parameters into fused calls by (device, master mode), stages grads whose layout
+// differs from the parameter's, and runs torch.optim's own single-tensor formulas for what the fused kernels do
+// not take (FP64 and complex parameters, sparse grads, parameters with gaps in memory).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ampkit/export.h"
+
+namespace ampkit::optim {
+
+// The master_weights option: auto (an FP32 master for FP16/BF16 parameters, decided when a parameter's state is
+// created), on, off, or remainder (BF16 parameters: the exact FP32 master held as the BF16 weight plus an int16
+// remainder, 2 bytes per parameter; NOTE [BF16 weight + 16-bit remainder] in kernels/optim_functors.h).
+// Converts from bool and std::nullopt, so options(...).master_weights(true) reads as before.
+class MasterWeights {
+ public:
+  enum Mode : int8_t { kAuto, kOn, kOff, kRemainder };
+  constexpr MasterWeights() = default;
+  constexpr MasterWeights(Mode mode) : mode_(mode) {}                      // NOLINT(google-explicit-constructor)
+  constexpr MasterWeights(bool on) : mode_(on ? kOn : kOff) {}             // NOLINT(google-explicit-constructor)
+  constexpr MasterWeights(std::nullopt_t) {}                               // NOLINT(google-explicit-constructor)
+  constexpr MasterWeights(std::optional<bool> on) : mode_(on ? (*on ? kOn : kOff) : kAuto) {}  // NOLINT
+  static constexpr MasterWeights remainder() { return MasterWeights(kRemainder); }
+  constexpr Mode mode() const { return mode_; }
+  constexpr bool operator==(MasterWeights other) const { return mode_ == other.mode_; }
+  constexpr bool operator!=(MasterWeights other) const { return mode_ != other.mode_; }
+  // "auto", "on", "off", "remainder"
+  AMPKIT_API const char* name() const;
+  AMPKIT_API static MasterWeights from_name(const std::string& name);
+
+ private:
+  Mode mode_ = kAuto;
+};
+
+namespace core {
+
+enum class Algorithm : int8_t { kAdam, kSGD };
+// How a parameter's FP32 value is kept: none (the parameter itself), an FP32 master, or BF16 + int16 remainder.
+enum class MasterMode : int8_t { kNone, kMaster, kRemainder };
+
+// One param group's options, with torch.optim's names and defaults.
+struct GroupConfig {
+  const char* optimizer = "Adam";  // names the optimizer in errors: "Adam", "AdamW", "SGD"
+  Algorithm algorithm = Algorithm::kAdam;
+  double lr = 1e-3;
+  // Defined: a one-element tensor learning rate that replaces lr. On the parameters' device (FP32) it is read by
+  // the kernels on the device (a schedule inside a captured CUDA graph); on the CPU with parameters elsewhere
+  // it is read on the host, which costs no sync.
+  at::Tensor lr_tensor;
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;
+  bool amsgrad = false, decoupled_weight_decay = false;
+  double momentum = 0.0, dampening = 0.0;
+  bool nesterov = false;
+  bool maximize = false;
+  MasterWeights master_weights;
+  bool write_unscaled_grads = true;
+  bool python_spelling = false;  // errors spell options as Python's keywords (master_weights=True)
+};
+
+// One parameter's state; an undefined tensor is an absent entry. Fused parameters keep FP32 states (step: one
+// FP32 element on the parameter's device); the others keep torch.optim's own format (the parameter's dtype, step
+// on the CPU, SGD without a step).
+struct AMPKIT_API ParamState {
+  at::Tensor step, exp_avg, exp_avg_sq, max_exp_avg_sq, momentum_buffer, master_param, param_remainder;
+  bool empty() const;
+  // The named entry (torch.optim's names), nullptr for an unknown name.
+  at::Tensor* entry(const std::string& name);
+  static const std::vector<std::string>& names();
+};
+
+// torch.optim's range checks and messages (ValueError from Python) for a group's options.
+AMPKIT_API void check_config(const GroupConfig& config);
+
+// Whether the fused kernels take this parameter and grad (FP16/BF16/FP32, dense in memory, dense grad); the
+// others take torch.optim's single-tensor path.
+AMPKIT_API bool takes_fused(const at::Tensor& param, const at::Tensor& grad);
+
+// The master mode of a parameter under the group's master_weights; throws (ValueError) where the option cannot
+// apply (master weights for an FP64 or complex parameter, remainder for a non-BF16 one).
+AMPKIT_API MasterMode master_mode(const GroupConfig& config, const at::Tensor& param);
+
+// Checks the options and every parameter that has a grad, writing nothing: callers check every group before the
+// first step() so that a step is all or nothing.
+AMPKIT_API void check_group(const GroupConfig& config, at::TensorList params);
+
+// One step of a param group: params without a grad are skipped; states[i] (not null) is params[i]'s state,
+// completed here (an SGD parameter without momentum or master keeps an empty state). grad_scale/found_inf come
+// from a GradScaler: the fused kernels unscale in registers and skip on the device; the single-tensor path reads
+// found_inf on the host (a sync, on that path only) and unscales the grads in place.
+AMPKIT_API void step(const GroupConfig& config, at::TensorList params, const std::vector<ParamState*>& states,
+                     const std::optional<at::Tensor>& grad_scale = std::nullopt,
+                     const std::optional<at::Tensor>& found_inf = std::nullopt);
+
+// Gives the parameter an FP32 master copied from its current value (O2: call while the weights are FP32).
+AMPKIT_API void init_master(const at::Tensor& param, ParamState& state);
+
+// The int16 remainder that, with the BF16 weight as it is, holds the FP32 master. The weight keeps its bits when
+// it is the master rounded to nearest-even (ties rounded down keep 32767, a master 1 ulp closer to the weight);
+// a weight that is not the master's rounding at all is re-derived from the master (ties away from zero).
+AMPKIT_API at::Tensor remainder_of(const at::Tensor& param, const at::Tensor& master);
+// The exact FP32 master held by a BF16 weight and its int16 remainder.
+AMPKIT_API at::Tensor master_from_remainder(const at::Tensor& param, const at::Tensor& remainder);
+
+// Checks a loaded state of a fused parameter (entries as (name, tensor)): shapes, dtypes, and Adam's step and
+// moments all present or all absent. `where` names it in errors ("state[3]"). Throws ValueError.
+AMPKIT_API void check_loaded_state(const GroupConfig& config, const std::string& where, const at::Tensor& param,
+                                   const std::vector<std::pair<std::string, at::Tensor>>& entries);
+// A loaded entry as the fused kernels keep it: on the parameter's device, FP32 (int16 for param_remainder), in
+// the parameter's layout. Parameters the kernels do not take keep torch.optim's format (the caller's cast).
+AMPKIT_API at::Tensor loaded_entry(const std::string& name, const at::Tensor& value, const at::Tensor& param);
+
+}  // namespace core
+}  // namespace ampkit::optim
