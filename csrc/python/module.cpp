@@ -290,6 +290,13 @@ PYBIND11_MODULE(_C, m) {
              return py::make_tuple(optional_tensor(grad_scale), found_inf);
            })
       .def("mark_stepped", &GradScaler::mark_stepped)
+      .def("record_unscaled_grads",
+           [](GradScaler& s, const at::Tensor& found_inf) { guarded([&] { s.record_unscaled_grads(found_inf); }); })
+      .def("unscale_factor",
+           [](GradScaler& s, const std::string& device) {
+             return guarded([&] { return s.unscale_factor(c10::Device(device)); });
+           })
+      .def("grads_unscaled_outside", &GradScaler::grads_unscaled_outside)
       .def("in_iteration", &GradScaler::in_iteration)
       .def("stage", [](const GradScaler& s, int64_t key) { return static_cast<int>(s.stage(key)); })
       .def("found_inf_per_device", &GradScaler::found_inf_per_device)

@@ -214,8 +214,39 @@ void GradScaler::unscale_params_(int64_t key, const std::vector<at::Tensor>& par
   const Stage s = stage(key);
   TORCH_CHECK(s != Stage::kUnscaled, "unscale_() has already been called on this optimizer since the last update().");
   TORCH_CHECK(s != Stage::kStepped, "unscale_() is being called after step().");
-  record_checks(key, params, /*unscale=*/true, /*allow_fp16=*/false);
+  if (external_found_inf_.defined()) {  // NOTE [Grads unscaled outside the scaler]
+    PerOptimizer& state = per_optimizer_[key];
+    state.found_inf = {{external_found_inf_.device(), external_found_inf_}};
+    state.report.clear();
+  } else {
+    record_checks(key, params, /*unscale=*/true, /*allow_fp16=*/false);
+  }
   per_optimizer_[key].stage = Stage::kUnscaled;
+}
+
+void GradScaler::record_unscaled_grads(const at::Tensor& found_inf) {
+  if (!enabled_) {
+    return;
+  }
+  const at::Tensor& scale = check_scale_exists("record_unscaled_grads");
+  TORCH_CHECK_VALUE(found_inf.defined() && found_inf.numel() == 1 && found_inf.scalar_type() == at::kFloat,
+                    "GradScaler.record_unscaled_grads: found_inf must be a one-element float32 tensor, but got ",
+                    found_inf.defined() ? found_inf.toString() : std::string("an undefined tensor"),
+                    found_inf.defined() ? " of " + std::to_string(found_inf.numel()) + " elements" : "");
+  for (const auto& [key, state] : per_optimizer_) {
+    TORCH_CHECK(state.stage == Stage::kReady, "GradScaler.record_unscaled_grads: an optimizer was already unscaled "
+                "or stepped in this iteration; all-reduce (and record) the grads before unscale_() and step()");
+  }
+  if (!external_found_inf_.defined()) {
+    external_found_inf_ = buffer(0, scale.device(), BufferRole::kExternal);
+    external_found_inf_.zero_();
+  }
+  external_found_inf_.add_(found_inf.reshape({}).to(scale.device(), /*non_blocking=*/true));
+}
+
+at::Tensor GradScaler::unscale_factor(const at::Device& device) {
+  check_scale_exists("unscale_factor");
+  return inv_scale_on(device).reshape({1});
 }
 
 void GradScaler::unscale_(torch::optim::Optimizer& optimizer) { unscale_params_(key_of(optimizer), params_of(optimizer)); }
@@ -242,8 +273,11 @@ bool GradScaler::prepare_step(int64_t key, const std::vector<at::Tensor>& params
 
 std::pair<at::Tensor, at::Tensor> GradScaler::prepare_fused_step(int64_t key, const std::vector<at::Tensor>& params) {
   const at::Tensor& scale = check_scale_exists("_check_inf_per_device");
-  const bool still_scaled = stage(key) == Stage::kReady;
-  if (still_scaled) {
+  bool still_scaled = stage(key) == Stage::kReady;
+  if (still_scaled && external_found_inf_.defined()) {  // NOTE [Grads unscaled outside the scaler]
+    unscale_params_(key, params);
+    still_scaled = false;
+  } else if (still_scaled) {
     record_checks(key, params, /*unscale=*/false, /*allow_fp16=*/true);
   }
   const auto& found = per_optimizer_[key].found_inf;

@@ -57,6 +57,7 @@ void GradScaler::end_iteration() {
   }
   ++iteration_;
   per_optimizer_.clear();
+  external_found_inf_ = at::Tensor();
 }
 
 }  // namespace ampkit

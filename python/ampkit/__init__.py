@@ -27,6 +27,9 @@ from .autocast import LEVELS, autocast, decorate, op_stats, precision_support, r
 from .grad_scaler import GradScaler, OptState, load_scaler_state, save_scaler_state
 from .ops import check_finite_, unscale_and_check_, update_scale_
 
+if _torch.distributed.is_available():
+    from . import distributed  # noqa: E402  (DDP compression hooks the scaler sees)
+
 #: Folder to pass to CMake as ``CMAKE_PREFIX_PATH`` so that ``find_package(ampkit)`` finds this installation.
 cmake_prefix_path: str = _os.path.dirname(_os.path.abspath(__file__))
 
@@ -71,6 +74,7 @@ __all__ = [
     "save_scaler_state",
     "check_finite_",
     "cmake_prefix_path",
+    "distributed",
     "unscale_and_check_",
     "update_scale_",
 ]

@@ -204,6 +204,24 @@ class GradScaler:
         self._core.mark_stepped(key)
         return retval
 
+    def record_unscaled_grads(self, found_inf: torch.Tensor) -> None:
+        """Record that this iteration's grads were unscaled (by :meth:`unscale_factor`) and checked outside the
+        scaler, e.g. by ``ampkit.distributed``'s DDP hooks while decompressing: ``found_inf`` (one float32 element,
+        nonzero when a grad held Inf/NaN) is added to the iteration's flag. Until :meth:`update`, ``unscale_`` and
+        ``step`` use that flag for every optimizer instead of unscaling or checking again (fused optimizers get no
+        ``grad_scale``), so every parameter they step must have gone through that path."""
+        if not self._enabled:
+            return
+        if not isinstance(found_inf, torch.Tensor):
+            raise TypeError("GradScaler.record_unscaled_grads: found_inf must be a Tensor, but got "
+                            f"{type(found_inf).__name__}")
+        self._core.record_unscaled_grads(found_inf)
+
+    def unscale_factor(self, device: Union[str, torch.device]) -> torch.Tensor:
+        """``1 / scale`` on ``device`` as a one-element float32 tensor (the float64 reciprocal rounded once, the
+        factor :meth:`unscale_` multiplies by), without a host sync; valid until the next call."""
+        return self._core.unscale_factor(str(torch.device(device)))
+
     def minimize(self, optimizer: torch.optim.Optimizer, scaled_loss: Optional[torch.Tensor] = None):
         """Paddle's ``scaler.minimize(optimizer, scaled_loss)``: :meth:`step` then :meth:`update`, after the
         backward of the scaled loss (with gradient accumulation, once per optimizer step, after the last

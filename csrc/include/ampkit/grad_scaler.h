@@ -155,6 +155,19 @@ class AMPKIT_API GradScaler {
   // and returns (grad_scale: the scale tensor, or undefined when unscale_ already ran; found_inf). No sync.
   std::pair<at::Tensor, at::Tensor> prepare_fused_step(int64_t key, const std::vector<at::Tensor>& params);
   void mark_stepped(int64_t key);
+  // NOTE [Grads unscaled outside the scaler]
+  // A gradient all-reduce that decompresses, unscales (by unscale_factor) and checks the grads in one pass
+  // (ampkit.distributed's DDP hooks, ampkit::distributed::GradientAllReduce) records its Inf/NaN flag here (one
+  // FP32 element, nonzero: a grad held Inf/NaN; flags of several buckets add up). For the rest of the iteration
+  // unscale_/step take that flag for every optimizer instead of unscaling or checking again, and fused
+  // optimizers get no grad_scale; update() clears it. Every parameter of the stepped optimizers must have gone
+  // through that all-reduce. After an all-reduce the flag is the same on every rank, so all ranks skip together.
+  void record_unscaled_grads(const at::Tensor& found_inf);
+  // 1 / scale on `device` (the FP64 reciprocal rounded once to FP32, as unscale_ multiplies by), a one-element
+  // tensor; needs the scale (after the first scale()). Valid until the next call.
+  at::Tensor unscale_factor(const at::Device& device);
+  // Whether record_unscaled_grads was called in this iteration.
+  bool grads_unscaled_outside() const { return external_found_inf_.defined(); }
   // Whether inf checks or steps were recorded since the last update() (an iteration is in progress).
   bool in_iteration() const { return !per_optimizer_.empty(); }
   Stage stage(int64_t key) const;
@@ -180,7 +193,7 @@ class AMPKIT_API GradScaler {
   };
 
   // What a reused device buffer holds (see NOTE [Scaler buffers] in scaler_buffers.cpp).
-  enum class BufferRole : uint8_t { kFoundInf, kCombined, kUpdate, kReportFlag, kInvScale };
+  enum class BufferRole : uint8_t { kFoundInf, kCombined, kUpdate, kReportFlag, kInvScale, kExternal };
   struct BufferKey {
     int64_t optimizer;  // the optimizer's key; 0: the scaler's own
     at::DeviceType device_type;
@@ -227,6 +240,7 @@ class AMPKIT_API GradScaler {
   at::Tensor scale64_;             // FP64, 0-dim: for the FP64 reciprocal
 
   std::unordered_map<int64_t, PerOptimizer> per_optimizer_;
+  at::Tensor external_found_inf_;  // this iteration's flag from record_unscaled_grads (undefined: none)
   std::map<BufferKey, Buffer> buffers_;  // reused step after step
   int64_t iteration_ = 0;
   struct NamedParam {

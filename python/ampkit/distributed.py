@@ -1,0 +1,101 @@
+"""ampkit.distributed: compressed gradient all-reduce for DDP that the loss scaler sees.
+
+``fp16_compress_hook`` and ``bf16_compress_hook`` are DDP communication hooks, registered with
+``ddp.register_comm_hook(state, hook)``, where ``state`` is an :class:`ampkit.GradScaler` (or a
+:class:`HookState` naming a process group too, or ``None`` for compression without the scaler). Per bucket:
+
+* compress: divide by the world size and cast to FP16/BF16 in one pass (``torch.div(..., out=)``: FP32 read,
+  2-byte write; torch's hook casts, then divides the copy: two passes);
+* all-reduce the 2-byte copy (half the bytes of an FP32 all-reduce);
+* decompress: multiply by the scaler's ``1/scale`` while widening into the bucket (one pass), check the 2-byte
+  result for Inf/NaN (``torch.ops.ampkit.check_finite_``, a read of 2 bytes per element) and record the flag
+  with :meth:`ampkit.GradScaler.record_unscaled_grads`. The grads DDP then writes are unscaled; the scaler's
+  ``unscale_``/``step`` take the recorded flag instead of another unscale pass over the grads, and every rank
+  skips together, because after the all-reduce every rank checked the same values. An FP16 overflow caused by the
+  compression itself (a gradient sum above 65504 at the current scale) is an Inf in the reduced copy: it is
+  caught here and the step is skipped on every rank, and the scale backs off.
+
+When the bucket already has the compression dtype (an O2/O3 model in FP16), the bucket is divided and
+all-reduced in place and unscaled and checked in one pass by ``torch.ops.ampkit.unscale_and_check_``.
+Without a scaler (``state=None``, or a disabled scaler, or before the first ``scaler.scale``), the hooks
+compress and decompress only, as torch's.
+"""
+# No `from __future__ import annotations`: DDP checks the hooks' annotations against dist.GradBucket and
+# torch.futures.Future themselves.
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+import torch.distributed as dist
+
+from .grad_scaler import GradScaler
+
+__all__ = ["HookState", "fp16_compress_hook", "bf16_compress_hook"]
+
+
+@dataclass
+class HookState:
+    """The state of ampkit's DDP hooks: the scaler whose grads they unscale and check (None: none) and the process
+    group to all-reduce over (None: the default group, as DDP's)."""
+
+    scaler: Optional[GradScaler] = None
+    process_group: Optional[Any] = None
+
+
+def _state(state: Any, hook: str) -> HookState:
+    if state is None:
+        return HookState()
+    if isinstance(state, GradScaler):
+        return HookState(scaler=state)
+    if isinstance(state, HookState):
+        return state
+    if isinstance(state, dist.ProcessGroup):
+        return HookState(process_group=state)
+    raise TypeError(f"ampkit.distributed.{hook}: the hook's state must be an ampkit.GradScaler, an "
+                    f"ampkit.distributed.HookState, a ProcessGroup or None, but got {type(state).__name__}")
+
+
+def _compress_hook(dtype: torch.dtype, hook: str, state: Any,
+                   bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    st = _state(state, hook)
+    group = st.process_group if st.process_group is not None else dist.group.WORLD
+    world_size = group.size()
+    buffer = bucket.buffer()
+    if buffer.dtype == dtype:
+        compressed = buffer.div_(world_size)
+    else:
+        compressed = torch.empty_like(buffer, dtype=dtype)
+        torch.div(buffer, world_size, out=compressed)  # one pass: read FP32, write 2 bytes
+    future = dist.all_reduce(compressed, group=group, async_op=True).get_future()
+    scaler = st.scaler
+    unscale = scaler is not None and scaler.is_enabled() and scaler._get_scale_async() is not None
+
+    def decompress(fut: torch.futures.Future) -> torch.Tensor:
+        reduced = fut.value()[0]
+        if not unscale:
+            if reduced.data_ptr() != buffer.data_ptr():
+                buffer.copy_(reduced)
+            return buffer
+        found_inf = torch.zeros(1, dtype=torch.float32, device=buffer.device)
+        inv_scale = scaler.unscale_factor(buffer.device)
+        if reduced.data_ptr() == buffer.data_ptr():
+            torch.ops.ampkit.unscale_and_check_([buffer], found_inf, inv_scale)  # one pass, in place
+        else:
+            # inv_scale has one dimension, so the product is computed in FP32 (a 0-dim FP32 factor would leave
+            # it in the 2-byte dtype and lose small gradients).
+            torch.mul(reduced, inv_scale, out=buffer)
+            torch.ops.ampkit.check_finite_([reduced], found_inf)
+        scaler.record_unscaled_grads(found_inf)
+        return buffer
+
+    return future.then(decompress)
+
+
+def fp16_compress_hook(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """DDP hook: all-reduce each bucket in FP16, unscaled and checked for the scaler given as ``state``."""
+    return _compress_hook(torch.float16, "fp16_compress_hook", state, bucket)
+
+
+def bf16_compress_hook(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """DDP hook: all-reduce each bucket in BF16 (FP32's range: no compression overflow), unscaled and checked."""
+    return _compress_hook(torch.bfloat16, "bf16_compress_hook", state, bucket)

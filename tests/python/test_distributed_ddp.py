@@ -1,0 +1,269 @@
+"""DDP on real Gloo ranks with ampkit: the FP16/BF16 compression hooks against a single-process run over the same
+global batch and against torch's own fp16_compress_hook + torch.amp.GradScaler, Inf on one rank and compression
+overflow skipping the step on every rank, and O1/O2 training whose rank-0 checkpoint resumes bit-identically on
+every rank. Each rank runs one thread (2 cores)."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import ampkit
+import ampkit.distributed
+
+STEPS = 4
+LOCAL_BATCH = 6
+
+
+def _model(seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 8))
+
+
+def _batch(step: int, rank: int, world: int):
+    """Rank `rank`'s share of the global batch of step `step` (the same numbers for every world size)."""
+    g = torch.Generator().manual_seed(1000 + step)
+    x = torch.randn(world * LOCAL_BATCH, 16, generator=g)
+    y = torch.randn(world * LOCAL_BATCH, 8, generator=g)
+    sl = slice(rank * LOCAL_BATCH, (rank + 1) * LOCAL_BATCH)
+    return x[sl], y[sl]
+
+
+def _init(rank: int, world: int, store: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+
+
+def _spawn(fn, world: int, tmp_path, *args) -> dict:
+    results = mp.Manager().dict()
+    mp.spawn(fn, args=(world, str(tmp_path / "store"), results) + args, nprocs=world, join=True)
+    return dict(results)
+
+
+# ---- the hooks against one process and against torch's hook -------------------------------------------------------
+
+def _train_ddp(rank, world, store, results, hook_name, scaler_kind, opt_kind):
+    _init(rank, world, store)
+    try:
+        model = DDP(_model())
+        opt = (ampkit.optim.AdamW if opt_kind == "ampkit" else torch.optim.AdamW)(model.parameters(), lr=1e-2)
+        scaler = (ampkit.GradScaler if scaler_kind == "ampkit" else torch.amp.GradScaler)("cpu", init_scale=1024.0)
+        if hook_name == "torch_fp16":
+            model.register_comm_hook(None, default_hooks.fp16_compress_hook)
+        elif hook_name != "none":
+            model.register_comm_hook(scaler, getattr(ampkit.distributed, hook_name))
+        for step in range(STEPS):
+            x, y = _batch(step, rank, world)
+            opt.zero_grad()
+            scaler.scale(torch.nn.functional.mse_loss(model(x), y)).backward()
+            scaler.step(opt)
+            scaler.update()
+        results[rank] = ([p.detach().clone() for p in model.parameters()], scaler.get_scale(),
+                         [p.grad.clone() for p in model.parameters()])
+    finally:
+        dist.destroy_process_group()
+
+
+def _single_process(steps: int = STEPS, world: int = 2):
+    model = _model()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for step in range(steps):
+        x = torch.cat([_batch(step, r, world)[0] for r in range(world)])
+        y = torch.cat([_batch(step, r, world)[1] for r in range(world)])
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+    return [p.detach() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("hook", ["fp16_compress_hook", "bf16_compress_hook"])
+def test_compressed_ddp_follows_one_process_over_the_global_batch(tmp_path, world, hook):
+    results = _spawn(_train_ddp, world, tmp_path, hook, "ampkit", "ampkit")
+    reference = _single_process(world=world)
+    # 4 AdamW steps of lr 1e-2 on grads rounded to 11 (FP16) or 8 (BF16) significant bits: the weights stay within
+    # a few units of 1e-3 (FP16) / 1e-2 (BF16) of the FP32 run; every rank holds the same weights bit for bit.
+    tol = 2e-3 if hook.startswith("fp16") else 2e-2
+    for rank in range(world):
+        for ours, ref, first in zip(results[rank][0], reference, results[0][0]):
+            assert torch.equal(ours, first)
+            torch.testing.assert_close(ours, ref, rtol=0, atol=tol)
+    assert results[0][1] == 1024.0  # no overflow: the scale did not move (growth_interval 2000)
+
+
+def test_fp16_hook_gives_torchs_fp16_hook_and_grad_scaler_results_bit_for_bit(tmp_path):
+    # With 2 ranks the division by the world size is exact in FP32 and in FP16 (away from subnormals), so torch's
+    # cast-then-divide and ampkit's divide-then-cast give the same FP16 bucket, and ampkit's decompress-and-unscale
+    # multiplies as torch's GradScaler does after its copy.
+    ours = _spawn(_train_ddp, 2, tmp_path, "fp16_compress_hook", "ampkit", "torch")
+    (tmp_path / "t").mkdir()
+    theirs = _spawn(_train_ddp, 2, tmp_path / "t", "torch_fp16", "torch", "torch")
+    for a, b in zip(ours[0][0], theirs[0][0]):
+        assert torch.equal(a, b)
+    for a, b in zip(ours[0][2], theirs[0][2]):  # the unscaled grads left behind
+        assert torch.equal(a, b)
+
+
+# ---- overflow: Inf on one rank, and overflow caused by the compression ------------------------------------------
+
+def _overflow(rank, world, store, results, mode, with_scaler):
+    _init(rank, world, store)
+    try:
+        model = DDP(_model())
+        opt = ampkit.optim.AdamW(model.parameters(), lr=1e-2)
+        init_scale = 2.0**24 if mode == "compression" else 1024.0
+        scaler = ampkit.GradScaler("cpu", init_scale=init_scale, growth_interval=100)
+        model.register_comm_hook(scaler if with_scaler else None, ampkit.distributed.fp16_compress_hook)
+        history = []
+        for step in range(3):
+            x, y = _batch(step, rank, world)
+            if mode == "inf" and step == 1 and rank == 1:
+                x = x.clone()
+                x[-1, -1] = math.inf  # only rank 1's grads hold Inf/NaN
+            before = [p.detach().clone() for p in model.parameters()]
+            opt.zero_grad()
+            scaler.scale(torch.nn.functional.mse_loss(model(x), y)).backward()
+            scaler.step(opt)
+            scaler.update()
+            moved = any(not torch.equal(b, p) for b, p in zip(before, model.parameters()))
+            finite = all(torch.isfinite(p).all() for p in model.parameters())
+            history.append((scaler.get_scale(), moved, bool(finite)))
+        results[rank] = (history, scaler.stats()["skipped_steps"])
+    finally:
+        dist.destroy_process_group()
+
+
+def test_inf_on_one_rank_skips_the_step_on_every_rank(tmp_path):
+    results = _spawn(_overflow, 2, tmp_path, "inf", True)
+    for rank in (0, 1):
+        history, skipped = results[rank]
+        assert [h[0] for h in history] == [1024.0, 512.0, 512.0]
+        assert [h[1] for h in history] == [True, False, True]
+        assert skipped == 1
+
+
+def test_compression_overflow_is_caught_and_backs_off_on_every_rank(tmp_path):
+    # Scaled by 2^24, the grads (|g| ~ 0.1 .. 1) exceed FP16's 65504 only once compressed: the FP32 grads are
+    # finite. The hook finds the Infs in the reduced FP16 bucket; every rank skips until the scale fits.
+    results = _spawn(_overflow, 2, tmp_path, "compression", True)
+    for rank in (0, 1):
+        history, skipped = results[rank]
+        assert history[0][0] < 2.0**24 and not history[0][1]  # backed off, step skipped
+        assert all(h[2] for h in history)  # the weights never took an Inf
+    assert results[0] == results[1]
+
+
+# ---- O1 / O2 with checkpoints ---------------------------------------------------------------------------------
+
+def _o_level(rank, world, store, results, level, ckpt):
+    _init(rank, world, store)
+    try:
+        dtype = torch.bfloat16
+
+        def build():
+            model = _model()
+            opt = ampkit.optim.AdamW(model.parameters(), lr=1e-2)
+            if level == "O2":
+                model, opt = ampkit.decorate(model, opt, level="O2", dtype=dtype)
+            ddp = DDP(model)
+            scaler = ampkit.GradScaler("cpu", init_scale=256.0, growth_interval=2)
+            hook = ampkit.distributed.bf16_compress_hook
+            ddp.register_comm_hook(scaler, hook)
+            return ddp, opt, scaler
+
+        def run(ddp, opt, scaler, steps):
+            for step in steps:
+                x, y = _batch(step, rank, world)
+                opt.zero_grad()
+                with ampkit.autocast("cpu", dtype=dtype):
+                    out = ddp(x.to(dtype) if level == "O2" else x)
+                    loss = torch.nn.functional.mse_loss(out.float(), y)
+                scaler.scale(loss).backward()
+                scaler.step(opt)
+                scaler.update()
+
+        ddp, opt, scaler = build()
+        run(ddp, opt, scaler, range(3))
+        if rank == 0:
+            torch.save({"model": ddp.module.state_dict(), "opt": opt.state_dict(), "scaler": scaler.state_dict()},
+                       ckpt)
+        dist.barrier()
+        run(ddp, opt, scaler, range(3, 6))
+        straight = [p.detach().clone() for p in ddp.parameters()]
+        masters = [opt.state[p]["master_param"].clone() for p in ddp.parameters() if "master_param" in opt.state[p]]
+
+        ddp2, opt2, scaler2 = build()
+        saved = torch.load(ckpt, weights_only=False)
+        ddp2.module.load_state_dict(saved["model"])
+        opt2.load_state_dict(saved["opt"])
+        scaler2.load_state_dict(saved["scaler"])
+        run(ddp2, opt2, scaler2, range(3, 6))
+        resumed = [p.detach().clone() for p in ddp2.parameters()]
+        masters2 = [opt2.state[p]["master_param"].clone() for p in ddp2.parameters()
+                    if "master_param" in opt2.state[p]]
+        results[rank] = (straight, resumed, masters, masters2, scaler.get_scale(), scaler2.get_scale(),
+                         [p.dtype for p in ddp.parameters()])
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("level", ["O1", "O2"])
+def test_ddp_trains_and_a_rank0_checkpoint_resumes_bit_identically_on_every_rank(tmp_path, level):
+    results = _spawn(_o_level, 2, tmp_path, level, str(tmp_path / "ckpt.pt"))
+    for rank in (0, 1):
+        straight, resumed, masters, masters2, scale, scale2, dtypes = results[rank]
+        assert all(torch.equal(a, b) for a, b in zip(straight, resumed))
+        assert all(torch.equal(a, b) for a, b in zip(masters, masters2))
+        assert scale == scale2
+        if level == "O2":
+            assert torch.bfloat16 in dtypes and masters  # BF16 weights with FP32 masters
+        else:
+            assert set(dtypes) == {torch.float32} and not masters
+        assert all(torch.equal(a, b) for a, b in zip(straight, results[0][0]))  # ranks agree
+
+
+# ---- the scaler's side, in one process ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("opt_cls", [ampkit.optim.SGD, torch.optim.SGD])
+def test_recorded_unscaled_grads_are_not_unscaled_again_and_their_flag_decides_the_step(opt_cls):
+    p = torch.nn.Parameter(torch.ones(4))
+    opt = opt_cls([p], lr=0.5)
+    scaler = ampkit.GradScaler("cpu", init_scale=8.0)
+    scaler.scale(p.sum()).backward()
+    p.grad.mul_(scaler.unscale_factor("cpu"))  # what a hook does while decompressing: grads are now 1
+    scaler.record_unscaled_grads(torch.zeros(1))
+    scaler.step(opt)
+    scaler.update()
+    assert torch.equal(p.detach(), torch.full((4,), 0.5)) and torch.equal(p.grad, torch.ones(4))
+    # A recorded flag skips the step, although the grads themselves are finite.
+    opt.zero_grad()
+    scaler.scale(p.sum()).backward()
+    scaler.record_unscaled_grads(torch.ones(1))
+    scaler.step(opt)
+    scaler.update()
+    assert torch.equal(p.detach(), torch.full((4,), 0.5)) and scaler.get_scale() == 4.0
+
+
+def test_record_unscaled_grads_refuses_bad_flags_and_late_calls():
+    p = torch.nn.Parameter(torch.ones(4))
+    opt = ampkit.optim.SGD([p], lr=0.5)
+    scaler = ampkit.GradScaler("cpu", init_scale=8.0)
+    with pytest.raises(AssertionError, match="scale"):
+        scaler.record_unscaled_grads(torch.zeros(1))  # before the first scale(), as torch's methods
+    scaler.scale(p.sum()).backward()
+    with pytest.raises(ValueError, match="one-element float32 tensor, but got .*Long"):
+        scaler.record_unscaled_grads(torch.zeros(1, dtype=torch.int64))
+    with pytest.raises(ValueError, match="one-element float32"):
+        scaler.record_unscaled_grads(torch.zeros(2))
+    with pytest.raises(TypeError, match="must be a Tensor"):
+        scaler.record_unscaled_grads(0.0)
+    scaler.unscale_(opt)
+    with pytest.raises(RuntimeError, match="already unscaled or stepped"):
+        scaler.record_unscaled_grads(torch.zeros(1))
+    scaler.step(opt)  # the refused calls changed nothing: the grads were unscaled once, by unscale_
+    assert torch.equal(p.detach(), torch.full((4,), 0.5))
