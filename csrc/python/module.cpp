@@ -198,6 +198,41 @@ PYBIND11_MODULE(_C, m) {
         "Whether this build's CUDA kernels run on a GPU of compute capability major.minor.");
 
 
+  // ampkit::distributed::GradientAllReduce, for ampkit.distributed.GradientAllReduce.
+  py::class_<ampkit::distributed::GradientAllReduce>(m, "GradientAllReduce")
+      .def(py::init([](std::vector<at::Tensor> params, const c10::intrusive_ptr<c10d::ProcessGroup>& group,
+                       const std::string& compression, int64_t bucket_bytes, bool overlap,
+                       ampkit::GradScaler* scaler) {
+             using ampkit::distributed::Compression;
+             TORCH_CHECK_VALUE(compression == "none" || compression == "fp16" || compression == "bf16",
+                               "GradientAllReduce: compression must be None, 'fp16' or 'bf16', but got '",
+                               compression, "'");
+             const Compression c = compression == "fp16"   ? Compression::kFP16
+                                    : compression == "bf16" ? Compression::kBF16
+                                                            : Compression::kNone;
+             return guarded([&] {
+               return std::make_unique<ampkit::distributed::GradientAllReduce>(
+                   std::move(params), group,
+                   ampkit::distributed::GradientAllReduceOptions().compression(c).bucket_bytes(bucket_bytes).overlap(
+                       overlap),
+                   scaler);
+             });
+           }),
+           py::arg("params"), py::arg("process_group"), py::arg("compression"), py::arg("bucket_bytes"),
+           py::arg("overlap"), py::arg("scaler").none(true), py::keep_alive<1, 7>())
+      .def("synchronize",
+           [](ampkit::distributed::GradientAllReduce& g) {
+             guarded([&] {
+               const py::gil_scoped_release release;  // waits on the process group
+               g.synchronize();
+             });
+           })
+      .def("set_require_sync", &ampkit::distributed::GradientAllReduce::set_require_sync)
+      .def("require_sync", &ampkit::distributed::GradientAllReduce::require_sync)
+      .def("bucket_indices", &ampkit::distributed::GradientAllReduce::bucket_indices)
+      .def("bytes_reduced", &ampkit::distributed::GradientAllReduce::bytes_reduced)
+      .def("allreduces", &ampkit::distributed::GradientAllReduce::allreduces);
+
   // ampkit.optim's decisions, made by ampkit::optim::core (the LibTorch optimizers' too).
   m.def("_optim_check", [](const std::string& kind, const std::string& optimizer, const py::dict& group,
                            const std::vector<at::Tensor>& params) {

@@ -30,7 +30,7 @@ import torch.distributed as dist
 
 from .grad_scaler import GradScaler
 
-__all__ = ["HookState", "fp16_compress_hook", "bf16_compress_hook"]
+__all__ = ["GradientAllReduce", "HookState", "fp16_compress_hook", "bf16_compress_hook"]
 
 
 @dataclass
@@ -99,3 +99,49 @@ def fp16_compress_hook(state: Any, bucket: dist.GradBucket) -> torch.futures.Fut
 def bf16_compress_hook(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """DDP hook: all-reduce each bucket in BF16 (FP32's range: no compression overflow), unscaled and checked."""
     return _compress_hook(torch.bfloat16, "bf16_compress_hook", state, bucket)
+
+
+class GradientAllReduce:
+    """Data-parallel gradient averaging without DDP, by ampkit's C++ ``ampkit::distributed::GradientAllReduce``
+    (what LibTorch programs use): buckets of ``bucket_cap_mb`` in reverse parameter order are all-reduced as their
+    grads become ready (``overlap=True``: autograd hooks) or at :meth:`synchronize`, compressed to FP16/BF16 when
+    ``compression`` says so, and, with a ``scaler``, decompressed, unscaled and checked as the DDP hooks do
+    (:meth:`ampkit.GradScaler.record_unscaled_grads`). Call :meth:`synchronize` after backward, before
+    ``scaler.step``. ``params`` must be the same list in the same order on every rank."""
+
+    def __init__(self, params, process_group: Optional[Any] = None, *, compression: Optional[str] = None,
+                 bucket_cap_mb: float = 25.0, overlap: bool = True, scaler: Optional[GradScaler] = None) -> None:
+        where = "ampkit.distributed.GradientAllReduce"
+        params = list(params)
+        if not all(isinstance(p, torch.Tensor) for p in params):
+            raise TypeError(f"{where}: params must be tensors")
+        if scaler is not None and not isinstance(scaler, GradScaler):
+            raise TypeError(f"{where}: scaler must be an ampkit.GradScaler or None, but got {type(scaler).__name__}")
+        if not isinstance(bucket_cap_mb, (int, float)) or isinstance(bucket_cap_mb, bool) or not bucket_cap_mb > 0:
+            raise ValueError(f"{where}: bucket_cap_mb must be a positive number, but got {bucket_cap_mb!r}")
+        group = process_group if process_group is not None else dist.group.WORLD
+        self._scaler = scaler
+        self._core = _core().GradientAllReduce(
+            params, group, "none" if compression is None else compression, int(bucket_cap_mb * 2**20),
+            bool(overlap), scaler._core if scaler is not None else None)
+
+    def synchronize(self) -> None:
+        """Waits for this round's all-reduces and writes the averaged (unscaled, with a scaler) grads."""
+        self._core.synchronize()
+
+    def set_require_sync(self, require_sync: bool) -> None:
+        """``False``: backwards accumulate locally without all-reduce (gradient accumulation) until set back."""
+        self._core.set_require_sync(bool(require_sync))
+
+    def bucket_indices(self) -> list[list[int]]:
+        """Parameter indices of each bucket, in launch order."""
+        return self._core.bucket_indices()
+
+    def bytes_reduced(self) -> int:
+        """Bytes this rank has handed to all-reduce so far."""
+        return self._core.bytes_reduced()
+
+
+def _core():
+    from . import _C
+    return _C

@@ -16,7 +16,7 @@ from typing import Any, Iterable, Optional, Union
 
 import torch
 
-from . import _C, _checks
+from . import _C, _checks, _dtensor
 
 __all__ = ["GradScaler", "OptState", "load_scaler_state", "save_scaler_state"]
 
@@ -161,7 +161,22 @@ class GradScaler:
         if not self._enabled:
             return
         _optimizer("GradScaler.unscale_", optimizer)
-        self._core.unscale_params_(id(optimizer), _params(optimizer))
+        self._unscale(id(optimizer), _params(optimizer))
+
+    def _unscale(self, key: int, params: list[torch.Tensor]) -> None:
+        # DTensor grads (FSDP2): the core unscales and checks the local shards; an Inf/NaN is seen only by the
+        # rank holding its shard, so found_inf is all-reduced (MAX) over the grads' mesh, as torch's DTensor does.
+        with _dtensor.local_grads(params, "GradScaler.unscale_") as local:
+            self._core.unscale_params_(key, local)
+        _dtensor.all_reduce_found_inf(self._core.found_inf_per_device(key), params)
+
+    def _prepare_fused_step(self, key: int, params: list[torch.Tensor]):
+        checks = self._core.stage(key) == OptState.READY.value  # else unscale_ checked (and all-reduced)
+        with _dtensor.local_grads(params, "GradScaler.step") as local:
+            grad_scale, found_inf = self._core.prepare_fused_step(key, local)
+        if checks:
+            _dtensor.all_reduce_found_inf([found_inf, *self._core.found_inf_per_device(key)], params)
+        return grad_scale, found_inf
 
     def step(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Optional[float]:
         """Unscale (unless :meth:`unscale_` ran) and run ``optimizer.step(*args, **kwargs)`` unless a grad held
@@ -184,7 +199,7 @@ class GradScaler:
                 retval = optimizer.step(*args, **dict(kwargs, grad_scaler=self))
                 self._core.mark_stepped(key)
                 return retval
-            grad_scale, found_inf = self._core.prepare_fused_step(key, _params(optimizer))
+            grad_scale, found_inf = self._prepare_fused_step(key, _params(optimizer))
             # As torch: None once unscale_ ran (the grads are unscaled), else the scale times any grad_scale the
             # optimizer already carries.
             user_scale = getattr(optimizer, "grad_scale", None)
@@ -199,7 +214,12 @@ class GradScaler:
             self._core.mark_stepped(key)
             return retval
         retval = None
-        if self._core.prepare_step(key, _params(optimizer)):
+        params = _params(optimizer)
+        if _dtensor.any_dtensor(params) and self._core.stage(key) == OptState.READY.value:
+            self._unscale(key, params)  # found_inf all-reduced over the mesh before the decision
+        with _dtensor.local_grads(params, "GradScaler.step") as local:
+            run = self._core.prepare_step(key, local)
+        if run:
             retval = optimizer.step(*args, **kwargs)
         self._core.mark_stepped(key)
         return retval
@@ -314,7 +334,8 @@ class GradScaler:
                     and isinstance(pair[1], torch.Tensor)):
                 raise TypeError(f"GradScaler.name_parameters: item {i} must be a (str, Tensor) pair, but got "
                                 f"{pair!r:.80}")
-        self._core.set_parameter_names(pairs)
+        # DTensor parameters (FSDP2) are checked on their local shards: those carry the names.
+        self._core.set_parameter_names([(name, _dtensor.local(p)) for name, p in pairs])
 
     def state_dict(self) -> dict[str, Any]:
         """torch.amp.GradScaler's keys (plain floats and ints) plus ampkit's; ``{}`` when disabled."""
@@ -341,7 +362,7 @@ class GradScaler:
 
     # torch.amp.GradScaler internals that other libraries and fused optimizers call.
     def _check_inf_per_device(self, optimizer: torch.optim.Optimizer) -> dict:
-        self._core.prepare_fused_step(id(optimizer), _params(optimizer))
+        self._prepare_fused_step(id(optimizer), _params(optimizer))
         return self._found_inf_per_device(optimizer)
 
     def _found_inf_per_device(self, optimizer: torch.optim.Optimizer) -> dict:

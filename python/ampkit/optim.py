@@ -16,6 +16,10 @@ optimizers, a step that unscales leaves ``p.grad`` unscaled (code that logs or c
 gradients); ``write_unscaled_grads=False`` leaves the grads scaled and saves that write (2 or 4 bytes per
 parameter). On the CPU, FP32 steps are bit-identical to torch.optim's ``fused=True`` (AVX2/AVX-512 builds of
 torch).
+
+DTensor parameters (FSDP2's ``fully_shard``): each rank updates its local shards, and the states are DTensors of
+the parameter's layout as torch.optim's (``step`` a plain scalar tensor), so ``state_dict()`` and
+``torch.distributed.checkpoint`` see the same structure as with torch.optim.
 """
 from __future__ import annotations
 
@@ -26,7 +30,7 @@ import torch
 from torch.optim import adam as _torch_adam
 from torch.optim import sgd as _torch_sgd
 
-from . import _checks
+from . import _checks, _dtensor
 
 __all__ = ["Adam", "AdamW", "SGD"]
 
@@ -85,7 +89,14 @@ class _FusedOptimizer(torch.optim.Optimizer):
         unrounded weights instead of copies of the rounded ones."""
         for group in self.param_groups:
             for p in group["params"]:
-                _core()._optim_init_master(p, self.state[p])
+                if not _dtensor.is_dtensor(p):
+                    _core()._optim_init_master(p, self.state[p])
+                    continue
+                state = self.state[p]
+                before = _dtensor.local_state(state)
+                after = dict(before)
+                _core()._optim_init_master(_dtensor.local(p), after)
+                _dtensor.store_state(p, state, before, after)
 
     @staticmethod
     def _run_closure(closure: Optional[Callable[[], float]]):
@@ -98,9 +109,11 @@ class _FusedOptimizer(torch.optim.Optimizer):
         """Checks every group before anything is written (an optimizer step is atomic: a bad group raises before
         the first group is updated)."""
         core = _core()
+        name = type(self).__name__
         for group in self.param_groups:
             self._check_group(group)
-            core._optim_check(self._kind, type(self).__name__, group, group["params"])
+            with _dtensor.local_grads(group["params"], name) as params:  # DTensors: their local shards
+                core._optim_check(self._kind, name, group, params)
 
     @torch.no_grad()
     def step(self, closure: Optional[Callable[[], float]] = None):
@@ -116,12 +129,27 @@ class _FusedOptimizer(torch.optim.Optimizer):
                 self._differentiable_step(group, params, grad_scale, found_inf)
                 continue
             states = [self.state[p] if p in self.state else {} for p in params]
-            core._optim_step(self._kind, name, group, params, states, grad_scale, found_inf,
-                             self.write_unscaled_grads)
+            if _dtensor.any_dtensor(params):
+                self._local_step(group, params, states, grad_scale, found_inf)
+            else:
+                core._optim_step(self._kind, name, group, params, states, grad_scale, found_inf,
+                                 self.write_unscaled_grads)
             for p, st in zip(params, states):
                 if st and p not in self.state:
                     self.state[p] = st
         return loss
+
+    def _local_step(self, group: dict, params: list, states: list, grad_scale, found_inf) -> None:
+        """The step of a group holding DTensor parameters: the core updates each rank's local shards (params,
+        grads and states share storage with the DTensors); states it creates are stored as DTensors."""
+        name = type(self).__name__
+        before = [_dtensor.local_state(st) for st in states]
+        after = [dict(b) for b in before]
+        with _dtensor.local_grads(params, name) as local_params:
+            _core()._optim_step(self._kind, name, group, local_params, after, grad_scale, found_inf,
+                                self.write_unscaled_grads)
+        for p, st, b, a in zip(params, states, before, after):
+            _dtensor.store_state(p, st, b, a)
 
     def _differentiable_step(self, group: dict, params: list, grad_scale, found_inf) -> None:
         """differentiable=True: torch.optim's own single-tensor functions (autograd through the update)."""
@@ -154,11 +182,15 @@ class _FusedOptimizer(torch.optim.Optimizer):
                 raise ValueError(f"{name}.load_state_dict: state for parameter id {pid!r}, which no "
                                  "param group of the state dict holds")
             p, group = params[pid]
-            if core._optim_takes_fused(p):  # else torch's own format, checked by torch's code
+            if core._optim_takes_fused(_dtensor.local(p)):  # else torch's own format, checked by torch's code
                 # a step saved as a Python number (older torch) counts as present; it is made a tensor on load
                 entries = [(k, v if torch.is_tensor(v) else torch.tensor(float(v))) for k, v in st.items()
                            if torch.is_tensor(v) or k == "step" and isinstance(v, (int, float))]
-                core._optim_check_loaded_state(self._kind, name, group, f"state[{pid!r}]", p, entries)
+                if _dtensor.is_dtensor(p):  # DTensor states (torch.optim's, DCP's) are checked on local shards
+                    where = f"{name}.load_state_dict: state[{pid!r}]"
+                    entries = [(k, _dtensor.local_entry(v, p, f"{where}[{k!r}]")) for k, v in entries]
+                core._optim_check_loaded_state(self._kind, name, group, f"state[{pid!r}]", _dtensor.local(p),
+                                               entries)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._check_loaded_state(state_dict)
@@ -171,10 +203,14 @@ class _FusedOptimizer(torch.optim.Optimizer):
         ids = chain.from_iterable(g["params"] for g in state_dict["param_groups"])
         params = chain.from_iterable(g["params"] for g in self.param_groups)
         for pid, p in zip(ids, params):
-            if not core._optim_takes_fused(p):
+            if not core._optim_takes_fused(_dtensor.local(p)):
                 continue  # torch.optim's state format (the single-tensor path): the base class's cast is right
             for key, value in saved.get(pid, {}).items():
-                self.state[p][key] = core._optim_loaded_entry(key, value, p)
+                if _dtensor.is_dtensor(p):
+                    loaded = core._optim_loaded_entry(key, _dtensor.local(value), _dtensor.local(p))
+                    self.state[p][key] = loaded if key == "step" else _dtensor.wrap_like(loaded, p)
+                else:
+                    self.state[p][key] = core._optim_loaded_entry(key, value, p)
 
     def __setstate__(self, state: dict) -> None:
         # torch.optim's defaults for keys an older torch did not save, and Python-number steps made tensors.
@@ -189,7 +225,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
             for p in group["params"]:
                 st = self.state.get(p)
                 if st and "step" in st and not torch.is_tensor(st["step"]):
-                    on_device = core._optim_takes_fused(p)
+                    on_device = core._optim_takes_fused(_dtensor.local(p))
                     st["step"] = torch.tensor(float(st["step"]), dtype=torch.float32,
                                               device=p.device if on_device else "cpu")
 

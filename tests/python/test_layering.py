@@ -1,5 +1,5 @@
 """The layers of shared/DESIGN.md, checked from the sources' #include lines: kernels (Torch-free, CUDA headers only
-under kernels/cuda/) <- ops <- components (scaler, autocast, optim) <- bindings <- python. A layer may include
+under kernels/cuda/) <- ops <- components (scaler, autocast, optim, distributed) <- bindings <- python. A layer may include
 only what sits below it (and its own folder)."""
 from __future__ import annotations
 
@@ -67,6 +67,7 @@ def test_cpu_sources_include_no_cuda_header():
     ("csrc/scaler", ("ampkit/optim.h", "ampkit/autocast.h", "optim/", "autocast/", "python/", "ops/")),
     ("csrc/optim", ("autocast/", "python/", "ops/")),
     ("csrc/autocast", ("python/", "ops/")),
+    ("csrc/distributed", ("ampkit/optim.h", "ampkit/autocast.h", "optim/", "autocast/", "python/", "ops/")),
 ])
 def test_components_include_only_layers_below(folder, forbidden):
     bad = [f"{f.relative_to(ROOT)}: {inc}" for f in files(folder) for inc in includes(f)

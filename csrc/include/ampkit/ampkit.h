@@ -7,3 +7,4 @@
 #include "ampkit/optim.h"
 #include "ampkit/optim_core.h"
 #include "ampkit/lr_scheduler.h"
+#include "ampkit/distributed.h"

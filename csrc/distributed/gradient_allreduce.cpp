@@ -1,0 +1,194 @@
+// ampkit::distributed::GradientAllReduce (see <ampkit/distributed.h>, NOTE [Gradient all-reduce]).
+#include "ampkit/distributed.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/autograd/utils/lambda_post_hook.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <mutex>
+#include <utility>
+
+#include "ampkit/ops.h"
+
+namespace ampkit::distributed {
+
+struct GradientAllReduce::Bucket {
+  std::vector<int64_t> indices;  // into params_
+  std::vector<int64_t> offsets;  // of each parameter in the flat buffer, in elements
+  int64_t numel = 0;
+  at::Device device = at::kCPU;
+  at::ScalarType grad_dtype = at::kFloat;
+  at::Tensor buffer;  // flat, in the wire dtype, reused round after round
+  size_t pending = 0;
+  std::vector<bool> ready;
+  c10::intrusive_ptr<c10d::Work> work;
+  bool launched = false;
+  std::mutex mutex;
+};
+
+namespace {
+
+at::ScalarType wire_dtype(Compression c, at::ScalarType grad_dtype) {
+  switch (c) {
+    case Compression::kFP16:
+      return at::kHalf;
+    case Compression::kBF16:
+      return at::kBFloat16;
+    default:
+      return grad_dtype;
+  }
+}
+
+}  // namespace
+
+GradientAllReduce::GradientAllReduce(std::vector<at::Tensor> params,
+                                     c10::intrusive_ptr<c10d::ProcessGroup> process_group,
+                                     GradientAllReduceOptions options, GradScaler* scaler)
+    : params_(std::move(params)), process_group_(std::move(process_group)), options_(options), scaler_(scaler) {
+  const char* where = "ampkit::distributed::GradientAllReduce";
+  TORCH_CHECK_VALUE(process_group_, where, ": process_group must not be null");
+  TORCH_CHECK_VALUE(options_.bucket_bytes() > 0, where, ": bucket_bytes must be positive, but got ",
+                    options_.bucket_bytes());
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const at::Tensor& p = params_[i];
+    TORCH_CHECK_VALUE(p.defined() && p.is_leaf() && p.requires_grad(), where, ": params[", i,
+                      "] must be a leaf tensor that requires grad");
+    TORCH_CHECK_TYPE(p.is_floating_point(), where, ": params[", i, "] must be floating point, but is ",
+                     p.scalar_type());
+    for (size_t j = 0; j < i; ++j) {
+      TORCH_CHECK_VALUE(!params_[j].is_same(p), where, ": params[", j, "] and params[", i, "] are the same tensor");
+    }
+  }
+  // Buckets in reverse parameter order, one dtype and device each, up to bucket_bytes.
+  for (int64_t i = static_cast<int64_t>(params_.size()) - 1; i >= 0; --i) {
+    const at::Tensor& p = params_[i];
+    Bucket* b = buckets_.empty() ? nullptr : buckets_.back().get();
+    if (b == nullptr || b->device != p.device() || b->grad_dtype != p.scalar_type() ||
+        (b->numel + p.numel()) * p.element_size() > options_.bucket_bytes()) {
+      buckets_.push_back(std::make_unique<Bucket>());
+      b = buckets_.back().get();
+      b->device = p.device();
+      b->grad_dtype = p.scalar_type();
+    }
+    b->indices.push_back(i);
+    b->offsets.push_back(b->numel);
+    b->numel += p.numel();
+  }
+  for (size_t k = 0; k < buckets_.size(); ++k) {
+    Bucket& b = *buckets_[k];
+    b.pending = b.indices.size();
+    b.ready.assign(b.indices.size(), false);
+    b.buffer = at::empty({b.numel}, at::TensorOptions().device(b.device).dtype(wire_dtype(options_.compression(),
+                                                                                          b.grad_dtype)));
+    if (!options_.overlap()) {
+      continue;
+    }
+    for (size_t slot = 0; slot < b.indices.size(); ++slot) {
+      auto accumulator = torch::autograd::impl::grad_accumulator(params_[b.indices[slot]]);
+      const uintptr_t key = accumulator->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
+          [this, k, slot](const torch::autograd::variable_list& outputs, const torch::autograd::variable_list&) {
+            grad_ready(k, slot);
+            return outputs;
+          }));
+      remove_hooks_.push_back([accumulator, key]() { accumulator->del_post_hook(key); });
+    }
+  }
+}
+
+GradientAllReduce::~GradientAllReduce() {
+  for (auto& remove : remove_hooks_) {
+    remove();
+  }
+}
+
+void GradientAllReduce::grad_ready(size_t bucket, size_t slot) {
+  if (!require_sync_) {
+    return;
+  }
+  Bucket& b = *buckets_[bucket];
+  const std::lock_guard<std::mutex> lock(b.mutex);
+  if (b.launched || b.ready[slot]) {
+    return;
+  }
+  b.ready[slot] = true;
+  if (--b.pending == 0) {
+    launch(b);
+  }
+}
+
+void GradientAllReduce::launch(Bucket& b) {
+  const at::NoGradGuard no_grad;
+  const int64_t world = process_group_->getSize();
+  const at::Tensor divisor = at::scalar_tensor(static_cast<double>(world), at::TensorOptions().dtype(at::kDouble));
+  for (size_t slot = 0; slot < b.indices.size(); ++slot) {
+    const at::Tensor& p = params_[b.indices[slot]];
+    at::Tensor part = b.buffer.narrow(0, b.offsets[slot], p.numel()).view(p.sizes());
+    const at::Tensor& grad = p.grad();
+    if (grad.defined()) {
+      at::div_out(part, grad, divisor);  // divide and cast in one pass
+    } else {
+      part.zero_();  // no grad on this rank: it contributes zeros
+    }
+  }
+  std::vector<at::Tensor> tensors{b.buffer};
+  b.work = process_group_->allreduce(tensors);
+  b.launched = true;
+  bytes_reduced_ += b.buffer.nbytes();
+  allreduces_ += 1;
+}
+
+void GradientAllReduce::synchronize() {
+  if (!require_sync_) {
+    return;
+  }
+  const at::NoGradGuard no_grad;
+  for (auto& bucket : buckets_) {
+    const std::lock_guard<std::mutex> lock(bucket->mutex);
+    if (!bucket->launched) {
+      launch(*bucket);
+    }
+  }
+  const bool unscale = scaler_ != nullptr && scaler_->is_enabled() && scaler_->get_scale_async().defined();
+  for (auto& bucket : buckets_) {
+    Bucket& b = *bucket;
+    b.work->wait();
+    at::Tensor found_inf;
+    at::Tensor inv_scale;
+    if (unscale) {
+      found_inf = at::zeros({1}, at::TensorOptions().device(b.device).dtype(at::kFloat));
+      inv_scale = scaler_->unscale_factor(b.device);  // one dimension: the product is computed in FP32
+    }
+    for (size_t slot = 0; slot < b.indices.size(); ++slot) {
+      at::Tensor& p = params_[b.indices[slot]];
+      const at::Tensor part = b.buffer.narrow(0, b.offsets[slot], p.numel()).view(p.sizes());
+      if (!p.grad().defined()) {
+        p.mutable_grad() = at::empty_like(p, at::MemoryFormat::Preserve);
+      }
+      at::Tensor grad = p.mutable_grad();
+      if (unscale) {
+        at::mul_out(grad, part, inv_scale);  // decompress and unscale in one pass
+      } else {
+        grad.copy_(part);
+      }
+    }
+    if (unscale) {
+      check_finite_({b.buffer}, found_inf);
+      scaler_->record_unscaled_grads(found_inf);
+    }
+    b.work.reset();
+    b.launched = false;
+    b.pending = b.indices.size();
+    b.ready.assign(b.indices.size(), false);
+  }
+}
+
+std::vector<std::vector<int64_t>> GradientAllReduce::bucket_indices() const {
+  std::vector<std::vector<int64_t>> out;
+  for (const auto& b : buckets_) {
+    out.push_back(b->indices);
+  }
+  return out;
+}
+
+}  // namespace ampkit::distributed

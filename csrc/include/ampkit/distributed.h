@@ -1,0 +1,90 @@
+// ampkit::distributed::GradientAllReduce: data-parallel gradient averaging for LibTorch programs (which have no
+// DDP) over any c10d::ProcessGroup (NCCL, Gloo, ...), with optional FP16/BF16 compression that the GradScaler
+// sees, as ampkit.distributed's DDP hooks do in Python.
+//
+//   ampkit::distributed::GradientAllReduce sync(model->parameters(), process_group,
+//       ampkit::distributed::GradientAllReduceOptions().compression(ampkit::distributed::Compression::kFP16),
+//       &scaler);
+//   scaler.scale(loss).backward();   // buckets are all-reduced as their grads become ready
+//   sync.synchronize();              // waits, decompresses, unscales and checks; the scaler records the flag
+//   scaler.step(optimizer);
+//   scaler.update();
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <torch/arg.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "ampkit/export.h"
+#include "ampkit/grad_scaler.h"
+
+namespace ampkit::distributed {
+
+// The dtype gradients travel in: as they are, FP16 or BF16 (half the bytes of FP32).
+enum class Compression : int8_t { kNone, kFP16, kBF16 };
+
+struct AMPKIT_API GradientAllReduceOptions {
+  TORCH_ARG(Compression, compression) = Compression::kNone;
+  // Bytes of gradients (in their own dtype) per all-reduce, as DDP's bucket_cap_mb (25 MB).
+  TORCH_ARG(int64_t, bucket_bytes) = 26214400;  // 25 MiB
+  // Launch a bucket's all-reduce as soon as all its grads are accumulated (autograd hooks on the parameters'
+  // gradient accumulators), overlapping communication with the rest of backward; false: all at synchronize().
+  TORCH_ARG(bool, overlap) = true;
+};
+
+// NOTE [Gradient all-reduce]
+// Parameters are put into buckets in reverse order (the order backward produces their grads), one dtype and
+// device per bucket. A bucket is compressed once (divided by the world size and cast in one pass per grad into a
+// flat buffer), all-reduced (SUM) asynchronously, and at synchronize() decompressed into the grads: with a
+// scaler, multiplied by the scaler's unscale_factor while widening (one pass) and checked for Inf/NaN on the
+// reduced buffer, the flag handed to GradScaler::record_unscaled_grads (NOTE [Grads unscaled outside the
+// scaler]) so that unscale_/step neither unscale nor check again and every rank skips together. A parameter
+// without a grad on this rank contributes zeros and receives the average. Each backward is one round; for
+// gradient accumulation, set_require_sync(false) for the micro-batches before the last.
+class AMPKIT_API GradientAllReduce {
+ public:
+  // `params` must be leaves with requires_grad, the same list in the same order on every rank. `scaler` (may be
+  // null) must outlive this object; the process group is kept alive by it.
+  GradientAllReduce(std::vector<at::Tensor> params, c10::intrusive_ptr<c10d::ProcessGroup> process_group,
+                    GradientAllReduceOptions options = {}, GradScaler* scaler = nullptr);
+  ~GradientAllReduce();
+  GradientAllReduce(const GradientAllReduce&) = delete;
+  GradientAllReduce& operator=(const GradientAllReduce&) = delete;
+
+  // Launches the buckets not launched yet, waits for every all-reduce of this round and writes the averaged
+  // (unscaled, with a scaler) grads. Call it after backward and before the optimizer step.
+  void synchronize();
+  // false: the next backwards accumulate locally (no all-reduce) until it is set back to true.
+  void set_require_sync(bool require_sync) { require_sync_ = require_sync; }
+  bool require_sync() const { return require_sync_; }
+
+  // Parameter indices (into the constructor's list) of each bucket, in launch order.
+  std::vector<std::vector<int64_t>> bucket_indices() const;
+  // Bytes sent by this rank's all-reduces so far (the buffers' sizes; what the backend moves per byte depends on
+  // its algorithm), and the number of all-reduces.
+  int64_t bytes_reduced() const { return bytes_reduced_; }
+  int64_t allreduces() const { return allreduces_; }
+
+  struct Bucket;
+
+ private:
+  void grad_ready(size_t bucket, size_t slot);
+  void launch(Bucket& bucket);
+
+  std::vector<at::Tensor> params_;
+  c10::intrusive_ptr<c10d::ProcessGroup> process_group_;
+  GradientAllReduceOptions options_;
+  GradScaler* scaler_;
+  std::vector<std::unique_ptr<Bucket>> buckets_;
+  std::vector<std::function<void()>> remove_hooks_;  // each keeps its gradient accumulator alive
+  bool require_sync_ = true;
+  int64_t bytes_reduced_ = 0;
+  int64_t allreduces_ = 0;
+};
+
+}  // namespace ampkit::distributed

@@ -1,0 +1,354 @@
+"""FSDP2 (``fully_shard``: DTensor parameters, grads and optimizer states) on the CPU over Gloo, two ranks, one
+thread each: ampkit.optim against torch.optim under the same sharding and data, distributed checkpoints, and
+loss scaling with an Inf/NaN in one rank's shard of a gradient.
+
+The model has uneven shards (3 rows over 2 ranks) and an empty one (1 row: rank 1 holds none). Each rank checks
+its own local shards, so no collective runs between the ranks' checks; cross-rank facts are checked here from
+what the ranks save. torch.optim's fused CPU kernels are the bitwise reference (ampkit's FP32 steps are
+bit-identical to them, see test_optim_bitwise_torch.py); torch.optim's default (single-tensor) steps differ from
+them by rounding only, checked to rtol 1e-5, atol 1e-7.
+"""
+from __future__ import annotations
+
+import math
+import os
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+
+import ampkit
+
+WORLD = 2
+STEPS = 4
+
+try:
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.tensor import DTensor
+except ImportError:  # torch without distributed support or without FSDP2
+    fully_shard = None
+
+pytestmark = [
+    pytest.mark.skipif(fully_shard is None or not dist.is_available() or not dist.is_gloo_available(),
+                       reason="needs torch.distributed with Gloo and FSDP2 (torch.distributed.fsdp.fully_shard)"),
+    pytest.mark.skipif(torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"),
+                       reason="bit-identity with torch's fused CPU kernels holds for its AVX2/AVX-512 kernels"),
+]
+
+
+# ---- running the ranks ------------------------------------------------------------------------------------------
+
+def _run(tmp_path, case: str, *args) -> list:
+    """Runs ``case(rank, out_dir, *args)`` on two spawned ranks; returns what each rank returned."""
+    mp.spawn(_worker, args=(str(tmp_path / "store"), str(tmp_path), case, args), nprocs=WORLD, join=True)
+    return [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
+
+
+def _worker(rank: int, store: str, out_dir: str, case: str, args: tuple) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=WORLD,
+                            timeout=timedelta(seconds=120))
+    try:
+        result = globals()[case](rank, out_dir, *args)
+        torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+# ---- model, data and checks -------------------------------------------------------------------------------------
+
+def _model(mp_policy=None, dtype=torch.float32) -> nn.Module:
+    torch.manual_seed(0)
+    # 16 rows: even shards; 3 rows: 2 + 1; 1 row: rank 1's shard is empty.
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3), nn.ReLU(), nn.Linear(3, 1)).to(dtype)
+    kwargs = {} if mp_policy is None else {"mp_policy": mp_policy}
+    for layer in model:
+        if isinstance(layer, nn.Linear):
+            fully_shard(layer, **kwargs)
+    fully_shard(model, **kwargs)
+    return model
+
+
+def _loss(model: nn.Module, rank: int, step: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(1000 * rank + step)  # each rank its own batch
+    x, y = torch.randn(4, 8, generator=g), torch.randn(4, 1, generator=g)
+    return (model(x.to(next(model.parameters()).dtype)).float() - y).square().mean()
+
+
+def _train(model, opt, rank: int, steps=range(STEPS), scaler=None, inf_at=None) -> list:
+    """Trains; returns the local shards of the parameters after each step."""
+    history = []
+    for step in steps:
+        opt.zero_grad(set_to_none=True)
+        loss = _loss(model, rank, step)
+        if scaler is None:
+            loss.backward()
+            opt.step()
+        else:
+            scaler.scale(loss).backward()
+            if step == inf_at and rank == 1:
+                with torch.no_grad():
+                    model[2].weight.grad.to_local()[-1, -1] = math.inf  # a shard only rank 1 holds
+            scaler.step(opt)
+            scaler.update()
+        history.append([p.detach().to_local().clone() for p in model.parameters()])
+    return history
+
+
+def _same(a: torch.Tensor, b: torch.Tensor, exact: bool) -> bool:
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    if exact:
+        return torch.equal(a, b)
+    return torch.allclose(a.double(), b.double(), rtol=1e-5, atol=1e-7)
+
+
+def _check_like(ref_model, ref_opt, model, opt, exact: bool, what: str) -> None:
+    """Same local shards of parameters and states, and states of the same kinds (DTensor of the parameter's
+    layout, or plain tensor) as the reference. ampkit's SGD with momentum also keeps a ``step``, which torch's
+    doesn't (a plain scalar, as Adam's)."""
+    for i, (rp, p) in enumerate(zip(ref_model.parameters(), model.parameters())):
+        assert isinstance(p, DTensor) and rp.placements == p.placements
+        assert _same(rp.detach().to_local(), p.detach().to_local(), exact), f"{what}: param {i}"
+        ref_st, st = ref_opt.state[rp], opt.state[p]
+        assert set(st) - _extra_keys(ref_opt, opt) == set(ref_st), f"{what}: state keys {set(st)} of param {i}"
+        if "step" in st:
+            assert type(st["step"]) is torch.Tensor and st["step"].dim() == 0, what
+        for key, ref_v in ref_st.items():
+            v = st[key]
+            assert type(v) is type(ref_v), f"{what}: state[{key!r}] of param {i} is a {type(v).__name__}"
+            if isinstance(v, DTensor):
+                assert v.placements == ref_v.placements and v.shape == ref_v.shape, f"{what}: {key} of param {i}"
+                v, ref_v = v.to_local(), ref_v.to_local()
+            # step counts are exact either way
+            assert _same(ref_v, v, exact or key == "step"), f"{what}: state[{key!r}] of param {i}"
+
+
+def _extra_keys(ref_opt, opt) -> set:
+    return {"step"} if isinstance(opt, ampkit.optim.SGD) and not isinstance(ref_opt, ampkit.optim.SGD) else set()
+
+
+def _check_state_dicts(ref_opt, opt, what: str) -> None:
+    """optimizer.state_dict() of the same structure as torch.optim's (ids, keys, tensor kinds)."""
+    ref_sd, sd = ref_opt.state_dict(), opt.state_dict()
+    assert [g["params"] for g in sd["param_groups"]] == [g["params"] for g in ref_sd["param_groups"]], what
+    assert sd["state"].keys() == ref_sd["state"].keys(), what
+    extra = _extra_keys(ref_opt, opt)
+    for pid, ref_st in ref_sd["state"].items():
+        kinds = {k: type(v) for k, v in sd["state"][pid].items() if k not in extra}
+        assert kinds == {k: type(v) for k, v in ref_st.items()}, what
+
+
+# ---- optimizers against torch.optim -----------------------------------------------------------------------------
+
+def _train_with_shadow(model, opt, rank: int, shadow_cls, shadow_kwargs: dict) -> tuple:
+    """Trains ``model`` with ``opt`` and, step by step, a ``shadow_cls`` optimizer on plain tensors that start as
+    each rank's local shards and get the same local grads: an elementwise update of the shards must equal it."""
+    params = list(model.parameters())
+    shadows = [nn.Parameter(p.detach().to_local().clone()) for p in params]
+    shadow_opt = shadow_cls(shadows, **shadow_kwargs)
+    for step in range(STEPS):
+        opt.zero_grad(set_to_none=True)
+        _loss(model, rank, step).backward()
+        for p, s in zip(params, shadows):
+            s.grad = p.grad.to_local().clone()
+        opt.step()
+        shadow_opt.step()
+    return params, shadow_opt, shadows
+
+
+def _check_shadow(opt, params, shadow_opt, shadows, what: str) -> None:
+    extra = _extra_keys(shadow_opt, opt)
+    for i, (p, s) in enumerate(zip(params, shadows)):
+        assert torch.equal(p.detach().to_local(), s.detach()), f"{what}: param {i}"
+        assert set(opt.state[p]) - extra == set(shadow_opt.state[s]), what
+        for key, v in opt.state[p].items():
+            if key == "step":
+                assert type(v) is torch.Tensor and v.dim() == 0, what
+            else:
+                assert isinstance(v, DTensor) and v.placements == p.placements and v.shape == p.shape, what
+                v = v.to_local()
+            if key not in extra:
+                assert torch.equal(v, shadow_opt.state[s][key]), f"{what}: state[{key!r}] of param {i}"
+
+
+def _case_optimizers(rank: int, out_dir: str, bf16_compute: bool) -> dict:
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16) if bf16_compute else None
+    # (name, torch's class, ampkit's, arguments, {torch's variant: bit-identical to ampkit's?}). torch's fused SGD
+    # has no DTensor sharding rule: it is run on plain tensors holding the shards instead.
+    cases = [
+        ("AdamW", torch.optim.AdamW, ampkit.optim.AdamW, dict(lr=1e-2, weight_decay=0.1),
+         {"fused": True, "default": False}),
+        ("Adam amsgrad", torch.optim.Adam, ampkit.optim.Adam, dict(lr=1e-2, weight_decay=0.1, amsgrad=True),
+         {"fused": True, "default": False}),
+        ("SGD momentum", torch.optim.SGD, ampkit.optim.SGD,
+         dict(lr=0.05, momentum=0.9, weight_decay=0.01, nesterov=True), {"fused on shards": True, "default": False}),
+    ]
+    for name, torch_cls, ampkit_cls, kwargs, refs in cases:
+        model = _model(policy)
+        opt = ampkit_cls(model.parameters(), **kwargs)
+        if "fused on shards" in refs:
+            shadowed = _train_with_shadow(model, opt, rank, torch_cls, dict(kwargs, fused=True))
+            _check_shadow(opt, *shadowed, what=f"{name} vs torch fused on the shards")
+        else:
+            _train(model, opt, rank)
+        if bf16_compute:  # FSDP2 keeps FP32 sharded parameters and grads; compute and reduce-scatter in BF16
+            p = next(model.parameters())
+            assert p.dtype == torch.float32 and p.grad.dtype == torch.float32
+        for variant, exact in refs.items():
+            if variant == "fused on shards":
+                continue
+            ref_model = _model(policy)
+            ref_opt = torch_cls(ref_model.parameters(), **kwargs, **({"fused": True} if variant == "fused" else {}))
+            _train(ref_model, ref_opt, rank)
+            _check_like(ref_model, ref_opt, model, opt, exact=exact, what=f"{name} vs torch {variant}")
+            _check_state_dicts(ref_opt, opt, name)
+    return {}
+
+
+@pytest.mark.parametrize("bf16_compute", [False, True], ids=["fp32", "bf16-mixed-precision-policy"])
+def test_optimizers_match_torch_under_fsdp2(tmp_path, bf16_compute):
+    _run(tmp_path, "_case_optimizers", bf16_compute)
+
+
+def _case_low_precision_params(rank: int, out_dir: str) -> dict:
+    """BF16 sharded parameters with FP32 masters: the update of each rank's shards is exactly ampkit's update of
+    plain tensors holding those shards and grads; masters and remainders are DTensors of the parameter's layout."""
+    cases = [(ampkit.optim.AdamW, dict(lr=1e-2)), (ampkit.optim.AdamW, dict(lr=1e-2, master_weights="remainder")),
+             (ampkit.optim.SGD, dict(lr=0.05, momentum=0.9))]
+    for cls, kwargs in cases:
+        model = _model(dtype=torch.bfloat16)
+        opt = cls(model.parameters(), **kwargs)
+        params, shadow_opt, shadows = _train_with_shadow(model, opt, rank, cls, kwargs)
+        what = f"{cls.__name__} {kwargs}"
+        assert all(p.dtype == torch.bfloat16 for p in params), what
+        _check_shadow(opt, params, shadow_opt, shadows, what)
+        for p in params:
+            if kwargs.get("master_weights") == "remainder":
+                assert opt.state[p]["param_remainder"].dtype == torch.int16, what
+            else:
+                assert opt.state[p]["master_param"].dtype == torch.float32, what
+    return {}
+
+
+def test_low_precision_params_with_masters_under_fsdp2(tmp_path):
+    _run(tmp_path, "_case_low_precision_params")
+
+
+# ---- distributed checkpoints --------------------------------------------------------------------------------------
+
+def _case_checkpoint(rank: int, out_dir: str) -> dict:
+    """A torch.optim.AdamW(fused=True) run checkpointed with torch.distributed.checkpoint after 2 steps, resumed
+    by ampkit.optim.AdamW, continues as torch's own run bit for bit; ampkit's checkpoint has torch's keys and
+    tensor kinds, and resumes ampkit's run bit for bit."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_optimizer_state_dict,
+                                                         set_model_state_dict, set_optimizer_state_dict)
+    kwargs = dict(lr=1e-2, weight_decay=0.1)
+    half = range(STEPS // 2)
+    rest = range(STEPS // 2, STEPS)
+
+    def save(model, opt, path):
+        dcp.save({"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt)},
+                 checkpoint_id=path)
+
+    def resume(path, planner=None):
+        model = _model()
+        opt = ampkit.optim.AdamW(model.parameters(), **kwargs)
+        sd = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt)}
+        dcp.load(sd, checkpoint_id=path, planner=planner)
+        set_model_state_dict(model, sd["model"])
+        set_optimizer_state_dict(model, opt, sd["optim"])
+        return model, opt
+
+    ref_model = _model()
+    ref_opt = torch.optim.AdamW(ref_model.parameters(), fused=True, **kwargs)
+    _train(ref_model, ref_opt, rank, half)
+    save(ref_model, ref_opt, os.path.join(out_dir, "torch_ckpt"))
+
+    ours_model = _model()
+    ours_opt = ampkit.optim.AdamW(ours_model.parameters(), **kwargs)
+    _train(ours_model, ours_opt, rank, half)
+    ref_sd = get_optimizer_state_dict(ref_model, ref_opt)
+    ours_sd = get_optimizer_state_dict(ours_model, ours_opt)
+    assert ref_sd["state"].keys() == ours_sd["state"].keys()
+    for fqn, st in ref_sd["state"].items():
+        assert {k: type(v) for k, v in ours_sd["state"][fqn].items()} == {k: type(v) for k, v in st.items()}, fqn
+    save(ours_model, ours_opt, os.path.join(out_dir, "ampkit_ckpt"))
+
+    # torch's param groups lack ampkit's "master_weights" (left at its default): a partial load
+    from_torch = resume(os.path.join(out_dir, "torch_ckpt"), dcp.DefaultLoadPlanner(allow_partial_load=True))
+    from_ours = resume(os.path.join(out_dir, "ampkit_ckpt"))
+    for m, o in ((ref_model, ref_opt), (ours_model, ours_opt), from_torch, from_ours):
+        _train(m, o, rank, rest)
+    _check_like(ref_model, ref_opt, *from_torch, exact=True, what="torch checkpoint resumed by ampkit")
+    _check_like(ref_model, ref_opt, ours_model, ours_opt, exact=True, what="ampkit uninterrupted")
+    _check_like(ref_model, ref_opt, *from_ours, exact=True, what="ampkit checkpoint resumed by ampkit")
+    return {}
+
+
+def test_distributed_checkpoint_round_trips(tmp_path):
+    _run(tmp_path, "_case_checkpoint")
+
+
+# ---- loss scaling -----------------------------------------------------------------------------------------------
+
+def _case_torch_scaler(rank: int, out_dir: str) -> dict:
+    """torch.amp.GradScaler drives ampkit.optim.AdamW (grad_scale/found_inf; torch's DTensor all-reduces found_inf
+    over the mesh) exactly as torch.optim.AdamW(fused=True), through an Inf in rank 1's shard at step 1."""
+    runs = []
+    for cls, extra in ((torch.optim.AdamW, dict(fused=True)), (ampkit.optim.AdamW, {})):
+        model = _model()
+        opt = cls(model.parameters(), lr=1e-2, **extra)
+        scaler = torch.amp.GradScaler("cpu", init_scale=1024.0, growth_interval=1)
+        history = _train(model, opt, rank, scaler=scaler, inf_at=1)
+        runs.append((model, opt, history, scaler.get_scale()))
+    _check_like(*runs[0][:2], *runs[1][:2], exact=True, what="torch.amp.GradScaler")
+    history = runs[1][2]
+    return {"skipped_1": all(torch.equal(a, b) for a, b in zip(history[0], history[1])),
+            "moved_2": not all(torch.equal(a, b) for a, b in zip(history[1], history[2])),
+            "scale": runs[1][3]}
+
+
+def test_torch_grad_scaler_drives_ampkit_optimizer(tmp_path):
+    results = _run(tmp_path, "_case_torch_scaler")
+    # growth_interval=1: 1024 -> 2048, backoff at the overflow -> 1024, then 2048, 4096
+    assert [r["scale"] for r in results] == [4096.0, 4096.0]
+    assert all(r["skipped_1"] for r in results), "every rank skips the step whose grads overflowed on rank 1"
+    assert all(r["moved_2"] for r in results)
+
+
+def _case_ampkit_scaler(rank: int, out_dir: str) -> dict:
+    """ampkit.GradScaler (no process_group: the DTensor grads' mesh decides who must agree) with ampkit.optim.AdamW
+    (the fused, sync-free path) and with torch.optim.AdamW (the generic path), against torch.amp.GradScaler with
+    the same optimizer."""
+    out = {}
+    for name, cls, extra in (("fused path", ampkit.optim.AdamW, {}),
+                             ("generic path", torch.optim.AdamW, dict(foreach=False))):
+        ref_model = _model()
+        ref_opt = (torch.optim.AdamW(ref_model.parameters(), lr=1e-2, fused=True) if cls is ampkit.optim.AdamW
+                   else torch.optim.AdamW(ref_model.parameters(), lr=1e-2, **extra))
+        _train(ref_model, ref_opt, rank, scaler=torch.amp.GradScaler("cpu", init_scale=1024.0), inf_at=1)
+        model = _model()
+        opt = cls(model.parameters(), lr=1e-2, **extra)
+        scaler = ampkit.GradScaler("cpu", init_scale=1024.0, overflow_report=True)
+        scaler.name_parameters(model.named_parameters())
+        ran = []
+        for step in range(STEPS):
+            _train(model, opt, rank, range(step, step + 1), scaler=scaler, inf_at=1)
+            ran.append(bool(scaler.last_step_ran()))
+            if step == 1:
+                out[name, "report"] = scaler.overflow_report()
+        _check_like(ref_model, ref_opt, model, opt, exact=True, what=name)
+        out[name] = (ran, scaler.get_scale(), scaler.stats()["skipped_steps"])
+    return out
+
+
+def test_ampkit_grad_scaler_skips_on_every_rank(tmp_path):
+    results = _run(tmp_path, "_case_ampkit_scaler")
+    for name in ("fused path", "generic path"):
+        assert [r[name] for r in results] == [([True, False, True, True], 512.0, 1)] * 2, name
+        assert [r[name, "report"] for r in results] == [[], ["2.weight"]], name
