@@ -119,18 +119,18 @@ void GradientAllReduce::grad_ready(size_t bucket, size_t slot) {
 
 void GradientAllReduce::launch(Bucket& b) {
   const at::NoGradGuard no_grad;
-  const int64_t world = process_group_->getSize();
-  const at::Tensor divisor = at::scalar_tensor(static_cast<double>(world), at::TensorOptions().dtype(at::kDouble));
   for (size_t slot = 0; slot < b.indices.size(); ++slot) {
     const at::Tensor& p = params_[b.indices[slot]];
     at::Tensor part = b.buffer.narrow(0, b.offsets[slot], p.numel()).view(p.sizes());
     const at::Tensor& grad = p.grad();
     if (grad.defined()) {
-      at::div_out(part, grad, divisor);  // divide and cast in one pass
+      part.copy_(grad);  // cast into the flat buffer
     } else {
       part.zero_();  // no grad on this rank: it contributes zeros
     }
   }
+  // Then divide in the wire dtype, as torch's and ampkit's DDP hooks do (the same bits).
+  b.buffer.div_(process_group_->getSize());
   std::vector<at::Tensor> tensors{b.buffer};
   b.work = process_group_->allreduce(tensors);
   b.launched = true;
@@ -153,27 +153,20 @@ void GradientAllReduce::synchronize() {
   for (auto& bucket : buckets_) {
     Bucket& b = *bucket;
     b.work->wait();
-    at::Tensor found_inf;
-    at::Tensor inv_scale;
-    if (unscale) {
-      found_inf = at::zeros({1}, at::TensorOptions().device(b.device).dtype(at::kFloat));
-      inv_scale = scaler_->unscale_factor(b.device);  // one dimension: the product is computed in FP32
-    }
+    std::vector<at::Tensor> grads;
     for (size_t slot = 0; slot < b.indices.size(); ++slot) {
       at::Tensor& p = params_[b.indices[slot]];
       const at::Tensor part = b.buffer.narrow(0, b.offsets[slot], p.numel()).view(p.sizes());
       if (!p.grad().defined()) {
         p.mutable_grad() = at::empty_like(p, at::MemoryFormat::Preserve);
       }
-      at::Tensor grad = p.mutable_grad();
-      if (unscale) {
-        at::mul_out(grad, part, inv_scale);  // decompress and unscale in one pass
-      } else {
-        grad.copy_(part);
-      }
+      grads.push_back(p.mutable_grad());
+      grads.back().copy_(part);  // decompress
     }
     if (unscale) {
-      check_finite_({b.buffer}, found_inf);
+      // The scaler's unscale and check, done here once for the bucket's grads (one multi-tensor pass).
+      at::Tensor found_inf = at::zeros({1}, at::TensorOptions().device(b.device).dtype(at::kFloat));
+      unscale_and_check_(grads, found_inf, scaler_->unscale_factor(b.device));
       scaler_->record_unscaled_grads(found_inf);
     }
     b.work.reset();

@@ -97,9 +97,8 @@ def test_compressed_ddp_follows_one_process_over_the_global_batch(tmp_path, worl
 
 
 def test_fp16_hook_gives_torchs_fp16_hook_and_grad_scaler_results_bit_for_bit(tmp_path):
-    # With 2 ranks the division by the world size is exact in FP32 and in FP16 (away from subnormals), so torch's
-    # cast-then-divide and ampkit's divide-then-cast give the same FP16 bucket, and ampkit's decompress-and-unscale
-    # multiplies as torch's GradScaler does after its copy.
+    # ampkit's hook casts and divides as torch's does, and its unscale multiplies by the FP64 reciprocal rounded
+    # to FP32 as torch's GradScaler does after the copy back: the same bits, where the unscale pass happens aside.
     ours = _spawn(_train_ddp, 2, tmp_path, "fp16_compress_hook", "ampkit", "torch")
     (tmp_path / "t").mkdir()
     theirs = _spawn(_train_ddp, 2, tmp_path / "t", "torch_fp16", "torch", "torch")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -52,3 +53,32 @@ def test_python_train_demo_runs_side_by_side_with_torch_amp():
     assert set(rows) == {"torch.amp O1", "ampkit O1", "ampkit O2"}
     for fields in rows.values():
         assert float(fields[-3].rstrip("%")) > 90.0  # test accuracy
+
+
+def test_python_ddp_example_trains_on_two_gloo_ranks():
+    out = subprocess.run([sys.executable, str(ROOT / "examples/python/ddp_train.py"), "--steps", "30"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    finals = re.findall(r"rank (\d): first loss ([\d.]+), last loss ([\d.]+), skipped (\d+) of 30 steps, weight "
+                        r"checksum ([\d.e+-]+)", out.stdout)
+    assert sorted(f[0] for f in finals) == ["0", "1"], out.stdout
+    assert finals[0][4] == finals[1][4]  # every rank holds the same weights
+    for _, first, last, skipped, _ in finals:
+        assert float(last) < 0.7 * float(first) and skipped == "0"
+
+
+def test_cpp_ddp_demo_trains_as_two_processes(tmp_path):
+    exe = CPP_EXAMPLE.parent.parent / "ddp_demo" / "ddp_demo"
+    store = tmp_path / "store"
+    procs = [subprocess.Popen([str(exe), str(store), str(rank), "2", "--steps", "30"], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    for p, (stdout, stderr) in zip(procs, outs):
+        assert p.returncode == 0, stderr
+    finals = [re.search(r"first loss ([\d.]+), last loss ([\d.]+), skipped (\d+) of 30 steps, sent (\d+) bytes in "
+                        r"(\d+) all-reduces, weight checksum ([\d.e+-]+)", stdout).groups() for stdout, _ in outs]
+    assert finals[0][5] == finals[1][5]  # the ranks hold the same weights
+    numel = 64 * 256 + 256 + 2 * 256 + 256 * 256 + 256 + 2 * 256 + 256 * 10 + 10
+    for first, last, skipped, sent, _, _ in finals:
+        assert float(last) < 0.7 * float(first) and skipped == "0"
+        assert int(sent) == 30 * numel * 2  # FP16 on the wire

@@ -14,6 +14,7 @@
 #include <ATen/core/Tensor.h>
 #include <torch/arg.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <cstdint>
 #include <functional>
@@ -39,11 +40,12 @@ struct AMPKIT_API GradientAllReduceOptions {
 
 // NOTE [Gradient all-reduce]
 // Parameters are put into buckets in reverse order (the order backward produces their grads), one dtype and
-// device per bucket. A bucket is compressed once (divided by the world size and cast in one pass per grad into a
-// flat buffer), all-reduced (SUM) asynchronously, and at synchronize() decompressed into the grads: with a
-// scaler, multiplied by the scaler's unscale_factor while widening (one pass) and checked for Inf/NaN on the
-// reduced buffer, the flag handed to GradScaler::record_unscaled_grads (NOTE [Grads unscaled outside the
-// scaler]) so that unscale_/step neither unscale nor check again and every rank skips together. A parameter
+// device per bucket. A bucket is compressed once (each grad cast into a flat buffer of the wire dtype, which is
+// then divided by the world size: the passes and bits of the DDP hooks), all-reduced (SUM) asynchronously, and at
+// synchronize() copied back into the grads; with a scaler they are then unscaled and checked in one multi-tensor
+// pass (unscale_and_check_ with the scaler's unscale_factor) and the flag handed to
+// GradScaler::record_unscaled_grads (NOTE [Grads unscaled outside the scaler]), so that unscale_/step neither
+// unscale nor check again and every rank skips together. A parameter
 // without a grad on this rank contributes zeros and receives the average. Each backward is one round; for
 // gradient accumulation, set_require_sync(false) for the micro-batches before the last.
 class AMPKIT_API GradientAllReduce {
@@ -86,5 +88,16 @@ class AMPKIT_API GradientAllReduce {
   int64_t bytes_reduced_ = 0;
   int64_t allreduces_ = 0;
 };
+
+// NOTE [Store process group]
+// A process group whose one collective, all-reduce (SUM or MAX of floating tensors, on any device), goes through
+// a c10d::Store: each rank writes its tensor under a key of the round and reads the others', reducing in FP32
+// (FP64 for FP64) in rank order, so every rank gets the same bits. It is ampkit's own backend, for CPU programs
+// built against the PyPI wheel, whose headers cannot construct torch's Gloo process group: slow (all data passes
+// through the store; keys are deleted after each round where the store can), meant for tests, examples and small
+// CPU runs. Real training passes torch's NCCL or Gloo process group (built where their headers are available, or
+// handed over from Python). Other collectives raise.
+AMPKIT_API c10::intrusive_ptr<c10d::ProcessGroup> store_process_group(c10::intrusive_ptr<c10d::Store> store, int rank,
+                                                                      int size);
 
 }  // namespace ampkit::distributed

@@ -1,0 +1,150 @@
+// ampkit::distributed from C++: GradientAllReduce over ampkit's store process group (ranks as threads here; the
+// Python tests run it on Gloo ranks and the ddp_demo example as separate processes): ranks agree bit for bit, an
+// FP32 all-reduce follows one process over the global batch, FP16 compression with a scaler skips an Inf on one
+// rank on every rank, and bad arguments throw.
+#include "catch_torch.h"
+
+#include <torch/csrc/distributed/c10d/FileStore.hpp>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <limits>
+#include <mutex>
+#include <thread>
+#include <unistd.h>
+
+namespace {
+
+// Ranks are threads here and share torch's default generator: seeding and drawing hold this lock.
+std::mutex rng_mutex;
+
+torch::nn::Sequential make_model() {
+  const std::lock_guard<std::mutex> lock(rng_mutex);
+  torch::manual_seed(0);
+  return torch::nn::Sequential(torch::nn::Linear(8, 16), torch::nn::Tanh(), torch::nn::Linear(16, 4));
+}
+
+std::pair<at::Tensor, at::Tensor> batch(int step, int rank, int world) {
+  const std::lock_guard<std::mutex> lock(rng_mutex);
+  torch::manual_seed(100 + step);
+  const auto x = torch::randn({world * 4, 8});
+  const auto y = torch::randn({world * 4, 4});
+  return {x.narrow(0, rank * 4, 4), y.narrow(0, rank * 4, 4)};
+}
+
+struct RankResult {
+  std::vector<at::Tensor> params;
+  std::vector<bool> ran;
+  int64_t bytes = 0;
+};
+
+RankResult train(int rank, int world, const std::string& path, ampkit::distributed::Compression compression,
+                 bool inject) {
+  auto store = c10::make_intrusive<c10d::FileStore>(path, world);
+  auto pg = ampkit::distributed::store_process_group(store, rank, world);
+  auto model = make_model();
+  ampkit::optim::AdamW opt(model->parameters(), ampkit::optim::AdamWOptions(1e-2));
+  ampkit::GradScaler scaler(ampkit::GradScalerOptions().init_scale(1024.0));
+  ampkit::distributed::GradientAllReduce sync(
+      model->parameters(), pg,
+      ampkit::distributed::GradientAllReduceOptions().compression(compression).bucket_bytes(256), &scaler);
+  RankResult out;
+  for (int step = 0; step < 4; ++step) {
+    auto [x, y] = batch(step, rank, world);
+    if (inject && step == 2 && rank == 1) {
+      x = x.clone();
+      x[0][0] = std::numeric_limits<float>::infinity();
+    }
+    opt.zero_grad();
+    scaler.scale(torch::mse_loss(model->forward(x), y)).backward();
+    sync.synchronize();
+    scaler.step(opt);
+    scaler.update();
+    out.ran.push_back(scaler.last_step_ran().item<bool>());
+  }
+  for (const auto& p : model->parameters()) {
+    out.params.push_back(p.detach().clone());
+  }
+  out.bytes = sync.bytes_reduced();
+  return out;
+}
+
+std::vector<RankResult> run_ranks(int world, ampkit::distributed::Compression compression, bool inject) {
+  const std::string path =
+      (std::filesystem::temp_directory_path() / ("ampkit_test_allreduce_" + std::to_string(::getpid()))).string();
+  std::remove(path.c_str());
+  std::vector<RankResult> results(world);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] { results[r] = train(r, world, path, compression, inject); });
+  }
+  for (auto& t : threads) {
+    t.join();
+  }
+  std::remove(path.c_str());
+  return results;
+}
+
+}  // namespace
+
+TEST_CASE("distributed: an FP32 GradientAllReduce follows one process over the global batch", "[distributed][cpu]") {
+  const auto results = run_ranks(2, ampkit::distributed::Compression::kNone, false);
+  auto model = make_model();
+  ampkit::optim::AdamW opt(model->parameters(), ampkit::optim::AdamWOptions(1e-2));
+  for (int step = 0; step < 4; ++step) {
+    auto [x0, y0] = batch(step, 0, 2);
+    auto [x1, y1] = batch(step, 1, 2);
+    opt.zero_grad();
+    torch::mse_loss(model->forward(torch::cat({x0, x1})), torch::cat({y0, y1})).backward();
+    opt.step();
+  }
+  const auto params = model->parameters();
+  int64_t numel = 0;
+  for (size_t i = 0; i < params.size(); ++i) {
+    CHECK(torch::equal(results[0].params[i], results[1].params[i]));
+    CHECK(torch::allclose(results[0].params[i], params[i].detach(), /*rtol=*/1e-5, /*atol=*/1e-6));
+    numel += params[i].numel();
+  }
+  CHECK(results[0].bytes == 4 * numel * 4);  // 4 steps, FP32 on the wire
+  CHECK(results[0].ran == std::vector<bool>{true, true, true, true});
+}
+
+TEST_CASE("distributed: FP16 compression with a scaler skips an Inf on one rank on every rank",
+          "[distributed][cpu]") {
+  const auto results = run_ranks(2, ampkit::distributed::Compression::kFP16, true);
+  for (const auto& r : results) {
+    CHECK(r.ran == std::vector<bool>{true, true, false, true});
+  }
+  int64_t numel = 0;
+  for (size_t i = 0; i < results[0].params.size(); ++i) {
+    CHECK(torch::equal(results[0].params[i], results[1].params[i]));
+    CHECK(torch::isfinite(results[0].params[i]).all().item<bool>());
+    numel += results[0].params[i].numel();
+  }
+  CHECK(results[0].bytes == 4 * numel * 2);  // half the bytes of FP32
+}
+
+TEST_CASE("distributed: GradientAllReduce and store_process_group refuse bad arguments", "[distributed][cpu]") {
+  const std::string path =
+      (std::filesystem::temp_directory_path() / ("ampkit_test_allreduce_bad_" + std::to_string(::getpid()))).string();
+  std::remove(path.c_str());
+  auto store = c10::make_intrusive<c10d::FileStore>(path, 1);
+  auto pg = ampkit::distributed::store_process_group(store, 0, 1);
+  auto p = torch::ones({3}, torch::requires_grad());
+  using ampkit::distributed::GradientAllReduce;
+  CHECK_THROWS_WITH(GradientAllReduce({p, p}, pg), Catch::Contains("params[0] and params[1] are the same tensor"));
+  CHECK_THROWS_WITH(GradientAllReduce({torch::ones({3})}, pg),
+                    Catch::Contains("params[0] must be a leaf tensor that requires grad"));
+  CHECK_THROWS_WITH(GradientAllReduce({p}, nullptr), Catch::Contains("process_group must not be null"));
+  CHECK_THROWS_WITH(GradientAllReduce({p}, pg, ampkit::distributed::GradientAllReduceOptions().bucket_bytes(0)),
+                    Catch::Contains("bucket_bytes must be positive"));
+  CHECK_THROWS_WITH(ampkit::distributed::store_process_group(store, 2, 2), Catch::Contains("expected 0 <= rank < size"));
+  // One rank: the all-reduce is the identity (divided by 1), the bytes are counted.
+  GradientAllReduce one({p}, pg);
+  (p * 2).sum().backward();
+  one.synchronize();
+  CHECK(torch::equal(p.grad(), torch::full({3}, 2.f)));
+  CHECK(one.bytes_reduced() == 12);
+  std::remove(path.c_str());
+}
