@@ -24,7 +24,6 @@ struct GradientAllReduce::Bucket {
   std::vector<bool> ready;
   c10::intrusive_ptr<c10d::Work> work;
   bool launched = false;
-  std::mutex mutex;
 };
 
 namespace {
@@ -103,17 +102,20 @@ GradientAllReduce::~GradientAllReduce() {
 }
 
 void GradientAllReduce::grad_ready(size_t bucket, size_t slot) {
+  const std::lock_guard<std::mutex> lock(mutex_);
   if (!require_sync_) {
     return;
   }
   Bucket& b = *buckets_[bucket];
-  const std::lock_guard<std::mutex> lock(b.mutex);
-  if (b.launched || b.ready[slot]) {
-    return;
-  }
+  TORCH_CHECK(!b.launched && !b.ready[slot], "ampkit::distributed::GradientAllReduce: a second backward reached "
+              "parameter ", b.indices[slot], " before synchronize(); with gradient accumulation, "
+              "set_require_sync(false) for the backwards before the last one");
   b.ready[slot] = true;
-  if (--b.pending == 0) {
-    launch(b);
+  --b.pending;
+  // Buckets go out strictly in order (every rank pairs the same buffers), each as soon as it and all before it
+  // are complete.
+  while (next_bucket_ < buckets_.size() && buckets_[next_bucket_]->pending == 0) {
+    launch(*buckets_[next_bucket_++]);
   }
 }
 
@@ -139,16 +141,15 @@ void GradientAllReduce::launch(Bucket& b) {
 }
 
 void GradientAllReduce::synchronize() {
-  if (!require_sync_) {
+  if (!require_sync()) {
     return;
   }
   const at::NoGradGuard no_grad;
-  for (auto& bucket : buckets_) {
-    const std::lock_guard<std::mutex> lock(bucket->mutex);
-    if (!bucket->launched) {
-      launch(*bucket);
-    }
+  const std::lock_guard<std::mutex> lock(mutex_);
+  for (; next_bucket_ < buckets_.size(); ++next_bucket_) {  // the rest, in order
+    launch(*buckets_[next_bucket_]);
   }
+  next_bucket_ = 0;
   const bool unscale = scaler_ != nullptr && scaler_->is_enabled() && scaler_->get_scale_async().defined();
   for (auto& bucket : buckets_) {
     Bucket& b = *bucket;

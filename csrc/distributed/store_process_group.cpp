@@ -14,8 +14,8 @@ namespace {
 
 class StoreBackend : public c10d::Backend {
  public:
-  StoreBackend(c10::intrusive_ptr<c10d::Store> store, int rank, int size)
-      : c10d::Backend(rank, size), store_(std::move(store)) {}
+  StoreBackend(c10::intrusive_ptr<c10d::Store> store, int rank, int size, const std::string& name)
+      : c10d::Backend(rank, size), store_(std::move(store)), prefix_("ampkit/" + name + "/") {}
   const std::string getBackendName() const override { return "ampkit_store"; }
 
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
@@ -67,22 +67,24 @@ class StoreBackend : public c10d::Backend {
     bool isCompleted() override { return true; }
     bool wait(std::chrono::milliseconds) override { return true; }
   };
-  static std::string key(int64_t round, int rank) {
-    return "ampkit/allreduce/" + std::to_string(round) + "/" + (rank < 0 ? "done" : std::to_string(rank));
+  std::string key(int64_t round, int rank) const {
+    return prefix_ + std::to_string(round) + "/" + (rank < 0 ? "done" : std::to_string(rank));
   }
   c10::intrusive_ptr<c10d::Store> store_;
+  std::string prefix_;  // the group's name: groups sharing a store keep their keys apart
   int64_t round_ = 0;
 };
 
 }  // namespace
 
 c10::intrusive_ptr<c10d::ProcessGroup> store_process_group(c10::intrusive_ptr<c10d::Store> store, int rank,
-                                                           int size) {
+                                                           int size, const std::string& name) {
   TORCH_CHECK_VALUE(store, "ampkit::distributed::store_process_group: store must not be null");
   TORCH_CHECK_VALUE(size >= 1 && rank >= 0 && rank < size, "ampkit::distributed::store_process_group: expected 0 <= "
                     "rank < size, but got rank ", rank, " and size ", size);
+  TORCH_CHECK_VALUE(!name.empty(), "ampkit::distributed::store_process_group: name must not be empty");
   auto pg = c10::make_intrusive<c10d::ProcessGroup>(store, rank, size);
-  auto backend = c10::make_intrusive<StoreBackend>(store, rank, size);
+  auto backend = c10::make_intrusive<StoreBackend>(store, rank, size, name);
   for (const auto device : {c10::DeviceType::CPU, c10::DeviceType::CUDA}) {
     pg->setBackend(device, c10d::ProcessGroup::BackendType::CUSTOM, backend);
   }

@@ -382,9 +382,16 @@ void check_group(const GroupConfig& c, at::TensorList params) {
     if (!g.defined()) {
       continue;
     }
-    master_mode(c, p);
+    const MasterMode mode = master_mode(c, p);
     TORCH_CHECK(c.algorithm != Algorithm::kAdam || !g.is_sparse(), c.optimizer,
                 " does not support sparse gradients, please consider SparseAdam instead");
+    // torch.optim.SGD's own error, raised here before anything is written instead of half-way through a step.
+    TORCH_CHECK(!g.is_sparse() || c.weight_decay == 0, "add(sparse, dense) is not supported. Use add(dense, sparse) "
+                "instead. (", c.optimizer, ": weight_decay on a sparse grad)");
+    TORCH_CHECK_VALUE(takes_fused(p, g) || mode == MasterMode::kNone || c.master_weights == MasterWeights::kAuto,
+                      c.optimizer, ": ", spelled(c), " needs a parameter dense in memory with a dense grad (the "
+                      "fused kernels), but a ", p.scalar_type(), " parameter of shape ", p.sizes(), " has ",
+                      g.is_sparse() ? "a sparse grad" : "gaps in memory");
     TORCH_CHECK_VALUE(g.sizes() == p.sizes(), c.optimizer, ": a parameter of shape ", p.sizes(),
                       " has a grad of shape ", g.sizes());
   }
@@ -395,6 +402,16 @@ void step(const GroupConfig& c, at::TensorList params, const std::vector<ParamSt
   TORCH_CHECK_VALUE(states.size() == params.size(), c.optimizer, ": ", params.size(), " parameters but ",
                     states.size(), " states");
   check_group(c, params);
+  // A single-tensor parameter's state (torch.optim's format) must be whole before anything is written.
+  for (size_t i = 0; i < params.size(); ++i) {
+    const at::Tensor& g = params[i].grad();
+    const ParamState& s = *states[i];
+    if (g.defined() && c.algorithm == Algorithm::kAdam && !takes_fused(params[i], g) &&
+        (s.step.defined() || s.exp_avg.defined() || s.exp_avg_sq.defined())) {
+      TORCH_CHECK_VALUE(s.step.defined() && s.exp_avg.defined() && s.exp_avg_sq.defined(), c.optimizer,
+                        ": the state of params[", i, "] has only some of step, exp_avg and exp_avg_sq");
+    }
+  }
   // Fused calls by (device, master mode), in order of first appearance.
   std::vector<std::tuple<at::Device, MasterMode, std::vector<Entry>>> buckets;
   std::vector<Entry> single;
@@ -488,8 +505,8 @@ void check_loaded_state(const GroupConfig& c, const std::string& where, const at
     }
     if (ParamState().entry(name) != nullptr) {
       if (fp32_entry(name)) {
-        TORCH_CHECK_VALUE(value.is_floating_point(), prefix, "['", name, "'] must be a floating tensor, but is ",
-                          value.scalar_type());
+        TORCH_CHECK_VALUE(value.is_floating_point() || (value.is_complex() && p.is_complex()), prefix, "['", name,
+                          "'] must be a floating tensor, but is ", value.scalar_type());
       } else {
         TORCH_CHECK_VALUE(value.scalar_type() == at::kShort, prefix, "['", name, "'] must be int16, but is ",
                           value.scalar_type());

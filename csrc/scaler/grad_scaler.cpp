@@ -215,6 +215,15 @@ void GradScaler::unscale_params_(int64_t key, const std::vector<at::Tensor>& par
   TORCH_CHECK(s != Stage::kUnscaled, "unscale_() has already been called on this optimizer since the last update().");
   TORCH_CHECK(s != Stage::kStepped, "unscale_() is being called after step().");
   if (external_found_inf_.defined()) {  // NOTE [Grads unscaled outside the scaler]
+    if (options_.process_group() && !external_reduced_) {
+      // The recorded flag agrees across the all-reduce's group; the scaler's group may be larger (pipeline or
+      // tensor parallel around data parallel): every rank of it must take the same decision.
+      std::vector<at::Tensor> tensors{external_found_inf_};
+      c10d::AllreduceOptions opts;
+      opts.reduceOp = c10d::ReduceOp::MAX;
+      options_.process_group()->allreduce(tensors, opts)->wait();
+      external_reduced_ = true;
+    }
     PerOptimizer& state = per_optimizer_[key];
     state.found_inf = {{external_found_inf_.device(), external_found_inf_}};
     state.report.clear();
@@ -237,6 +246,8 @@ void GradScaler::record_unscaled_grads(const at::Tensor& found_inf) {
     TORCH_CHECK(state.stage == Stage::kReady, "GradScaler.record_unscaled_grads: an optimizer was already unscaled "
                 "or stepped in this iteration; all-reduce (and record) the grads before unscale_() and step()");
   }
+  TORCH_CHECK(!external_reduced_, "GradScaler.record_unscaled_grads: the recorded flag was already all-reduced over "
+              "the scaler's process group in this iteration; record every bucket before unscale_() and step()");
   if (!external_found_inf_.defined()) {
     external_found_inf_ = buffer(0, scale.device(), BufferRole::kExternal);
     external_found_inf_.zero_();

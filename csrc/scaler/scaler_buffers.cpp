@@ -58,6 +58,7 @@ void GradScaler::end_iteration() {
   ++iteration_;
   per_optimizer_.clear();
   external_found_inf_ = at::Tensor();
+  external_reduced_ = false;
 }
 
 }  // namespace ampkit

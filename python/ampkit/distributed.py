@@ -66,6 +66,8 @@ def _compress_hook(dtype: torch.dtype, hook: str, state: Any,
     future = dist.all_reduce(compressed, group=group, async_op=True).get_future()
     scaler = st.scaler
     unscale = scaler is not None and scaler.is_enabled() and scaler._get_scale_async() is not None
+    if unscale:
+        scaler._note_hook_bucket(bucket.index(), hook)
 
     def decompress(fut: torch.futures.Future) -> torch.Tensor:
         reduced = fut.value()[0]

@@ -237,6 +237,17 @@ class GradScaler:
                             f"{type(found_inf).__name__}")
         self._core.record_unscaled_grads(found_inf)
 
+    def _note_hook_bucket(self, index: int, hook: str) -> None:
+        """ampkit.distributed's hooks: refuse a second unscale of one DDP bucket in an iteration (a second
+        backward before update() would add scaled grads to unscaled ones and unscale both)."""
+        buckets = self.__dict__.setdefault("_hook_buckets", set())
+        if index in buckets:
+            raise RuntimeError(
+                f"ampkit.distributed.{hook}: DDP bucket {index} was already all-reduced and unscaled in this "
+                "iteration; a second backward before scaler.update() would unscale its grads twice. Accumulate "
+                "micro-batches under ddp.no_sync() so that only the last backward synchronizes.")
+        buckets.add(index)
+
     def unscale_factor(self, device: Union[str, torch.device]) -> torch.Tensor:
         """``1 / scale`` on ``device`` as a one-element float32 tensor (the float64 reciprocal rounded once, the
         factor :meth:`unscale_` multiplies by), without a host sync; valid until the next call."""
@@ -259,6 +270,7 @@ class GradScaler:
         """Back off or grow the scale on the device from this iteration's inf checks (or set ``new_scale``)."""
         if not self._enabled:
             return
+        self.__dict__.pop("_hook_buckets", None)
         if new_scale is None:
             self._core.update()
         elif isinstance(new_scale, torch.Tensor):

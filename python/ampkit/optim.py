@@ -182,15 +182,14 @@ class _FusedOptimizer(torch.optim.Optimizer):
                 raise ValueError(f"{name}.load_state_dict: state for parameter id {pid!r}, which no "
                                  "param group of the state dict holds")
             p, group = params[pid]
-            if core._optim_takes_fused(_dtensor.local(p)):  # else torch's own format, checked by torch's code
-                # a step saved as a Python number (older torch) counts as present; it is made a tensor on load
-                entries = [(k, v if torch.is_tensor(v) else torch.tensor(float(v))) for k, v in st.items()
-                           if torch.is_tensor(v) or k == "step" and isinstance(v, (int, float))]
-                if _dtensor.is_dtensor(p):  # DTensor states (torch.optim's, DCP's) are checked on local shards
-                    where = f"{name}.load_state_dict: state[{pid!r}]"
-                    entries = [(k, _dtensor.local_entry(v, p, f"{where}[{k!r}]")) for k, v in entries]
-                core._optim_check_loaded_state(self._kind, name, group, f"state[{pid!r}]", _dtensor.local(p),
-                                               entries)
+            # Fused or torch.optim's own format (the single-tensor path): shapes, kinds, whole states. A step saved
+            # as a Python number (older torch) counts as present; it is made a tensor on load.
+            entries = [(k, v if torch.is_tensor(v) else torch.tensor(float(v))) for k, v in st.items()
+                       if torch.is_tensor(v) or k == "step" and isinstance(v, (int, float))]
+            if _dtensor.is_dtensor(p):  # DTensor states (torch.optim's, DCP's) are checked on local shards
+                where = f"{name}.load_state_dict: state[{pid!r}]"
+                entries = [(k, _dtensor.local_entry(v, p, f"{where}[{k!r}]")) for k, v in entries]
+            core._optim_check_loaded_state(self._kind, name, group, f"state[{pid!r}]", _dtensor.local(p), entries)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._check_loaded_state(state_dict)

@@ -75,7 +75,10 @@ def _accumulate(rank, world, store, results):
         model = _model()
         unused = torch.nn.Parameter(torch.zeros(3))  # never gets a grad on rank 0; rank 1 gives it one
         params = list(model.parameters()) + [unused]
-        sync = ampkit.distributed.GradientAllReduce(params)
+        # One bucket per parameter: `unused` (last, so first out) is ready on rank 1 only, yet both ranks must
+        # pair the same buckets.
+        sync = ampkit.distributed.GradientAllReduce(params, bucket_cap_mb=1e-5)
+        assert len(sync.bucket_indices()) == len(params)
         sync.set_require_sync(False)
         for micro in range(2):  # local accumulation, no all-reduce
             x, y = _batch(micro, rank, world)
@@ -124,6 +127,13 @@ def _bad(rank, world, store, results):
                 errors.append(f"{kwargs}: no error")
             except exc as e:
                 errors.append(str(e))
+        sync = ampkit.distributed.GradientAllReduce([p])
+        (p * 2).sum().backward()
+        try:
+            (p * 2).sum().backward()
+            errors.append("second backward: no error")
+        except RuntimeError as e:
+            errors.append(str(e))
         results[rank] = errors
     finally:
         dist.destroy_process_group()
@@ -136,3 +146,4 @@ def test_bad_arguments_are_refused_with_clear_errors(tmp_path):
     assert "compression must be None, 'fp16' or 'bf16', but got 'int8'" in errors[2]
     assert "bucket_cap_mb must be a positive number" in errors[3]
     assert "scaler must be an ampkit.GradScaler" in errors[4]
+    assert "a second backward reached parameter 0 before synchronize()" in errors[5]

@@ -266,3 +266,26 @@ def test_record_unscaled_grads_refuses_bad_flags_and_late_calls():
         scaler.record_unscaled_grads(torch.zeros(1))
     scaler.step(opt)  # the refused calls changed nothing: the grads were unscaled once, by unscale_
     assert torch.equal(p.detach(), torch.full((4,), 0.5))
+
+
+def _twice(rank, world, store, results):
+    _init(rank, world, store)
+    try:
+        model = DDP(_model())
+        scaler = ampkit.GradScaler("cpu", init_scale=1024.0)
+        model.register_comm_hook(scaler, ampkit.distributed.fp16_compress_hook)
+        x, y = _batch(0, rank, world)
+        scaler.scale(torch.nn.functional.mse_loss(model(x), y)).backward()
+        try:
+            scaler.scale(torch.nn.functional.mse_loss(model(x), y)).backward()
+            results[rank] = "no error"
+        except RuntimeError as e:
+            results[rank] = str(e)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_second_synchronising_backward_in_one_iteration_is_refused(tmp_path):
+    # Its grads would add scaled values to unscaled ones and be unscaled twice: use no_sync() to accumulate.
+    message = _spawn(_twice, 1, tmp_path)[0]
+    assert "bucket 0 was already all-reduced and unscaled in this iteration" in message and "no_sync" in message

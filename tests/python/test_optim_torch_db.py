@@ -295,3 +295,27 @@ def test_the_deprecated_grad_scaler_handshake_passes_the_scaler_with_torchs_warn
         assert scaler.step(opt) == "stepped"
     assert seen["scaler"] is scaler
     scaler.update()
+
+
+def test_errors_of_the_single_tensor_path_are_raised_before_anything_is_written():
+    a = torch.nn.Parameter(torch.ones(3))
+    p = torch.nn.Parameter(torch.ones(4, 2))
+    opt = ampkit.optim.SGD([a, p], lr=0.1, momentum=0.9, weight_decay=0.1)
+    a.grad, p.grad = torch.ones(3), torch.ones(4, 2).to_sparse()
+    with pytest.raises(RuntimeError, match=r"add\(sparse, dense\) is not supported"):  # torch.optim.SGD's error
+        opt.step()
+    assert torch.equal(a.detach(), torch.ones(3)) and len(opt.state) == 0
+    # An explicit master for a parameter the kernels do not take (gaps in memory) is refused, not ignored.
+    w = torch.nn.Parameter(torch.randn(4, 6).to(torch.bfloat16)[:, ::2])
+    w.grad = torch.ones_like(w)
+    opt = ampkit.optim.AdamW([w], master_weights=True)
+    with pytest.raises(ValueError, match="master_weights=True needs a parameter dense in memory"):
+        opt.step()
+    # A torch-format state missing its moments is refused at load (it would fail half-way through a step).
+    q = torch.nn.Parameter(torch.ones(3, dtype=torch.float64))
+    opt = ampkit.optim.AdamW([q])
+    sd = opt.state_dict()
+    sd["state"] = {0: {"step": torch.tensor(3.0)}}
+    with pytest.raises(ValueError, match="partial state"):
+        opt.load_state_dict(sd)
+    assert len(opt.state) == 0

@@ -19,6 +19,8 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
+#include <string>
 #include <vector>
 
 #include "ampkit/export.h"
@@ -46,8 +48,11 @@ struct AMPKIT_API GradientAllReduceOptions {
 // pass (unscale_and_check_ with the scaler's unscale_factor) and the flag handed to
 // GradScaler::record_unscaled_grads (NOTE [Grads unscaled outside the scaler]), so that unscale_/step neither
 // unscale nor check again and every rank skips together. A parameter
-// without a grad on this rank contributes zeros and receives the average. Each backward is one round; for
-// gradient accumulation, set_require_sync(false) for the micro-batches before the last.
+// without a grad on this rank contributes zeros and receives the average. Buckets are launched strictly in order
+// (a complete bucket waits for the ones before it), so every rank pairs the same buffers whatever order its
+// grads arrive in. Each backward is one round: a second backward before synchronize() throws, and one after it
+// in the same scaler iteration would add scaled grads to unscaled ones; for gradient accumulation,
+// set_require_sync(false) for the micro-batches before the last.
 class AMPKIT_API GradientAllReduce {
  public:
   // `params` must be leaves with requires_grad, the same list in the same order on every rank. `scaler` (may be
@@ -62,15 +67,27 @@ class AMPKIT_API GradientAllReduce {
   // (unscaled, with a scaler) grads. Call it after backward and before the optimizer step.
   void synchronize();
   // false: the next backwards accumulate locally (no all-reduce) until it is set back to true.
-  void set_require_sync(bool require_sync) { require_sync_ = require_sync; }
-  bool require_sync() const { return require_sync_; }
+  void set_require_sync(bool require_sync) {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    require_sync_ = require_sync;
+  }
+  bool require_sync() const {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    return require_sync_;
+  }
 
   // Parameter indices (into the constructor's list) of each bucket, in launch order.
   std::vector<std::vector<int64_t>> bucket_indices() const;
   // Bytes sent by this rank's all-reduces so far (the buffers' sizes; what the backend moves per byte depends on
   // its algorithm), and the number of all-reduces.
-  int64_t bytes_reduced() const { return bytes_reduced_; }
-  int64_t allreduces() const { return allreduces_; }
+  int64_t bytes_reduced() const {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    return bytes_reduced_;
+  }
+  int64_t allreduces() const {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    return allreduces_;
+  }
 
   struct Bucket;
 
@@ -83,6 +100,8 @@ class AMPKIT_API GradientAllReduce {
   GradientAllReduceOptions options_;
   GradScaler* scaler_;
   std::vector<std::unique_ptr<Bucket>> buckets_;
+  size_t next_bucket_ = 0;    // the next bucket to launch this round (buckets go out in order on every rank)
+  mutable std::mutex mutex_;  // autograd threads call grad_ready
   std::vector<std::function<void()>> remove_hooks_;  // each keeps its gradient accumulator alive
   bool require_sync_ = true;
   int64_t bytes_reduced_ = 0;
@@ -96,8 +115,9 @@ class AMPKIT_API GradientAllReduce {
 // built against the PyPI wheel, whose headers cannot construct torch's Gloo process group: slow (all data passes
 // through the store; keys are deleted after each round where the store can), meant for tests, examples and small
 // CPU runs. Real training passes torch's NCCL or Gloo process group (built where their headers are available, or
-// handed over from Python). Other collectives raise.
+// handed over from Python). Other collectives raise. Groups sharing one store need distinct names (the same on
+// every rank of a group).
 AMPKIT_API c10::intrusive_ptr<c10d::ProcessGroup> store_process_group(c10::intrusive_ptr<c10d::Store> store, int rank,
-                                                                      int size);
+                                                                      int size, const std::string& name = "default");
 
 }  // namespace ampkit::distributed

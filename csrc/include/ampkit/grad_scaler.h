@@ -161,7 +161,9 @@ class AMPKIT_API GradScaler {
   // FP32 element, nonzero: a grad held Inf/NaN; flags of several buckets add up). For the rest of the iteration
   // unscale_/step take that flag for every optimizer instead of unscaling or checking again, and fused
   // optimizers get no grad_scale; update() clears it. Every parameter of the stepped optimizers must have gone
-  // through that all-reduce. After an all-reduce the flag is the same on every rank, so all ranks skip together.
+  // through that all-reduce. After an all-reduce the flag is the same on every rank of its group, so those ranks
+  // skip together; with options().process_group() the flag is also all-reduced (MAX) over that group once, at the
+  // first unscale_/step.
   void record_unscaled_grads(const at::Tensor& found_inf);
   // 1 / scale on `device` (the FP64 reciprocal rounded once to FP32, as unscale_ multiplies by), a one-element
   // tensor; needs the scale (after the first scale()). Valid until the next call.
@@ -241,6 +243,7 @@ class AMPKIT_API GradScaler {
 
   std::unordered_map<int64_t, PerOptimizer> per_optimizer_;
   at::Tensor external_found_inf_;  // this iteration's flag from record_unscaled_grads (undefined: none)
+  bool external_reduced_ = false;  // that flag was all-reduced over the process group
   std::map<BufferKey, Buffer> buffers_;  // reused step after step
   int64_t iteration_ = 0;
   struct NamedParam {

@@ -86,7 +86,8 @@ AMPKIT_API void check_config(const GroupConfig& config);
 AMPKIT_API bool takes_fused(const at::Tensor& param, const at::Tensor& grad);
 
 // The master mode of a parameter under the group's master_weights; throws (ValueError) where the option cannot
-// apply (master weights for an FP64 or complex parameter, remainder for a non-BF16 one).
+// apply (master weights for an FP64 or complex parameter, remainder for a non-BF16 one). A parameter on the
+// single-tensor path keeps no master: master_weights unset means none there, set raises in check_group.
 AMPKIT_API MasterMode master_mode(const GroupConfig& config, const at::Tensor& param);
 
 // Checks the options and every parameter that has a grad, writing nothing: callers check every group before the
@@ -96,7 +97,8 @@ AMPKIT_API void check_group(const GroupConfig& config, at::TensorList params);
 // One step of a param group: params without a grad are skipped; states[i] (not null) is params[i]'s state,
 // completed here (an SGD parameter without momentum or master keeps an empty state). grad_scale/found_inf come
 // from a GradScaler: the fused kernels unscale in registers and skip on the device; the single-tensor path reads
-// found_inf on the host (a sync, on that path only) and unscales the grads in place.
+// found_inf on the host (a sync, on that path only) and unscales the grads in place (whatever
+// write_unscaled_grads says: its formulas read the grads).
 AMPKIT_API void step(const GroupConfig& config, at::TensorList params, const std::vector<ParamState*>& states,
                      const std::optional<at::Tensor>& grad_scale = std::nullopt,
                      const std::optional<at::Tensor>& found_inf = std::nullopt);
@@ -111,8 +113,9 @@ AMPKIT_API at::Tensor remainder_of(const at::Tensor& param, const at::Tensor& ma
 // The exact FP32 master held by a BF16 weight and its int16 remainder.
 AMPKIT_API at::Tensor master_from_remainder(const at::Tensor& param, const at::Tensor& remainder);
 
-// Checks a loaded state of a fused parameter (entries as (name, tensor)): shapes, dtypes, and Adam's step and
-// moments all present or all absent. `where` names it in errors ("state[3]"). Throws ValueError.
+// Checks a loaded state (entries as (name, tensor)): shapes, dtypes, and Adam's step and moments all present or
+// all absent; for a fused parameter or one on the single-tensor path (torch.optim's format: complex moments for
+// a complex parameter). `where` names it in errors ("state[3]"). Throws ValueError.
 AMPKIT_API void check_loaded_state(const GroupConfig& config, const std::string& where, const at::Tensor& param,
                                    const std::vector<std::pair<std::string, at::Tensor>>& entries);
 // A loaded entry as the fused kernels keep it: on the parameter's device, FP32 (int16 for param_remainder), in
