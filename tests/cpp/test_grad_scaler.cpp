@@ -4,6 +4,8 @@
 #include "catch_torch.h"
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 
+#include <filesystem>
+
 #include <cstdio>
 #include <limits>
 #include <set>
@@ -208,7 +210,8 @@ TEST_CASE("GradScaler: torch::save / torch::load round trip, and a failed load c
 }
 
 TEST_CASE("GradScaler: two ranks over a c10d process group skip together", "[scaler][cpu][distributed]") {
-  const std::string path = "ampkit_test_store_" + std::to_string(::getpid());
+  const std::string path =
+      (std::filesystem::temp_directory_path() / ("ampkit_test_store_" + std::to_string(::getpid()))).string();
   std::remove(path.c_str());
   std::vector<std::vector<double>> scales(2);
   std::vector<std::vector<float>> weights(2);
