@@ -4,9 +4,8 @@
 #include "catch_torch.h"
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 
-#include <filesystem>
-
 #include <cstdio>
+#include <filesystem>
 #include <limits>
 #include <set>
 #include <thread>
