@@ -19,7 +19,8 @@ struct GradientAllReduce::Bucket {
   int64_t numel = 0;
   at::Device device = at::kCPU;
   at::ScalarType grad_dtype = at::kFloat;
-  at::Tensor buffer;  // flat, in the wire dtype, reused round after round
+  at::Tensor buffer;     // flat, in the wire dtype, reused round after round
+  at::Tensor found_inf;  // this bucket's Inf/NaN flag (one FP32 element), reused round after round
   size_t pending = 0;
   std::vector<bool> ready;
   c10::intrusive_ptr<c10d::Work> work;
@@ -165,10 +166,14 @@ void GradientAllReduce::synchronize() {
       grads.back().copy_(part);  // decompress
     }
     if (unscale) {
-      // The scaler's unscale and check, done here once for the bucket's grads (one multi-tensor pass).
-      at::Tensor found_inf = at::zeros({1}, at::TensorOptions().device(b.device).dtype(at::kFloat));
-      unscale_and_check_(grads, found_inf, scaler_->unscale_factor(b.device));
-      scaler_->record_unscaled_grads(found_inf);
+      // The scaler's unscale and check, done here once for the bucket's grads (one multi-tensor pass); the
+      // scaler adds the flag into its own, so the bucket's tensor is free again next round.
+      if (!b.found_inf.defined()) {
+        b.found_inf = at::empty({1}, at::TensorOptions().device(b.device).dtype(at::kFloat));
+      }
+      b.found_inf.zero_();
+      unscale_and_check_(grads, b.found_inf, scaler_->unscale_factor(b.device));
+      scaler_->record_unscaled_grads(b.found_inf);
     }
     b.work.reset();
     b.launched = false;
