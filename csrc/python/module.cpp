@@ -175,6 +175,20 @@ void state_to_py(const core::ParamState& before, core::ParamState& after, py::di
   }
 }
 
+// A holder whose deleter releases the GIL while the object is destroyed.
+template <typename T>
+struct GilFreeDelete {
+  void operator()(T* p) const {
+    if (PyGILState_Check()) {
+      const py::gil_scoped_release release;
+      delete p;
+    } else {
+      delete p;
+    }
+  }
+  using Ptr = std::unique_ptr<T, GilFreeDelete>;
+};
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -198,8 +212,11 @@ PYBIND11_MODULE(_C, m) {
         "Whether this build's CUDA kernels run on a GPU of compute capability major.minor.");
 
 
-  // ampkit::distributed::GradientAllReduce, for ampkit.distributed.GradientAllReduce.
-  py::class_<ampkit::distributed::GradientAllReduce>(m, "GradientAllReduce")
+  // ampkit::distributed::GradientAllReduce, for ampkit.distributed.GradientAllReduce. Destroyed without the GIL:
+  // dropping the last reference to a Gloo process group joins its worker thread, which may need the GIL to free
+  // Python state of finished work.
+  py::class_<ampkit::distributed::GradientAllReduce, GilFreeDelete<ampkit::distributed::GradientAllReduce>::Ptr>(
+      m, "GradientAllReduce")
       .def(py::init([](std::vector<at::Tensor> params, const c10::intrusive_ptr<c10d::ProcessGroup>& group,
                        const std::string& compression, int64_t bucket_bytes, bool overlap,
                        ampkit::GradScaler* scaler) {
@@ -211,11 +228,11 @@ PYBIND11_MODULE(_C, m) {
                                     : compression == "bf16" ? Compression::kBF16
                                                             : Compression::kNone;
              return guarded([&] {
-               return std::make_unique<ampkit::distributed::GradientAllReduce>(
+               return GilFreeDelete<ampkit::distributed::GradientAllReduce>::Ptr(new ampkit::distributed::GradientAllReduce(
                    std::move(params), group,
                    ampkit::distributed::GradientAllReduceOptions().compression(c).bucket_bytes(bucket_bytes).overlap(
                        overlap),
-                   scaler);
+                   scaler));
              });
            }),
            py::arg("params"), py::arg("process_group"), py::arg("compression"), py::arg("bucket_bytes"),
