@@ -303,7 +303,8 @@ PYBIND11_MODULE(_C, m) {
 
   using ampkit::GradScaler;
   using Params = std::vector<at::Tensor>;
-  py::class_<GradScaler>(m, "GradScaler")
+  // Destroyed without the GIL, as GradientAllReduce: it may hold the last reference to a process group.
+  py::class_<GradScaler, GilFreeDelete<GradScaler>::Ptr>(m, "GradScaler")
       .def(py::init([](double init_scale, double growth_factor, double backoff_factor, int64_t growth_interval,
                        bool enabled, int64_t hysteresis, std::optional<double> min_scale,
                        std::optional<double> max_scale, bool raise_at_min_scale, bool scaling, bool overflow_report,
@@ -324,7 +325,7 @@ PYBIND11_MODULE(_C, m) {
              if (!process_group.is_none()) {
                o.process_group(process_group.cast<c10::intrusive_ptr<c10d::ProcessGroup>>());
              }
-             return guarded([&] { return GradScaler(o); });
+             return guarded([&] { return GilFreeDelete<GradScaler>::Ptr(new GradScaler(o)); });
            }),
            py::arg("init_scale"), py::arg("growth_factor"), py::arg("backoff_factor"), py::arg("growth_interval"),
            py::arg("enabled"), py::arg("hysteresis"), py::arg("min_scale"), py::arg("max_scale"),
