@@ -37,6 +37,27 @@ struct UnscaleOp {
   }
 };
 
+// NOTE [Compressed all-reduce passes]
+// The two element-wise passes around a gradient all-reduce in a narrow dtype, each one pass over memory:
+//   cast_divide_:            out = Out(float(Out(src)) / divisor)  (torch's hooks: src.to(Out).div_(world_size))
+//   cast_unscale_and_check_: y = float(Out(src)); flag y non-finite; out = Out(y * inv_scale)
+//                            (out.copy_(src), then unscale_and_check_(out): the same bits)
+// `Out(x)` rounds to the output's dtype (nearest even); the arithmetic is FP32. `V` may be float or a SIMD vector
+// of floats that supports `*`, `/` and broadcast construction.
+struct CastOp {
+  float factor;
+  bool divide;
+  bool identity;  // factor == 1: the value passes unchanged
+
+  AMPKIT_HOST_DEVICE static CastOp divide_by(float divisor) { return CastOp{divisor, true, divisor == 1.f}; }
+  AMPKIT_HOST_DEVICE static CastOp multiply_by(float inv_scale) { return CastOp{inv_scale, false, inv_scale == 1.f}; }
+
+  template <typename V>
+  AMPKIT_HOST_DEVICE V operator()(const V& v) const {
+    return identity ? v : (divide ? v / V(factor) : v * V(factor));
+  }
+};
+
 // Slots of the int64 statistics vector that UpdateScaleOp maintains on the device.
 enum ScaleStat : int { kStatSteps = 0, kStatSkipped = 1, kStatLastOverflow = 2, kStatOverflowsAtMin = 3, kNumStats = 4 };
 

@@ -120,20 +120,39 @@ void GradientAllReduce::grad_ready(size_t bucket, size_t slot) {
   }
 }
 
+namespace {
+
+// Whether ampkit's cast passes take these dtypes (FP16, BF16, FP32); others go through copy_ and ATen.
+bool cast_pass_dtype(at::ScalarType t) { return t == at::kHalf || t == at::kBFloat16 || t == at::kFloat; }
+
+}  // namespace
+
 void GradientAllReduce::launch(Bucket& b) {
   const at::NoGradGuard no_grad;
+  const auto size = static_cast<double>(process_group_->getSize());
+  const bool fused = cast_pass_dtype(b.grad_dtype) && cast_pass_dtype(b.buffer.scalar_type());
+  std::vector<at::Tensor> grads;
+  std::vector<at::Tensor> parts;
   for (size_t slot = 0; slot < b.indices.size(); ++slot) {
     const at::Tensor& p = params_[b.indices[slot]];
     at::Tensor part = b.buffer.narrow(0, b.offsets[slot], p.numel()).view(p.sizes());
     const at::Tensor& grad = p.grad();
-    if (grad.defined()) {
-      part.copy_(grad);  // cast into the flat buffer
-    } else {
+    if (!grad.defined()) {
       part.zero_();  // no grad on this rank: it contributes zeros
+    } else if (fused) {
+      grads.push_back(grad);
+      parts.push_back(std::move(part));
+    } else {
+      part.copy_(grad);
     }
   }
-  // Then divide in the wire dtype, as torch's and ampkit's DDP hooks do (the same bits).
-  b.buffer.div_(process_group_->getSize());
+  if (fused) {
+    // Cast into the flat buffer, then divide in the wire dtype (the bits of torch's and ampkit's DDP hooks), in
+    // one pass; the zeroed parts stay zero.
+    cast_divide_(grads, parts, size);
+  } else {
+    b.buffer.div_(size);
+  }
   std::vector<at::Tensor> tensors{b.buffer};
   b.work = process_group_->allreduce(tensors);
   b.launched = true;
@@ -156,24 +175,37 @@ void GradientAllReduce::synchronize() {
     Bucket& b = *bucket;
     b.work->wait();
     std::vector<at::Tensor> grads;
+    std::vector<at::Tensor> parts;
     for (size_t slot = 0; slot < b.indices.size(); ++slot) {
       at::Tensor& p = params_[b.indices[slot]];
-      const at::Tensor part = b.buffer.narrow(0, b.offsets[slot], p.numel()).view(p.sizes());
+      parts.push_back(b.buffer.narrow(0, b.offsets[slot], p.numel()).view(p.sizes()));
       if (!p.grad().defined()) {
         p.mutable_grad() = at::empty_like(p, at::MemoryFormat::Preserve);
       }
       grads.push_back(p.mutable_grad());
-      grads.back().copy_(part);  // decompress
     }
+    const bool fused = cast_pass_dtype(b.grad_dtype) && cast_pass_dtype(b.buffer.scalar_type());
     if (unscale) {
-      // The scaler's unscale and check, done here once for the bucket's grads (one multi-tensor pass); the
-      // scaler adds the flag into its own, so the bucket's tensor is free again next round.
+      // The scaler's unscale and check, done here once for the bucket's grads; the scaler adds the flag into its
+      // own, so the bucket's tensor is free again next round.
       if (!b.found_inf.defined()) {
         b.found_inf = at::empty({1}, at::TensorOptions().device(b.device).dtype(at::kFloat));
       }
       b.found_inf.zero_();
-      unscale_and_check_(grads, b.found_inf, scaler_->unscale_factor(b.device));
+      const at::Tensor factor = scaler_->unscale_factor(b.device);
+      if (fused) {
+        cast_unscale_and_check_(parts, grads, b.found_inf, factor);  // decompress + unscale + check: one pass
+      } else {
+        for (size_t i = 0; i < grads.size(); ++i) {
+          grads[i].copy_(parts[i]);
+        }
+        unscale_and_check_(grads, b.found_inf, factor);
+      }
       scaler_->record_unscaled_grads(b.found_inf);
+    } else {
+      for (size_t i = 0; i < grads.size(); ++i) {
+        grads[i].copy_(parts[i]);  // decompress
+      }
     }
     b.work.reset();
     b.launched = false;

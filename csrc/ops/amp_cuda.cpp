@@ -1,4 +1,4 @@
-// CUDA kernels of unscale_and_check_, check_finite_, update_scale_ and update_scale_hysteresis_: device guard,
+// CUDA kernels of unscale_and_check_, check_finite_, cast_divide_, cast_unscale_and_check_, update_scale_ and update_scale_hysteresis_: device guard,
 // current stream and the launchers of kernels/cuda (host code only; nvcc compiles the device code in kernels/).
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -27,6 +27,22 @@ void unscale_cuda(const UnscaleArgs& a) {
   }
 }
 
+void cast_cuda(const CastArgs& a) {
+  if (a.src.empty()) {
+    return;
+  }
+  const bool unscale = a.inv_scale.defined();
+  const at::Device device = unscale ? a.found_inf.device() : a.src[0].device();
+  const c10::cuda::OptionalCUDAGuard guard(device);
+  check_cuda_device(a.op, device);
+  DensePairs pairs(a.src, a.out);
+  check_launch(a.op, kernels::launch_cast(pairs.src(), pairs.out(), pairs.size(), static_cast<float>(a.divisor),
+                                          unscale ? a.inv_scale.const_data_ptr<float>() : nullptr,
+                                          unscale ? a.found_inf.mutable_data_ptr<float>() : nullptr,
+                                          c10::cuda::getCurrentCUDAStream()));
+  pairs.write_back();
+}
+
 void update_scale_cuda(const UpdateScaleArgs& a) {
   const c10::cuda::OptionalCUDAGuard guard(a.scale.device());
   check_cuda_device(a.op, a.scale.device());
@@ -44,6 +60,8 @@ TORCH_LIBRARY_IMPL(ampkit, CUDA, m) {
   using namespace ampkit::detail;
   m.impl("unscale_and_check_", &unscale_and_check_kernel<unscale_cuda>);
   m.impl("check_finite_", &check_finite_kernel<unscale_cuda>);
+  m.impl("cast_divide_", &cast_divide_kernel<cast_cuda>);
+  m.impl("cast_unscale_and_check_", &cast_unscale_and_check_kernel<cast_cuda>);
   m.impl("update_scale_", &update_scale_kernel<update_scale_cuda>);
   m.impl("update_scale_hysteresis_", &update_scale_hysteresis_kernel<update_scale_cuda>);
 }

@@ -3,6 +3,8 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/version.h>
 
+#include <cmath>
+
 #include "ampkit/ops.h"
 #include "cpu/cpu_loops.h"
 #include "cuda_archs.h"
@@ -25,6 +27,20 @@ void unscale_and_check_(at::TensorList grads, const at::Tensor& found_inf, const
 
 void check_finite_(at::TensorList tensors, const at::Tensor& found_inf) {
   op_handle<check_finite_>("ampkit::check_finite_").call(tensors, found_inf);
+}
+
+void cast_divide_(at::TensorList src, at::TensorList out, double divisor) {
+  if (src.empty() && out.empty()) {  // no tensor to dispatch on: checked here, nothing to do
+    TORCH_CHECK_VALUE(std::isfinite(divisor) && divisor > 0,
+                      "ampkit::cast_divide_: divisor must be a finite number > 0, but got ", divisor);
+    return;
+  }
+  op_handle<cast_divide_>("ampkit::cast_divide_").call(src, out, divisor);
+}
+
+void cast_unscale_and_check_(at::TensorList src, at::TensorList out, const at::Tensor& found_inf,
+                             const at::Tensor& inv_scale) {
+  op_handle<cast_unscale_and_check_>("ampkit::cast_unscale_and_check_").call(src, out, found_inf, inv_scale);
 }
 
 void update_scale_(const at::Tensor& scale, const at::Tensor& growth_tracker, const at::Tensor& found_inf,

@@ -173,7 +173,7 @@ class AliasCheck {
  public:
   explicit AliasCheck(const char* op) : op_(op) {}
 
-  void add(const char* arg, const at::Tensor& t, int64_t index = -1) {
+  void add(const char* arg, const at::Tensor& t, int64_t index = -1, bool read_only = false) {
     if (!t.defined() || t.device().is_meta() || t.numel() == 0 || !t.has_storage()) {
       return;
     }
@@ -182,12 +182,14 @@ class AliasCheck {
       extent += (t.size(d) - 1) * t.stride(d);
     }
     const auto begin = reinterpret_cast<uintptr_t>(t.const_data_ptr());
-    entries_.push_back({begin, begin + static_cast<uintptr_t>(extent * t.element_size()), arg, index, &t});
+    entries_.push_back(
+        {begin, begin + static_cast<uintptr_t>(extent * t.element_size()), arg, index, &t, read_only});
   }
 
-  void add(const char* arg, at::TensorList list) {
+  // `read_only`: the list is only read, so its tensors may share memory with each other (never with the others).
+  void add(const char* arg, at::TensorList list, bool read_only = false) {
     for (size_t i = 0; i < list.size(); ++i) {
-      add(arg, list[i], static_cast<int64_t>(i));
+      add(arg, list[i], static_cast<int64_t>(i), read_only);
     }
   }
 
@@ -205,6 +207,9 @@ class AliasCheck {
       open.erase(std::remove_if(open.begin(), open.end(), [&](const Entry* o) { return o->end <= e.begin; }),
                  open.end());
       for (const Entry* o : open) {
+        if (o->read_only && e.read_only) {
+          continue;
+        }
         const at::MemOverlapStatus status = at::get_overlap_status(*o->t, *e.t);
         if (status == at::MemOverlapStatus::Full || status == at::MemOverlapStatus::Partial) {
           TORCH_CHECK(false, "ampkit::", op_, ": ", name(*o), " and ", name(e),
@@ -223,6 +228,7 @@ class AliasCheck {
     const char* arg;
     int64_t index;
     const at::Tensor* t;
+    bool read_only;
   };
 
   static std::string name(const Entry& e) {
@@ -247,6 +253,53 @@ void check(const UnscaleArgs& a) {
   alias.add("inv_scale", a.inv_scale);
   if (unscale) {
     alias.add("grads", a.grads);
+  }
+  alias.check();
+}
+
+void check(const CastArgs& a) {
+  const size_t n = a.src.size();
+  TORCH_CHECK_VALUE(a.out.size() == n, "ampkit::", a.op, ": out must have ", n, " tensors (one per src), but has ",
+                    a.out.size());
+  const bool unscale = a.inv_scale.defined();
+  std::optional<at::Device> device;
+  if (unscale) {
+    check_scalar_tensor(a.op, "found_inf", a.found_inf, at::kFloat, std::nullopt);
+    check_scalar_tensor(a.op, "inv_scale", a.inv_scale, at::kFloat, a.found_inf.device(), "found_inf");
+    device = a.found_inf.device();
+  } else {
+    TORCH_CHECK_VALUE(std::isfinite(a.divisor) && a.divisor > 0, "ampkit::", a.op,
+                      ": divisor must be a finite number > 0, but got ", a.divisor);
+  }
+  auto check_entry = [&](const char* arg, size_t i, const at::Tensor& t) {
+    TORCH_CHECK(t.defined(), "ampkit::", a.op, ": ", arg, "[", i, "] is undefined");
+    TORCH_CHECK(t.layout() == at::kStrided, "ampkit::", a.op, ": ", arg, "[", i,
+                "] must be a strided (dense) tensor, but got layout ", t.layout());
+    const auto dtype = t.scalar_type();
+    TORCH_CHECK_TYPE(dtype == at::kHalf || dtype == at::kBFloat16 || dtype == at::kFloat, "ampkit::", a.op, ": ",
+                     arg, "[", i, "] must be Half, BFloat16 or Float, but got ", dtype);
+    if (!device.has_value()) {
+      device = t.device();
+    }
+    TORCH_CHECK(t.device() == *device, "ampkit::", a.op, ": ", arg, "[", i, "] must be on ", *device,
+                unscale ? " like found_inf" : " like src[0]", ", but is on ", t.device());
+  };
+  for (size_t i = 0; i < n; ++i) {
+    check_entry("src", i, a.src[i]);
+    check_entry("out", i, a.out[i]);
+    TORCH_CHECK(a.src[i].sym_sizes() == a.out[i].sym_sizes(), "ampkit::", a.op, ": out[", i,
+                "] must have the shape of src[", i, "] (", a.src[i].sym_sizes(), "), but has ", a.out[i].sym_sizes());
+    if (!a.out[i].device().is_meta()) {
+      TORCH_CHECK(at::has_internal_overlap(a.out[i]) != at::MemOverlap::Yes, "ampkit::", a.op, ": out[", i,
+                  "] is written and must not have overlapping elements (an expanded view?)");
+    }
+  }
+  AliasCheck alias(a.op);
+  alias.add("out", a.out);
+  alias.add("src", a.src, /*read_only=*/true);
+  if (unscale) {
+    alias.add("found_inf", a.found_inf);
+    alias.add("inv_scale", a.inv_scale, -1, /*read_only=*/true);
   }
   alias.check();
 }

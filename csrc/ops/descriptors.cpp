@@ -1,6 +1,7 @@
 // Tensor lists as kernel descriptors (see descriptors.h).
 #include "descriptors.h"
 
+#include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
 
 namespace ampkit::detail {
@@ -37,6 +38,36 @@ DenseList::DenseList(at::TensorList list) {
 }
 
 void DenseList::write_back() {
+  for (auto& [original, dense] : staged_) {
+    original.copy_(dense);
+  }
+}
+
+DensePairs::DensePairs(at::TensorList src, at::TensorList out) {
+  for (size_t i = 0; i < src.size(); ++i) {
+    const at::Tensor& s = src[i];
+    const at::Tensor& o = out[i];
+    if (s.numel() == 0) {
+      continue;
+    }
+    if (s.is_non_overlapping_and_dense() && o.is_non_overlapping_and_dense() && s.strides() == o.strides()) {
+      src_.push_back({s.data_ptr(), s.numel(), kernel_dtype(s.scalar_type())});
+      out_.push_back({o.data_ptr(), o.numel(), kernel_dtype(o.scalar_type())});
+      continue;
+    }
+    src_copies_.push_back(s.contiguous());
+    src_.push_back({src_copies_.back().data_ptr(), s.numel(), kernel_dtype(s.scalar_type())});
+    if (o.is_contiguous()) {
+      out_.push_back({o.data_ptr(), o.numel(), kernel_dtype(o.scalar_type())});
+    } else {
+      at::Tensor dense = at::empty(o.sizes(), o.options().memory_format(at::MemoryFormat::Contiguous));
+      out_.push_back({dense.data_ptr(), dense.numel(), kernel_dtype(dense.scalar_type())});
+      staged_.emplace_back(o, std::move(dense));
+    }
+  }
+}
+
+void DensePairs::write_back() {
   for (auto& [original, dense] : staged_) {
     original.copy_(dense);
   }

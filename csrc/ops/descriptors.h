@@ -27,6 +27,24 @@ class DenseList {
   std::vector<std::pair<at::Tensor, at::Tensor>> staged_;  // (original, contiguous copy)
 };
 
+// Dense descriptors of (src[i], out[i]) pairs whose elements correspond one to one: a pair whose tensors are both
+// dense with the same strides is used in place; otherwise src goes through a contiguous copy and out through a
+// contiguous staging tensor that `write_back()` copies back. Zero-size pairs are dropped.
+class DensePairs {
+ public:
+  DensePairs(at::TensorList src, at::TensorList out);
+  const kernels::TensorRef* src() const { return src_.data(); }
+  const kernels::TensorRef* out() const { return out_.data(); }
+  int64_t size() const { return static_cast<int64_t>(src_.size()); }
+  void write_back();
+
+ private:
+  std::vector<kernels::TensorRef> src_;
+  std::vector<kernels::TensorRef> out_;
+  std::vector<at::Tensor> src_copies_;
+  std::vector<std::pair<at::Tensor, at::Tensor>> staged_;  // (out, contiguous staging tensor)
+};
+
 // One kernel descriptor per parameter (zero-size params included: their step counts advance).
 std::vector<kernels::OptimTensor> optim_tensors(const OptimLists& lists);
 

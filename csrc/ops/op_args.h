@@ -21,6 +21,17 @@ struct UnscaleArgs {
   at::Tensor inv_scale;
 };
 
+// cast_divide_ (inv_scale undefined: out = Out(src) / divisor) and cast_unscale_and_check_ (NOTE [Compressed
+// all-reduce passes] in kernels/amp_functors.h).
+struct CastArgs {
+  const char* op;
+  at::TensorList src;
+  at::TensorList out;
+  double divisor;
+  at::Tensor found_inf;
+  at::Tensor inv_scale;
+};
+
 // update_scale_ (hysteresis_tracker and stats undefined) and update_scale_hysteresis_.
 struct UpdateScaleArgs {
   const char* op;
@@ -88,6 +99,7 @@ struct SgdStepArgs {
 // Throw (naming the op, the argument and the list index) unless the arguments are consistent.
 void check(const UnscaleArgs& a);
 void check(const UpdateScaleArgs& a);
+void check(const CastArgs& a);
 void check(const AdamStepArgs& a);
 void check(const SgdStepArgs& a);
 

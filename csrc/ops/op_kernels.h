@@ -33,6 +33,17 @@ void check_finite_kernel(at::TensorList tensors, const at::Tensor& found_inf) {
   check_and_run<UnscaleArgs, Run>({"check_finite_", tensors, found_inf, at::Tensor()});
 }
 
+template <RunFn<CastArgs> Run>
+void cast_divide_kernel(at::TensorList src, at::TensorList out, double divisor) {
+  check_and_run<CastArgs, Run>({"cast_divide_", src, out, divisor, at::Tensor(), at::Tensor()});
+}
+
+template <RunFn<CastArgs> Run>
+void cast_unscale_and_check_kernel(at::TensorList src, at::TensorList out, const at::Tensor& found_inf,
+                                   const at::Tensor& inv_scale) {
+  check_and_run<CastArgs, Run>({"cast_unscale_and_check_", src, out, 1.0, found_inf, inv_scale});
+}
+
 template <RunFn<UpdateScaleArgs> Run>
 void update_scale_kernel(const at::Tensor& scale, const at::Tensor& growth_tracker, const at::Tensor& found_inf,
                          double growth_factor, double backoff_factor, int64_t growth_interval) {
@@ -82,6 +93,9 @@ void sgd_step_kernel(at::TensorList params, at::TensorList grads, at::TensorList
 // Each kernel has exactly the signature of its public entry point.
 static_assert(std::is_same_v<decltype(unscale_and_check_kernel<nullptr>), decltype(ampkit::unscale_and_check_)>);
 static_assert(std::is_same_v<decltype(check_finite_kernel<nullptr>), decltype(ampkit::check_finite_)>);
+static_assert(std::is_same_v<decltype(cast_divide_kernel<nullptr>), decltype(ampkit::cast_divide_)>);
+static_assert(std::is_same_v<decltype(cast_unscale_and_check_kernel<nullptr>),
+                             decltype(ampkit::cast_unscale_and_check_)>);
 static_assert(std::is_same_v<decltype(update_scale_kernel<nullptr>), decltype(ampkit::update_scale_)>);
 static_assert(std::is_same_v<decltype(update_scale_hysteresis_kernel<nullptr>),
                              decltype(ampkit::update_scale_hysteresis_)>);

@@ -8,6 +8,11 @@ TORCH_LIBRARY(ampkit, m) {
   m.def("unscale_and_check_(Tensor(a!)[] grads, Tensor(b!) found_inf, Tensor inv_scale) -> ()",
         {at::Tag::pt2_compliant_tag});
   m.def("check_finite_(Tensor[] tensors, Tensor(a!) found_inf) -> ()", {at::Tag::pt2_compliant_tag});
+  // The compressed all-reduce's two passes, one each over memory: out = Out(src) / divisor (cast then divide, as
+  // torch's compression hooks), and out = Out(src) * inv_scale with the Inf/NaN check of unscale_and_check_.
+  m.def("cast_divide_(Tensor[] src, Tensor(a!)[] out, float divisor) -> ()", {at::Tag::pt2_compliant_tag});
+  m.def("cast_unscale_and_check_(Tensor[] src, Tensor(a!)[] out, Tensor(b!) found_inf, Tensor inv_scale) -> ()",
+        {at::Tag::pt2_compliant_tag});
   m.def(
       "update_scale_(Tensor(a!) scale, Tensor(b!) growth_tracker, Tensor found_inf, float growth_factor, "
       "float backoff_factor, int growth_interval) -> ()",

@@ -105,6 +105,82 @@ struct UnscaleChunkOp {
   }
 };
 
+// One chunk of a cast pass (NOTE [Compressed all-reduce passes]): 8 elements per access when both streams are
+// 16-byte aligned (one 16-byte access of a 2-byte stream, two of an FP32 one), a scalar loop for the tail and for
+// misaligned pairs. Returns whether this thread saw a non-finite Out(src) (only when `check`).
+template <typename TS, typename TO>
+__device__ bool cast_chunk(const TS* s, TO* o, int64_t n, const CastOp& op, bool check) {
+  constexpr int kVec = 8;
+  bool bad = false;
+  int64_t scalar_begin = 0;
+  if (reinterpret_cast<uintptr_t>(s) % 16 == 0 && reinterpret_cast<uintptr_t>(o) % 16 == 0) {
+    const int64_t n_vec = n / kVec;
+    const auto* in_packs = reinterpret_cast<const Pack<TS, kVec>*>(s);
+    auto* out_packs = reinterpret_cast<Pack<TO, kVec>*>(o);
+    for (int64_t i = threadIdx.x; i < n_vec; i += blockDim.x) {
+      const Pack<TS, kVec> in = cuda::global_load(in_packs + i);
+      Pack<TO, kVec> out;
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) {
+        const float y = Storage<TO>::load(Storage<TO>::store(Storage<TS>::load(in.v[j])));
+        bad |= check && is_non_finite(y);
+        out.v[j] = Storage<TO>::store(op(y));
+      }
+      cuda::global_store(out_packs + i, out);
+    }
+    scalar_begin = n_vec * kVec;
+  }
+  for (int64_t i = scalar_begin + threadIdx.x; i < n; i += blockDim.x) {
+    const float y = Storage<TO>::load(Storage<TO>::store(Storage<TS>::load(cuda::global_load(s + i))));
+    bad |= check && is_non_finite(y);
+    cuda::global_store(o + i, Storage<TO>::store(op(y)));
+  }
+  return bad;
+}
+
+template <typename TS>
+__device__ bool cast_chunk_to(const TS* s, void* o, DType out, int64_t n, const CastOp& op, bool check) {
+  switch (out) {
+    case DType::kFloat16:
+      return cast_chunk(s, static_cast<__half*>(o), n, op, check);
+    case DType::kBFloat16:
+      return cast_chunk(s, static_cast<__nv_bfloat16*>(o), n, op, check);
+    default:
+      return cast_chunk(s, static_cast<float*>(o), n, op, check);
+  }
+}
+
+// The per-chunk functor of the cast passes: stream 0 is src, stream 1 is out; `inv_scale == nullptr`: divide by
+// `divisor`, no check.
+struct CastChunkOp {
+  float divisor;
+  const float* inv_scale;
+  float* found_inf;
+
+  template <typename Args>
+  __device__ void operator()(const Args& args, int t, int64_t start, int64_t n) const {
+    const CastOp op = inv_scale != nullptr ? CastOp::multiply_by(*inv_scale) : CastOp::divide_by(divisor);
+    const DType out = args.dtype[1][t];
+    void* o = static_cast<char*>(args.data[1][t]) + start * dtype_size(out);
+    const bool check = inv_scale != nullptr;
+    bool bad = false;
+    switch (args.dtype[0][t]) {
+      case DType::kFloat16:
+        bad = cast_chunk_to(static_cast<const __half*>(args.data[0][t]) + start, o, out, n, op, check);
+        break;
+      case DType::kBFloat16:
+        bad = cast_chunk_to(static_cast<const __nv_bfloat16*>(args.data[0][t]) + start, o, out, n, op, check);
+        break;
+      default:
+        bad = cast_chunk_to(static_cast<const float*>(args.data[0][t]) + start, o, out, n, op, check);
+        break;
+    }
+    if (bad) {
+      *found_inf = 1.f;
+    }
+  }
+};
+
 __global__ void update_scale_kernel(float* scale, int32_t* growth_tracker, int32_t* hysteresis_tracker,
                                     int64_t* stats, const float* found_inf, UpdateScaleOp op) {
   op(scale, growth_tracker, hysteresis_tracker, stats, *found_inf);
@@ -121,6 +197,12 @@ LaunchStatus launch_unscale_and_check(const TensorRef* grads, int64_t n, float* 
 LaunchStatus launch_check_finite(const TensorRef* tensors, int64_t n, float* found_inf, cudaStream_t stream) {
   const TensorRef* lists[1] = {tensors};
   return cuda::multi_tensor_apply<1>(lists, n, UnscaleChunkOp{found_inf, nullptr}, stream);
+}
+
+LaunchStatus launch_cast(const TensorRef* src, const TensorRef* out, int64_t n, float divisor, const float* inv_scale,
+                         float* found_inf, cudaStream_t stream) {
+  const TensorRef* lists[2] = {src, out};
+  return cuda::multi_tensor_apply<2>(lists, n, CastChunkOp{divisor, inv_scale, found_inf}, stream);
 }
 
 LaunchStatus launch_update_scale(float* scale, int32_t* growth_tracker, int32_t* hysteresis_tracker, int64_t* stats,

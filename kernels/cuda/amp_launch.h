@@ -27,6 +27,13 @@ LaunchStatus launch_unscale_and_check(const TensorRef* grads, int64_t n, float* 
 // Stores 1.0f to *found_inf if any element of `tensors` is Inf or NaN; writes nothing else.
 LaunchStatus launch_check_finite(const TensorRef* tensors, int64_t n, float* found_inf, cudaStream_t stream);
 
+// NOTE [Compressed all-reduce passes]: out[i] = the cast of src[i], element for element (both dense, of one numel
+// each pair; FP16, BF16 or FP32 each), divided by `divisor` when inv_scale is null (cast_divide_); otherwise
+// multiplied by *inv_scale (read on the device), storing 1.0f to *found_inf if any element of Out(src) is Inf or
+// NaN (never clearing it: cast_unscale_and_check_).
+LaunchStatus launch_cast(const TensorRef* src, const TensorRef* out, int64_t n, float divisor, const float* inv_scale,
+                         float* found_inf, cudaStream_t stream);
+
 // One single-thread kernel applying UpdateScaleOp (hysteresis_tracker and stats may be null, see UpdateScaleOp).
 LaunchStatus launch_update_scale(float* scale, int32_t* growth_tracker, int32_t* hysteresis_tracker, int64_t* stats,
                                  const float* found_inf, const UpdateScaleOp& op, cudaStream_t stream);

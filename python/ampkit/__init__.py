@@ -25,7 +25,7 @@ _check_torch_version(_torch.__version__, _BUILT_TORCH)
 from . import _C, optim  # noqa: E402
 from .autocast import LEVELS, autocast, decorate, op_stats, precision_support, register_autocast
 from .grad_scaler import GradScaler, OptState, load_scaler_state, save_scaler_state
-from .ops import check_finite_, unscale_and_check_, update_scale_
+from .ops import cast_divide_, cast_unscale_and_check_, check_finite_, unscale_and_check_, update_scale_
 
 if _torch.distributed.is_available():
     from . import distributed  # noqa: E402  (DDP compression hooks the scaler sees)
@@ -76,5 +76,7 @@ __all__ = [
     "cmake_prefix_path",
     "distributed",
     "unscale_and_check_",
+    "cast_divide_",
+    "cast_unscale_and_check_",
     "update_scale_",
 ]

@@ -4,10 +4,12 @@
 ``ddp.register_comm_hook(state, hook)``, where ``state`` is an :class:`ampkit.GradScaler` (or a
 :class:`HookState` naming a process group too, or ``None`` for compression without the scaler). Per bucket:
 
-* compress: cast to FP16/BF16 and divide the copy by the world size (torch's hook's passes and bits);
+* compress: cast to FP16/BF16 and divide by the world size, in one pass (``torch.ops.ampkit.cast_divide_``: the
+  bits of torch's hook, which casts and then divides the copy);
 * all-reduce the 2-byte copy (half the bytes of an FP32 all-reduce);
-* decompress into the bucket, then unscale and check it in one pass (``torch.ops.ampkit.unscale_and_check_`` with
-  the scaler's ``unscale_factor``) and record the flag with :meth:`ampkit.GradScaler.record_unscaled_grads`. The
+* decompress into the bucket, unscale and check it in one pass (``torch.ops.ampkit.cast_unscale_and_check_`` with
+  the scaler's ``unscale_factor``: the bits of a copy followed by the scaler's unscale) and record the flag with
+  :meth:`ampkit.GradScaler.record_unscaled_grads`. The
   grads DDP then writes are unscaled; the scaler's ``unscale_``/``step`` take the recorded flag instead of their
   own unscale or check pass over the grads, and every rank skips together, because after the all-reduce every
   rank checked the same values. An FP16 overflow caused by the compression itself (a gradient sum above 65504 at
@@ -54,15 +56,22 @@ def _state(state: Any, hook: str) -> HookState:
                     f"ampkit.distributed.HookState, a ProcessGroup or None, but got {type(state).__name__}")
 
 
+_CAST_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
 def _compress_hook(dtype: torch.dtype, hook: str, state: Any,
                    bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     st = _state(state, hook)
     group = st.process_group if st.process_group is not None else dist.group.WORLD
     world_size = group.size()
     buffer = bucket.buffer()
-    # Cast, then divide the 2-byte copy (as torch's hooks): on the CPU two vectorised passes beat one mixed-dtype
-    # torch.div(..., out=) by 2.5x.
-    compressed = buffer.to(dtype).div_(world_size)
+    # Cast, then divide in the wire dtype (torch's hooks' bits), in one pass when ampkit's kernels take the dtypes.
+    fused = buffer.dtype in _CAST_DTYPES and buffer.dtype != dtype
+    if fused:
+        compressed = torch.empty_like(buffer, dtype=dtype)
+        torch.ops.ampkit.cast_divide_([buffer], [compressed], float(world_size))
+    else:
+        compressed = buffer.to(dtype).div_(world_size)
     future = dist.all_reduce(compressed, group=group, async_op=True).get_future()
     scaler = st.scaler
     unscale = scaler is not None and scaler.is_enabled() and scaler._get_scale_async() is not None
@@ -71,15 +80,20 @@ def _compress_hook(dtype: torch.dtype, hook: str, state: Any,
 
     def decompress(fut: torch.futures.Future) -> torch.Tensor:
         reduced = fut.value()[0]
+        separate = reduced.data_ptr() != buffer.data_ptr()
         if not unscale:
-            if reduced.data_ptr() != buffer.data_ptr():
+            if separate:
                 buffer.copy_(reduced)
             return buffer
-        if reduced.data_ptr() != buffer.data_ptr():
-            buffer.copy_(reduced)
         # The unscale and check the scaler would do later, done here once: unscale_/step take the flag.
         found_inf = torch.zeros(1, dtype=torch.float32, device=buffer.device)
-        torch.ops.ampkit.unscale_and_check_([buffer], found_inf, scaler.unscale_factor(buffer.device))
+        factor = scaler.unscale_factor(buffer.device)
+        if separate and fused:  # widen, unscale and check in one pass
+            torch.ops.ampkit.cast_unscale_and_check_([reduced], [buffer], found_inf, factor)
+        else:
+            if separate:
+                buffer.copy_(reduced)
+            torch.ops.ampkit.unscale_and_check_([buffer], found_inf, factor)
         scaler.record_unscaled_grads(found_inf)
         return buffer
 

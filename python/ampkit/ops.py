@@ -1,6 +1,7 @@
 """Typed Python spellings of the ``torch.ops.ampkit`` ops (the dispatcher does the work)."""
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import torch
@@ -18,6 +19,23 @@ def unscale_and_check_(grads: Sequence[torch.Tensor], found_inf: torch.Tensor, i
 def check_finite_(tensors: Sequence[torch.Tensor], found_inf: torch.Tensor) -> None:
     """Set ``found_inf`` to 1.0 if any element of ``tensors`` is Inf or NaN; the tensors are only read."""
     torch.ops.ampkit.check_finite_(list(tensors), found_inf)
+
+
+def cast_divide_(src: Sequence[torch.Tensor], out: Sequence[torch.Tensor], divisor: float) -> None:
+    """``out[i] = src[i].to(out[i].dtype) / divisor`` in one pass (cast, then divide in the output's precision,
+    as torch's fp16/bf16 compression hooks do: the same bits on the CPU). FP16, BF16 or FP32 on each side."""
+    src, out = list(src), list(out)
+    if src or out:
+        torch.ops.ampkit.cast_divide_(src, out, divisor)
+    elif not (math.isfinite(divisor) and divisor > 0):  # no tensor to dispatch on: checked here
+        raise ValueError(f"ampkit::cast_divide_: divisor must be a finite number > 0, but got {divisor}")
+
+
+def cast_unscale_and_check_(src: Sequence[torch.Tensor], out: Sequence[torch.Tensor], found_inf: torch.Tensor,
+                            inv_scale: torch.Tensor) -> None:
+    """``out[i].copy_(src[i])`` then :func:`unscale_and_check_` on ``out``, in one pass and with the same bits:
+    ``found_inf`` becomes 1.0 if any element (in ``out``'s precision) is Inf or NaN; it is never cleared."""
+    torch.ops.ampkit.cast_unscale_and_check_(list(src), list(out), found_inf, inv_scale)
 
 
 def update_scale_(

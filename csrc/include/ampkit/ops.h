@@ -24,6 +24,27 @@ AMPKIT_API void unscale_and_check_(at::TensorList grads, const at::Tensor& found
 // Sets found_inf to 1.0 if any element of `tensors` is Inf or NaN; reads the tensors only.
 AMPKIT_API void check_finite_(at::TensorList tensors, const at::Tensor& found_inf);
 
+// The two passes around a gradient all-reduce in a narrow dtype, one pass over memory each (the casts of
+// out.copy_(src) and the arithmetic fused):
+//
+// cast_divide_: out[i] = Out(float(Out(src[i])) / divisor), i.e. src.to(out.dtype).div_(divisor) as torch's
+// fp16/bf16 compression hooks compute it (bit for bit on the CPU; on CUDA torch multiplies by 1/divisor, which is
+// the same for powers of two).
+//
+// cast_unscale_and_check_: out[i] = Out(float(Out(src[i])) * inv_scale), setting found_inf to 1.0 if any
+// float(Out(src[i])) is Inf or NaN: out.copy_(src) followed by unscale_and_check_({out}), bit for bit.
+//
+// Args:
+//   src:       FP16, BF16 or FP32 tensors on one device; read only.
+//   out:       one tensor per src, of its shape, FP16, BF16 or FP32 (any mix), on the same device; written. No out
+//              may share memory with another out, a src or the scalars.
+//   divisor:   a finite number > 0.
+//   found_inf: one-element FP32 tensor on the tensors' device; mutated (set to 1.0 or left as is).
+//   inv_scale: one-element FP32 tensor on the tensors' device.
+AMPKIT_API void cast_divide_(at::TensorList src, at::TensorList out, double divisor);
+AMPKIT_API void cast_unscale_and_check_(at::TensorList src, at::TensorList out, const at::Tensor& found_inf,
+                                        const at::Tensor& inv_scale);
+
 // One step of dynamic loss scaling on the device, identical to torch._amp_update_scale_: if found_inf is
 // nonzero, scale *= backoff_factor and growth_tracker = 0; otherwise growth_tracker += 1 and, when it reaches
 // growth_interval, scale *= growth_factor (unless that overflows FP32) and growth_tracker = 0.

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "../../../kernels/amp_functors.h"
 #include "../../../kernels/common.h"
 #include "../../../kernels/optim_functors.h"
 
@@ -23,6 +24,10 @@ struct CpuLoops {
                     float grad_scale);
   void (*sgd_step)(const kernels::OptimTensor* tensors, int64_t n, const kernels::SgdParams& params,
                    float grad_scale);
+  // The compressed all-reduce's cast passes (NOTE [Compressed all-reduce passes]): out[i] = op(float(Out(src[i])))
+  // rounded to out's dtype, pairs of one numel. With `check`, returns whether any float(Out(src)) was non-finite.
+  bool (*cast_pass)(const kernels::TensorRef* src, const kernels::TensorRef* out, int64_t n,
+                    const kernels::CastOp& op, bool check);
   const char* isa;  // "avx512", "avx2" or "default"
 };
 

@@ -1,8 +1,9 @@
 // The CPU loops built for the baseline instruction set of the target.
 #define AMPKIT_CPU_NS cpu_default
+#include "cast_loops.h"
 #include "optim_loops.h"
 #include "unscale_loops.h"
 
 namespace ampkit::detail::cpu_default {
-const CpuLoops kLoops{&unscale_and_check, &adam_step, &sgd_step, "default"};
+const CpuLoops kLoops{&unscale_and_check, &adam_step, &sgd_step, &cast_pass, "default"};
 }

@@ -1,0 +1,123 @@
+// CPU loops of the compressed all-reduce's cast passes (NOTE [Compressed all-reduce passes] in
+// kernels/amp_functors.h): at::vec SIMD, one at::parallel_for over every (pair, chunk) work item. Compiled once per
+// instruction set like unscale_loops.h.
+#pragma once
+
+#include <ATen/Parallel.h>
+#include <ATen/cpu/vec/functional.h>
+#include <ATen/cpu/vec/vec.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <algorithm>
+#include <type_traits>
+#include <vector>
+
+#include "../../../kernels/amp_functors.h"
+#include "cpu_loops.h"
+#include "work_items.h"
+
+namespace ampkit::detail::AMPKIT_CPU_NS {
+namespace {
+
+using kernels::DType;
+using kernels::TensorRef;
+using VecF = at::vec::Vectorized<float>;
+constexpr int64_t kCastBlock = 2 * VecF::size();  // one Vectorized<Half> / <BFloat16>: two float vectors
+static_assert(at::vec::Vectorized<c10::Half>::size() == kCastBlock, "a 2-byte vector widens to two float vectors");
+
+// Elements [p, p + kCastBlock) as two float vectors, and back.
+template <typename T>
+void load_floats(const T* p, VecF& lo, VecF& hi) {
+  if constexpr (std::is_same_v<T, float>) {
+    lo = VecF::loadu(p);
+    hi = VecF::loadu(p + VecF::size());
+  } else {
+    std::tie(lo, hi) = at::vec::convert_to_float<T>(at::vec::Vectorized<T>::loadu(p));
+  }
+}
+
+template <typename T>
+void store_floats(T* p, const VecF& lo, const VecF& hi) {
+  if constexpr (std::is_same_v<T, float>) {
+    lo.store(p);
+    hi.store(p + VecF::size());
+  } else {
+    at::vec::convert_from_float<T>(lo, hi).store(p);
+  }
+}
+
+// Rounds float vectors to T's precision (nearest even) and widens them again: float(T(x)).
+template <typename T>
+void round_through(VecF& lo, VecF& hi) {
+  if constexpr (!std::is_same_v<T, float>) {
+    std::tie(lo, hi) = at::vec::convert_to_float<T>(at::vec::convert_from_float<T>(lo, hi));
+  }
+}
+
+// out[0, n) = the cast pass of s[0, n); returns whether a float(Out(s[i])) was non-finite (only when `check`).
+template <typename TS, typename TO>
+bool cast_span(const TS* s, TO* o, int64_t n, const kernels::CastOp& op, bool check) {
+  bool bad = false;
+  int64_t i = 0;
+  for (; i + kCastBlock <= n; i += kCastBlock) {
+    VecF lo;
+    VecF hi;
+    load_floats(s + i, lo, hi);
+    round_through<TO>(lo, hi);
+    if (check) {
+      bad |= lo.has_inf_nan() || hi.has_inf_nan();
+    }
+    store_floats(o + i, op(lo), op(hi));
+  }
+  for (; i < n; ++i) {
+    const float y = static_cast<float>(static_cast<TO>(static_cast<float>(s[i])));
+    bad |= check && kernels::is_non_finite(y);
+    o[i] = static_cast<TO>(op(y));
+  }
+  return bad;
+}
+
+template <typename TS>
+bool cast_span_to(const TS* s, const TensorRef& out, int64_t begin, int64_t n, const kernels::CastOp& op,
+                  bool check) {
+  switch (out.dtype) {
+    case DType::kFloat16:
+      return cast_span(s, static_cast<c10::Half*>(out.data) + begin, n, op, check);
+    case DType::kBFloat16:
+      return cast_span(s, static_cast<c10::BFloat16*>(out.data) + begin, n, op, check);
+    default:
+      return cast_span(s, static_cast<float*>(out.data) + begin, n, op, check);
+  }
+}
+
+bool cast_ref(const TensorRef& src, const TensorRef& out, int64_t begin, int64_t end, const kernels::CastOp& op,
+              bool check) {
+  const int64_t n = end - begin;
+  switch (src.dtype) {
+    case DType::kFloat16:
+      return cast_span_to(static_cast<const c10::Half*>(src.data) + begin, out, begin, n, op, check);
+    case DType::kBFloat16:
+      return cast_span_to(static_cast<const c10::BFloat16*>(src.data) + begin, out, begin, n, op, check);
+    default:
+      return cast_span_to(static_cast<const float*>(src.data) + begin, out, begin, n, op, check);
+  }
+}
+
+}  // namespace
+
+bool cast_pass(const TensorRef* src, const TensorRef* out, int64_t n, const kernels::CastOp& op, bool check) {
+  size_t total_items = 0;
+  for (int64_t t = 0; t < n; ++t) {
+    total_items += static_cast<size_t>((src[t].numel + kCpuChunk - 1) / kCpuChunk);
+  }
+  std::vector<uint8_t> flags(total_items, 0);
+  for_all_chunks(
+      n, [&](int64_t t) { return src[t].numel; }, kCpuParallelThreshold,
+      [&](size_t k, const WorkItem& w) {
+        flags[k] = cast_ref(src[w.tensor], out[w.tensor], w.begin, w.end, op, check) ? 1 : 0;
+      });
+  return std::any_of(flags.begin(), flags.end(), [](uint8_t f) { return f != 0; });
+}
+
+}  // namespace ampkit::detail::AMPKIT_CPU_NS
