@@ -49,7 +49,17 @@ struct CastOp {
   bool divide;
   bool identity;  // factor == 1: the value passes unchanged
 
-  AMPKIT_HOST_DEVICE static CastOp divide_by(float divisor) { return CastOp{divisor, true, divisor == 1.f}; }
+  // x / 2^k and x * 2^-k are the same real number, so they round alike: a power-of-two divisor (a world size of
+  // 2, 4, 8, ...) becomes a multiply, several times cheaper than a division on every CPU and GPU.
+  AMPKIT_HOST_DEVICE static CastOp divide_by(float divisor) {
+    const uint32_t bits = bit_cast<uint32_t>(divisor);
+    const uint32_t exponent = (bits >> 23) & 0xffu;
+    if ((bits & 0x807fffffu) == 0 && exponent >= 1 && exponent <= 253) {  // +2^k with 2^-k a normal float
+      const float inverse = bit_cast<float>((254u - exponent) << 23);
+      return CastOp{inverse, false, divisor == 1.f};
+    }
+    return CastOp{divisor, true, divisor == 1.f};
+  }
   AMPKIT_HOST_DEVICE static CastOp multiply_by(float inv_scale) { return CastOp{inv_scale, false, inv_scale == 1.f}; }
 
   template <typename V>

@@ -114,6 +114,28 @@ struct ReferenceScaler {
 
 }  // namespace
 
+TEST_CASE("CastOp: a division is exact IEEE division, also when a power-of-two divisor becomes a multiply",
+          "[functors][cpu]") {
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> mantissa(-2.f, 2.f);
+  std::uniform_int_distribution<int> exponent(-149, 127);
+  for (const float divisor : {1.f, 2.f, 3.f, 4.f, 7.f, 0.125f, 0.3f, 1024.f, std::ldexp(1.f, 126),
+                              std::ldexp(1.f, -126), std::ldexp(1.f, 127), std::ldexp(1.f, -127)}) {
+    const auto op = ampkit::kernels::CastOp::divide_by(divisor);
+    for (int i = 0; i < 20000; ++i) {
+      const float x = std::ldexp(mantissa(rng), exponent(rng));  // normals, subnormals, results that overflow
+      const volatile float expected = x / divisor;
+      INFO("x " << x << " / " << divisor);
+      REQUIRE(same_bits(op(x), static_cast<float>(expected)));
+    }
+    REQUIRE(same_bits(op(0.f), 0.f / divisor));
+    REQUIRE(same_bits(op(-0.f), -0.f / divisor));
+  }
+  const auto unscale = ampkit::kernels::CastOp::multiply_by(0.5f);
+  REQUIRE(unscale(3.f) == 1.5f);
+  REQUIRE(ampkit::kernels::CastOp::multiply_by(1.f).identity);
+}
+
 TEST_CASE("UpdateScaleOp: follows torch's grow/back-off rule over random overflow sequences", "[functors][cpu]") {
   const int64_t interval = GENERATE(1, 2, 3, 7);
   const double growth = GENERATE(2.0, 1.5);

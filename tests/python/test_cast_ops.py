@@ -78,7 +78,7 @@ def test_cast_divide_is_torchs_cast_then_divide(device, seed):
     src, out = _random_pairs(rng, device, rng.randint(1, 6))
     if seed % 3 == 0:
         _inject(rng, src)
-    divisor = rng.choice([1, 2, 3, 4, 7, 0.3, 1000.0])
+    divisor = rng.choice([1, 2, 3, 4, 7, 0.3, 1000.0, 0.125, 2.0 ** 20])
     src_before = [t.clone() for t in src]
     ampkit.cast_divide_(src, out, divisor)
     for s, o, sb in zip(src, out, src_before):
