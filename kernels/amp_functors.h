@@ -68,6 +68,43 @@ struct CastOp {
   }
 };
 
+// NOTE [Gradient statistics]
+// grad_stats gives, per tensor, one row of kGradStatsColumns FP64 values about the unscaled gradient x * inv_scale:
+//   [kStatMaxAbs] max |x * inv_scale| over finite x (0 if none), [kStatNorm] the L2 norm over finite x,
+//   [kStatNonFinite] the number of Inf/NaN elements, [kStatZeros] the number of zeros, then kGradHistBins counts of
+//   the non-zero finite elements by e = floor(log2 |x * inv_scale|): bin 0 for e < kGradHistMinExp, bin
+//   1 + e - kGradHistMinExp for kGradHistMinExp <= e <= kGradHistMaxExp, the last bin for e > kGradHistMaxExp.
+//   The range is BF16's (and FP32's) whole one, smallest subnormal 2^-133 to largest finite 2^127.99, which holds
+//   FP16's (2^-24 to 2^15.99). |x| * inv_scale is formed in double, where it is exact.
+// Counts, the maximum and the histogram do not depend on the order of the elements; the L2 norm does, so its order
+// is fixed (NOTE [Deterministic norm]).
+constexpr int kStatMaxAbs = 0;
+constexpr int kStatNorm = 1;
+constexpr int kStatNonFinite = 2;
+constexpr int kStatZeros = 3;
+constexpr int kGradHistMinExp = -133;
+constexpr int kGradHistMaxExp = 127;
+constexpr int kGradHistBins = kGradHistMaxExp - kGradHistMinExp + 3;
+constexpr int kGradStatsColumns = 4 + kGradHistBins;
+
+// The histogram bin of |x| * inv_scale for a non-zero finite float x, from the exponent bits of the exact double
+// product (never subnormal: |x| >= 2^-149 and inv_scale >= 2^-149).
+AMPKIT_HOST_DEVICE AMPKIT_INLINE int grad_hist_bin(float x, float inv_scale) {
+  const double d = static_cast<double>(x < 0.f ? -x : x) * static_cast<double>(inv_scale);
+  const int e = static_cast<int>((bit_cast<uint64_t>(d) >> 52) & 0x7ff) - 1023;
+  return e < kGradHistMinExp ? 0 : (e > kGradHistMaxExp ? kGradHistBins - 1 : 1 + e - kGradHistMinExp);
+}
+
+// NOTE [Deterministic norm]
+// The sum of squares of a tensor has one order on every device, that of the CUDA kernel: the tensor is cut into
+// chunks of kNormChunk elements; a chunk into packs of 8 consecutive elements; pack p of a chunk belongs to lane
+// p % kNormLanes; a lane sums (in double, from 0.0) the squares of its packs' elements in element order; a chunk's
+// sum adds its lanes' sums in lane order (from 0.0), and the tensor's sum its chunks' sums in chunk order. The CPU
+// loop follows the same order, so CPU and CUDA norms agree bit for bit.
+constexpr int64_t kNormChunk = 65536;
+constexpr int kNormLanes = 512;
+constexpr int kNormPack = 8;
+
 // Slots of the int64 statistics vector that UpdateScaleOp maintains on the device.
 enum ScaleStat : int { kStatSteps = 0, kStatSkipped = 1, kStatLastOverflow = 2, kStatOverflowsAtMin = 3, kNumStats = 4 };
 

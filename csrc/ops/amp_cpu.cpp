@@ -32,6 +32,14 @@ void cast_cpu(const CastArgs& a) {
   pairs.write_back();
 }
 
+at::Tensor grad_stats_cpu(const GradStatsArgs& a) {
+  at::Tensor out = grad_stats_result(a);
+  const GradStatsInput grads(a.grads);
+  const float inv = a.inv_scale.has_value() ? *a.inv_scale->const_data_ptr<float>() : 1.f;
+  cpu_loops().grad_stats(grads.data(), grads.size(), inv, out.mutable_data_ptr<double>());
+  return out;
+}
+
 void update_scale_cpu(const UpdateScaleArgs& a) {
   update_scale_op(a)(a.scale.mutable_data_ptr<float>(), a.growth_tracker.mutable_data_ptr<int32_t>(),
                      a.hysteresis_tracker.defined() ? a.hysteresis_tracker.mutable_data_ptr<int32_t>() : nullptr,
@@ -48,6 +56,7 @@ TORCH_LIBRARY_IMPL(ampkit, CPU, m) {
   m.impl("check_finite_", &check_finite_kernel<unscale_cpu>);
   m.impl("cast_divide_", &cast_divide_kernel<cast_cpu>);
   m.impl("cast_unscale_and_check_", &cast_unscale_and_check_kernel<cast_cpu>);
+  m.impl("grad_stats", &grad_stats_kernel<grad_stats_cpu>);
   m.impl("update_scale_", &update_scale_kernel<update_scale_cpu>);
   m.impl("update_scale_hysteresis_", &update_scale_hysteresis_kernel<update_scale_cpu>);
 }

@@ -1,5 +1,7 @@
 // CUDA kernels of unscale_and_check_, check_finite_, cast_divide_, cast_unscale_and_check_, update_scale_ and update_scale_hysteresis_: device guard,
 // current stream and the launchers of kernels/cuda (host code only; nvcc compiles the device code in kernels/).
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
@@ -43,6 +45,28 @@ void cast_cuda(const CastArgs& a) {
   pairs.write_back();
 }
 
+at::Tensor grad_stats_cuda(const GradStatsArgs& a) {
+  const at::Device device = !a.grads.empty() ? a.grads[0].device() : a.inv_scale->device();
+  const c10::cuda::OptionalCUDAGuard guard(device);
+  check_cuda_device(a.op, device);
+  at::Tensor out = grad_stats_result(a);
+  const GradStatsInput grads(a.grads);
+  int64_t rows = 0;
+  for (int64_t i = 0; i < grads.size(); ++i) {
+    rows += kernels::grad_stats_chunks(grads.data()[i].numel);
+  }
+  const auto options = at::TensorOptions().device(device).dtype(at::kLong);
+  at::Tensor counters = at::zeros({grads.size(), kernels::kGradStatsCounterColumns}, options);
+  at::Tensor partials = at::empty({std::max<int64_t>(rows, 1), kernels::kNormLanes}, options.dtype(at::kDouble));
+  check_launch(a.op, kernels::launch_grad_stats(
+                         grads.data(), grads.size(),
+                         a.inv_scale.has_value() ? a.inv_scale->const_data_ptr<float>() : nullptr,
+                         out.mutable_data_ptr<double>(),
+                         reinterpret_cast<unsigned long long*>(counters.mutable_data_ptr<int64_t>()),
+                         partials.mutable_data_ptr<double>(), c10::cuda::getCurrentCUDAStream()));
+  return out;
+}
+
 void update_scale_cuda(const UpdateScaleArgs& a) {
   const c10::cuda::OptionalCUDAGuard guard(a.scale.device());
   check_cuda_device(a.op, a.scale.device());
@@ -62,6 +86,7 @@ TORCH_LIBRARY_IMPL(ampkit, CUDA, m) {
   m.impl("check_finite_", &check_finite_kernel<unscale_cuda>);
   m.impl("cast_divide_", &cast_divide_kernel<cast_cuda>);
   m.impl("cast_unscale_and_check_", &cast_unscale_and_check_kernel<cast_cuda>);
+  m.impl("grad_stats", &grad_stats_kernel<grad_stats_cuda>);
   m.impl("update_scale_", &update_scale_kernel<update_scale_cuda>);
   m.impl("update_scale_hysteresis_", &update_scale_hysteresis_kernel<update_scale_cuda>);
 }

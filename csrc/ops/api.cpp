@@ -1,6 +1,7 @@
 // The typed C++ entry points of <ampkit/ops.h>: thin calls through the dispatcher, each typed by the declaration
 // of its own entry point.
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/empty.h>
 #include <torch/version.h>
 
 #include <cmath>
@@ -41,6 +42,13 @@ void cast_divide_(at::TensorList src, at::TensorList out, double divisor) {
 void cast_unscale_and_check_(at::TensorList src, at::TensorList out, const at::Tensor& found_inf,
                              const at::Tensor& inv_scale) {
   op_handle<cast_unscale_and_check_>("ampkit::cast_unscale_and_check_").call(src, out, found_inf, inv_scale);
+}
+
+at::Tensor grad_stats(at::TensorList grads, const std::optional<at::Tensor>& inv_scale) {
+  if (grads.empty() && !inv_scale.has_value()) {  // no tensor to dispatch on
+    return at::empty({0, kGradStatsColumns}, at::TensorOptions().dtype(at::kDouble));
+  }
+  return op_handle<grad_stats>("ampkit::grad_stats").call(grads, inv_scale);
 }
 
 void update_scale_(const at::Tensor& scale, const at::Tensor& growth_tracker, const at::Tensor& found_inf,
@@ -96,5 +104,8 @@ bool cuda_arch_supported(int major, int minor) {
   const BuildInfo info = build_info();
   return info.cuda_compiled && detail::cuda_archs_cover(detail::parse_cuda_archs(info.cuda_archs), major, minor);
 }
+
+static_assert(kGradStatsColumns == kernels::kGradStatsColumns && kGradStatsHistMinExp == kernels::kGradHistMinExp &&
+              kGradStatsHistFirst == 4, "ampkit/ops.h states the grad_stats layout of kernels/amp_functors.h");
 
 }  // namespace ampkit

@@ -257,6 +257,27 @@ void check(const UnscaleArgs& a) {
   alias.check();
 }
 
+void check(const GradStatsArgs& a) {
+  std::optional<at::Device> device;
+  for (size_t i = 0; i < a.grads.size(); ++i) {
+    const at::Tensor& t = a.grads[i];
+    TORCH_CHECK(t.defined(), "ampkit::", a.op, ": grads[", i, "] is undefined");
+    TORCH_CHECK(t.layout() == at::kStrided, "ampkit::", a.op, ": grads[", i,
+                "] must be a strided (dense) tensor, but got layout ", t.layout());
+    const auto dtype = t.scalar_type();
+    TORCH_CHECK_TYPE(dtype == at::kHalf || dtype == at::kBFloat16 || dtype == at::kFloat, "ampkit::", a.op,
+                     ": grads[", i, "] must be Half, BFloat16 or Float, but got ", dtype);
+    if (!device.has_value()) {
+      device = t.device();
+    }
+    TORCH_CHECK(t.device() == *device, "ampkit::", a.op, ": grads[", i, "] must be on ", *device,
+                " like grads[0], but is on ", t.device());
+  }
+  if (a.inv_scale.has_value()) {
+    check_scalar_tensor(a.op, "inv_scale", *a.inv_scale, at::kFloat, device, "grads[0]");
+  }
+}
+
 void check(const CastArgs& a) {
   const size_t n = a.src.size();
   TORCH_CHECK_VALUE(a.out.size() == n, "ampkit::", a.op, ": out must have ", n, " tensors (one per src), but has ",

@@ -73,6 +73,26 @@ void DensePairs::write_back() {
   }
 }
 
+at::Tensor grad_stats_result(const GradStatsArgs& a) {
+  const at::Device device = !a.grads.empty() ? a.grads[0].device() : a.inv_scale->device();
+  return at::empty({static_cast<int64_t>(a.grads.size()), kernels::kGradStatsColumns},
+                   at::TensorOptions().dtype(at::kDouble).device(device));
+}
+
+GradStatsInput::GradStatsInput(at::TensorList grads) {
+  refs_.reserve(grads.size());
+  for (const at::Tensor& t : grads) {
+    if (t.numel() == 0) {
+      refs_.push_back({nullptr, 0, kernel_dtype(t.scalar_type())});
+    } else if (t.is_non_overlapping_and_dense()) {
+      refs_.push_back({t.data_ptr(), t.numel(), kernel_dtype(t.scalar_type())});
+    } else {
+      copies_.push_back(t.contiguous());
+      refs_.push_back({copies_.back().data_ptr(), t.numel(), kernel_dtype(t.scalar_type())});
+    }
+  }
+}
+
 std::vector<kernels::OptimTensor> optim_tensors(const OptimLists& l) {
   std::vector<kernels::OptimTensor> out;
   out.reserve(l.params.size());

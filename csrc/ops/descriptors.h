@@ -45,6 +45,19 @@ class DensePairs {
   std::vector<std::pair<at::Tensor, at::Tensor>> staged_;  // (out, contiguous staging tensor)
 };
 
+// One read-only descriptor per tensor, zero-size ones included (grad_stats has a row for each); tensors that are
+// not one dense block are read through a contiguous copy.
+class GradStatsInput {
+ public:
+  explicit GradStatsInput(at::TensorList grads);
+  const kernels::TensorRef* data() const { return refs_.data(); }
+  int64_t size() const { return static_cast<int64_t>(refs_.size()); }
+
+ private:
+  std::vector<kernels::TensorRef> refs_;
+  std::vector<at::Tensor> copies_;
+};
+
 // One kernel descriptor per parameter (zero-size params included: their step counts advance).
 std::vector<kernels::OptimTensor> optim_tensors(const OptimLists& lists);
 

@@ -10,6 +10,7 @@ TORCH_LIBRARY_IMPL(ampkit, Meta, m) {
   m.impl("check_finite_", &check_finite_kernel<nullptr>);
   m.impl("cast_divide_", &cast_divide_kernel<nullptr>);
   m.impl("cast_unscale_and_check_", &cast_unscale_and_check_kernel<nullptr>);
+  m.impl("grad_stats", &grad_stats_kernel<grad_stats_result>);
   m.impl("update_scale_", &update_scale_kernel<nullptr>);
   m.impl("update_scale_hysteresis_", &update_scale_hysteresis_kernel<nullptr>);
   m.impl("adamw_step_", &adamw_step_kernel<nullptr>);

@@ -32,6 +32,13 @@ struct CastArgs {
   at::Tensor inv_scale;
 };
 
+// grad_stats (NOTE [Gradient statistics] in kernels/amp_functors.h).
+struct GradStatsArgs {
+  const char* op;
+  at::TensorList grads;
+  std::optional<at::Tensor> inv_scale;
+};
+
 // update_scale_ (hysteresis_tracker and stats undefined) and update_scale_hysteresis_.
 struct UpdateScaleArgs {
   const char* op;
@@ -100,6 +107,7 @@ struct SgdStepArgs {
 void check(const UnscaleArgs& a);
 void check(const UpdateScaleArgs& a);
 void check(const CastArgs& a);
+void check(const GradStatsArgs& a);
 void check(const AdamStepArgs& a);
 void check(const SgdStepArgs& a);
 

@@ -44,6 +44,16 @@ void cast_unscale_and_check_kernel(at::TensorList src, at::TensorList out, const
   check_and_run<CastArgs, Run>({"cast_unscale_and_check_", src, out, 1.0, found_inf, inv_scale});
 }
 
+template <at::Tensor (*Run)(const GradStatsArgs&)>
+at::Tensor grad_stats_kernel(at::TensorList grads, const std::optional<at::Tensor>& inv_scale) {
+  const GradStatsArgs args{"grad_stats", grads, inv_scale};
+  check(args);
+  return Run(args);
+}
+
+// The shape of grad_stats' result, on the device of its arguments (the Meta kernel's whole work).
+at::Tensor grad_stats_result(const GradStatsArgs& a);
+
 template <RunFn<UpdateScaleArgs> Run>
 void update_scale_kernel(const at::Tensor& scale, const at::Tensor& growth_tracker, const at::Tensor& found_inf,
                          double growth_factor, double backoff_factor, int64_t growth_interval) {
@@ -96,6 +106,7 @@ static_assert(std::is_same_v<decltype(check_finite_kernel<nullptr>), decltype(am
 static_assert(std::is_same_v<decltype(cast_divide_kernel<nullptr>), decltype(ampkit::cast_divide_)>);
 static_assert(std::is_same_v<decltype(cast_unscale_and_check_kernel<nullptr>),
                              decltype(ampkit::cast_unscale_and_check_)>);
+static_assert(std::is_same_v<decltype(grad_stats_kernel<grad_stats_result>), decltype(ampkit::grad_stats)>);
 static_assert(std::is_same_v<decltype(update_scale_kernel<nullptr>), decltype(ampkit::update_scale_)>);
 static_assert(std::is_same_v<decltype(update_scale_hysteresis_kernel<nullptr>),
                              decltype(ampkit::update_scale_hysteresis_)>);

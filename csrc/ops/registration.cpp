@@ -13,6 +13,8 @@ TORCH_LIBRARY(ampkit, m) {
   m.def("cast_divide_(Tensor[] src, Tensor(a!)[] out, float divisor) -> ()", {at::Tag::pt2_compliant_tag});
   m.def("cast_unscale_and_check_(Tensor[] src, Tensor(a!)[] out, Tensor(b!) found_inf, Tensor inv_scale) -> ()",
         {at::Tag::pt2_compliant_tag});
+  // Per tensor one row of FP64 statistics of the unscaled gradients (NOTE [Gradient statistics]).
+  m.def("grad_stats(Tensor[] grads, Tensor? inv_scale=None) -> Tensor", {at::Tag::pt2_compliant_tag});
   m.def(
       "update_scale_(Tensor(a!) scale, Tensor(b!) growth_tracker, Tensor found_inf, float growth_factor, "
       "float backoff_factor, int growth_interval) -> ()",

@@ -1,6 +1,8 @@
 // CUDA kernels of gradient unscaling, the read-only Inf/NaN check and the loss-scale update, on ampkit's
 // multi-tensor apply. Element types are dispatched per tensor inside the kernel, so one launch takes a list
 // of mixed FP16, BF16, FP32 and FP64 tensors.
+#include <vector>
+
 #include "amp_launch.h"
 #include "launch.cuh"
 #include "multi_tensor_apply.cuh"
@@ -181,6 +183,104 @@ struct CastChunkOp {
   }
 };
 
+// The chunk functor of grad_stats (NOTE [Gradient statistics], [Deterministic norm]). Streams: 0 the grads, 1 the
+// tensor's first row of partial sums, 2 the tensor's counter row. Each thread sums its lane in registers and
+// stores it; the counts go to the tensor's counter row with atomics (integers and a maximum: any order gives the
+// same result).
+struct GradStatsChunkOp {
+  const float* inv_scale;
+  const double* partials_base;
+
+  template <typename T, typename Args>
+  __device__ void chunk(const Args& args, int t, int64_t start, int64_t n) const {
+    const T* g = static_cast<const T*>(args.data[0][t]) + start;
+    auto* row = static_cast<unsigned long long*>(args.data[2][t]);
+    double* first_partial = static_cast<double*>(args.data[1][t]);
+    const int64_t chunk = start / cuda::kChunkSize;
+    if (chunk == 0 && threadIdx.x == 0) {
+      row[1] = static_cast<unsigned long long>((first_partial - partials_base) / kNormLanes);
+      row[kGradStatsCounterColumns - 1] = static_cast<unsigned long long>(args.numel[t]);
+    }
+    const float inv = inv_scale != nullptr ? *inv_scale : 1.f;
+    double sum = 0.0;
+    unsigned long long non_finite = 0;
+    unsigned long long zeros = 0;
+    float max_abs = 0.f;
+    const int64_t packs = (n + kNormPack - 1) / kNormPack;
+    for (int64_t p = threadIdx.x; p < packs; p += blockDim.x) {
+      const int64_t base = p * kNormPack;
+      const int m = n - base < kNormPack ? static_cast<int>(n - base) : kNormPack;
+      for (int j = 0; j < m; ++j) {
+        const float x = Storage<T>::load(cuda::global_load(g + base + j));
+        if (is_non_finite(x)) {
+          ++non_finite;
+        } else if (x == 0.f) {
+          ++zeros;
+        } else {
+          const double xd = static_cast<double>(x);
+          sum = __dadd_rn(sum, __dmul_rn(xd, xd));  // no contraction: the CPU's order and rounding
+          const float a = x < 0.f ? -x : x;
+          max_abs = a > max_abs ? a : max_abs;
+          atomicAdd(row + 4 + grad_hist_bin(x, inv), 1ull);
+        }
+      }
+    }
+    cuda::global_store(first_partial + chunk * kNormLanes + threadIdx.x, sum);
+    if (non_finite != 0) {
+      atomicAdd(row + kStatNonFinite, non_finite);
+    }
+    if (zeros != 0) {
+      atomicAdd(row + kStatZeros, zeros);
+    }
+    if (max_abs > 0.f) {
+      atomicMax(row, static_cast<unsigned long long>(bit_cast<uint32_t>(max_abs)));
+    }
+  }
+
+  template <typename Args>
+  __device__ void operator()(const Args& args, int t, int64_t start, int64_t n) const {
+    switch (args.dtype[0][t]) {
+      case DType::kFloat16:
+        chunk<__half>(args, t, start, n);
+        break;
+      case DType::kBFloat16:
+        chunk<__nv_bfloat16>(args, t, start, n);
+        break;
+      default:
+        chunk<float>(args, t, start, n);
+        break;
+    }
+  }
+};
+
+// One thread per tensor: the norm from the partial sums in chunk and lane order, the row in doubles.
+__global__ void grad_stats_finish_kernel(int64_t n, const float* inv_scale, const unsigned long long* counters,
+                                         const double* partials, double* out) {
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (t >= n) {
+    return;
+  }
+  const unsigned long long* row = counters + t * kGradStatsCounterColumns;
+  double* o = out + t * kGradStatsColumns;
+  const double inv = inv_scale != nullptr ? static_cast<double>(*inv_scale) : 1.0;
+  const int64_t chunks = (static_cast<int64_t>(row[kGradStatsCounterColumns - 1]) + cuda::kChunkSize - 1) /
+                         cuda::kChunkSize;
+  const double* p = partials + static_cast<int64_t>(row[1]) * kNormLanes;
+  double total = 0.0;
+  for (int64_t c = 0; c < chunks; ++c) {
+    double chunk_sum = 0.0;
+    for (int l = 0; l < kNormLanes; ++l) {
+      chunk_sum = __dadd_rn(chunk_sum, p[c * kNormLanes + l]);
+    }
+    total = __dadd_rn(total, chunk_sum);
+  }
+  o[kStatMaxAbs] = static_cast<double>(bit_cast<float>(static_cast<uint32_t>(row[0]))) * inv;
+  o[kStatNorm] = sqrt(total) * inv;
+  for (int k = kStatNonFinite; k < kGradStatsColumns; ++k) {
+    o[k] = static_cast<double>(row[k]);
+  }
+}
+
 __global__ void update_scale_kernel(float* scale, int32_t* growth_tracker, int32_t* hysteresis_tracker,
                                     int64_t* stats, const float* found_inf, UpdateScaleOp op) {
   op(scale, growth_tracker, hysteresis_tracker, stats, *found_inf);
@@ -203,6 +303,30 @@ LaunchStatus launch_cast(const TensorRef* src, const TensorRef* out, int64_t n, 
                          float* found_inf, cudaStream_t stream) {
   const TensorRef* lists[2] = {src, out};
   return cuda::multi_tensor_apply<2>(lists, n, CastChunkOp{divisor, inv_scale, found_inf}, stream);
+}
+
+int64_t grad_stats_chunks(int64_t numel) { return (numel + cuda::kChunkSize - 1) / cuda::kChunkSize; }
+
+LaunchStatus launch_grad_stats(const TensorRef* grads, int64_t n, const float* inv_scale, double* out,
+                               unsigned long long* counters, double* partials, cudaStream_t stream) {
+  std::vector<TensorRef> partial_rows(static_cast<size_t>(n));
+  std::vector<TensorRef> counter_rows(static_cast<size_t>(n));
+  int64_t row = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    partial_rows[i] = {partials + row * kNormLanes, grads[i].numel, DType::kFloat64};
+    counter_rows[i] = {counters + i * kGradStatsCounterColumns, grads[i].numel, DType::kFloat64};
+    row += grad_stats_chunks(grads[i].numel);
+  }
+  const TensorRef* lists[3] = {grads, partial_rows.data(), counter_rows.data()};
+  LaunchStatus status = cuda::multi_tensor_apply<3>(lists, n, GradStatsChunkOp{inv_scale, partials}, stream);
+  if (!status.ok() || n == 0) {
+    return status;
+  }
+  constexpr unsigned kThreads = 128;
+  status.error = cuda::launch_kernel(grad_stats_finish_kernel, dim3(static_cast<unsigned>((n + kThreads - 1) / kThreads)),
+                                     dim3(kThreads), stream, n, inv_scale, counters, partials, out);
+  status.launches += status.ok() ? 1 : 0;
+  return status;
 }
 
 LaunchStatus launch_update_scale(float* scale, int32_t* growth_tracker, int32_t* hysteresis_tracker, int64_t* stats,

@@ -34,6 +34,19 @@ LaunchStatus launch_check_finite(const TensorRef* tensors, int64_t n, float* fou
 LaunchStatus launch_cast(const TensorRef* src, const TensorRef* out, int64_t n, float divisor, const float* inv_scale,
                          float* found_inf, cudaStream_t stream);
 
+// NOTE [Gradient statistics]: out is n rows of kGradStatsColumns doubles (written whole, zero-size tensors
+// included). Workspace, zeroed by the caller: `counters`, n rows of kGradStatsCounterColumns uint64, and
+// `partials`, kNormLanes doubles per chunk of every tensor (grad_stats_chunks). `inv_scale` may be null (1).
+LaunchStatus launch_grad_stats(const TensorRef* grads, int64_t n, const float* inv_scale, double* out,
+                               unsigned long long* counters, double* partials, cudaStream_t stream);
+
+// Columns of one counter row: [0] the max's float bits, [1] the tensor's first partials row, [2] non-finite count,
+// [3] zeros, the histogram, then the tensor's numel.
+constexpr int kGradStatsCounterColumns = kGradStatsColumns + 1;
+
+// Rows of kNormLanes partial sums a tensor of `numel` elements needs (its chunks of the multi-tensor apply).
+int64_t grad_stats_chunks(int64_t numel);
+
 // One single-thread kernel applying UpdateScaleOp (hysteresis_tracker and stats may be null, see UpdateScaleOp).
 LaunchStatus launch_update_scale(float* scale, int32_t* growth_tracker, int32_t* hysteresis_tracker, int64_t* stats,
                                  const float* found_inf, const UpdateScaleOp& op, cudaStream_t stream);

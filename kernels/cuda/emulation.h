@@ -6,7 +6,9 @@
 // NOTE [Emulated execution]
 // A grid runs block after block and, inside a block, thread after thread, each thread to completion. That is
 // one legal schedule of a kernel that never synchronises its threads, which is every kernel in kernels/cuda
-// today: no __syncthreads, shared memory or warp shuffles are defined here, so a kernel that starts using them
+// today (global-memory atomics included: with one thread at a time they are plain read-modify-writes, and a kernel
+// may only use them where the result does not depend on their order): no __syncthreads, shared memory or warp
+// shuffles are defined here, so a kernel that starts using them
 // fails to compile in the emulated build until this model grows phases (or fibers) for them, instead of
 // passing on a schedule the GPU would not run. Kernel parameters declared AMPKIT_GRID_CONSTANT are const
 // references here (they are read-only views of the parameter space on the GPU too), so a 32 KB chunk table is
@@ -20,6 +22,7 @@
 
 #include <cuda_runtime_api.h>  // plain C declarations: cudaError_t, cudaStream_t, dim3 (nothing is called)
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
@@ -41,6 +44,20 @@ inline thread_local uint3 threadIdx{};
 inline thread_local uint3 blockIdx{};
 inline thread_local dim3 blockDim{};
 inline thread_local dim3 gridDim{};
+
+// The device intrinsics the kernels use, as the host computes them.
+inline unsigned long long atomicAdd(unsigned long long* address, unsigned long long value) {
+  const unsigned long long old = *address;
+  *address = old + value;
+  return old;
+}
+inline unsigned long long atomicMax(unsigned long long* address, unsigned long long value) {
+  const unsigned long long old = *address;
+  *address = old < value ? value : old;
+  return old;
+}
+inline double __dadd_rn(double a, double b) { return a + b; }
+inline double __dmul_rn(double a, double b) { return a * b; }
 
 namespace ampkit::kernels::emulation {
 

@@ -25,7 +25,8 @@ _check_torch_version(_torch.__version__, _BUILT_TORCH)
 from . import _C, optim  # noqa: E402
 from .autocast import LEVELS, autocast, decorate, op_stats, precision_support, register_autocast
 from .grad_scaler import GradScaler, OptState, load_scaler_state, save_scaler_state
-from .ops import cast_divide_, cast_unscale_and_check_, check_finite_, unscale_and_check_, update_scale_
+from .ops import (GRAD_STATS_COLUMNS, GRAD_STATS_HIST_FIRST, GRAD_STATS_HIST_MIN_EXP, cast_divide_,
+                  cast_unscale_and_check_, check_finite_, grad_stats, unscale_and_check_, update_scale_)
 
 if _torch.distributed.is_available():
     from . import distributed  # noqa: E402  (DDP compression hooks the scaler sees)
@@ -78,5 +79,9 @@ __all__ = [
     "unscale_and_check_",
     "cast_divide_",
     "cast_unscale_and_check_",
+    "grad_stats",
+    "GRAD_STATS_COLUMNS",
+    "GRAD_STATS_HIST_FIRST",
+    "GRAD_STATS_HIST_MIN_EXP",
     "update_scale_",
 ]

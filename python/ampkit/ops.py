@@ -38,6 +38,27 @@ def cast_unscale_and_check_(src: Sequence[torch.Tensor], out: Sequence[torch.Ten
     torch.ops.ampkit.cast_unscale_and_check_(list(src), list(out), found_inf, inv_scale)
 
 
+GRAD_STATS_COLUMNS = 267
+"""Columns of :func:`grad_stats`' rows: 0 max |g| (finite), 1 L2 norm (finite), 2 Inf/NaN count, 3 zero count, then
+the exponent histogram (:data:`GRAD_STATS_HIST_FIRST`)."""
+GRAD_STATS_HIST_FIRST = 4
+"""Column of the histogram's first bin (exponents below ``GRAD_STATS_HIST_MIN_EXP``); column
+``GRAD_STATS_HIST_FIRST + 1 + e - GRAD_STATS_HIST_MIN_EXP`` counts exponent ``e`` up to 127; the last column counts
+exponents above 127."""
+GRAD_STATS_HIST_MIN_EXP = -133
+
+
+def grad_stats(grads: Sequence[torch.Tensor], inv_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """Per gradient, one FP64 row of statistics of ``g * inv_scale`` in one pass, on the grads' device, no host sync:
+    max |x| and L2 norm over finite values, the Inf/NaN and zero counts, and counts by ``floor(log2 |x|)`` over
+    BF16's whole exponent range (which holds FP16's). The norm's summation order is fixed (the same bits on the CPU
+    and CUDA); the other columns do not depend on order."""
+    grads = list(grads)
+    if not grads and inv_scale is None:
+        return torch.empty(0, GRAD_STATS_COLUMNS, dtype=torch.float64)
+    return torch.ops.ampkit.grad_stats(grads, inv_scale)
+
+
 def update_scale_(
     scale: torch.Tensor,
     growth_tracker: torch.Tensor,

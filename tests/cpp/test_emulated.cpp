@@ -24,6 +24,7 @@ using ampkit::test::random_grad;
 namespace {
 
 constexpr int64_t kChunk = kern::cuda::kChunkSize;
+constexpr int64_t kernels_norm_chunk() { return kern::kNormChunk; }
 constexpr float kInf = std::numeric_limits<float>::infinity();
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
@@ -278,6 +279,42 @@ TEST_CASE("emulated cast passes: each element is read once and written once", "[
   const emu::Traffic up = require_cast_matches({h}, {at::kFloat}, 1.f, &inv);
   CHECK(up.read == static_cast<uint64_t>(n * 2));
   CHECK(up.written == static_cast<uint64_t>(n * 4));
+}
+
+TEST_CASE("emulated grad_stats: every column matches the CPU op (the norm bit for bit with the real chunk size)",
+          "[emulated]") {
+  torch::manual_seed(14);
+  std::vector<at::Tensor> grads{random_grad(kChunk + 5, at::kHalf, 1e3), random_grad(9, at::kFloat, 1e-30),
+                                at::empty({0}, at::kBFloat16), at_offset(random_grad(3 * kChunk + 1, at::kBFloat16, 1.0), 1),
+                                random_grad(kernels_norm_chunk() + 3, at::kFloat, 1e-3)};
+  grads[0][7] = 0.f;
+  grads[0][-1] = kInf;
+  grads[3][-1] = kNaN;
+  grads[3][5] = 0.f;
+  for (const float inv : {1.f, 1.f / 65536.f, 3.f}) {
+    INFO("inv " << inv);
+    const at::Tensor on_cpu = ampkit::grad_stats(grads, scalar_f32(inv));
+    const auto refs = refs_of(grads);
+    int64_t rows = 0;
+    for (const auto& r : refs) {
+      rows += kern::grad_stats_chunks(r.numel);
+    }
+    std::vector<unsigned long long> counters(grads.size() * kern::kGradStatsCounterColumns, 0);
+    std::vector<double> partials(static_cast<size_t>(std::max<int64_t>(rows, 1)) * kern::kNormLanes, -1.0);
+    at::Tensor on_emu = at::full({static_cast<int64_t>(grads.size()), kern::kGradStatsColumns}, kNaN, at::kDouble);
+    const kern::LaunchStatus status =
+        kern::launch_grad_stats(refs.data(), static_cast<int64_t>(refs.size()), &inv, on_emu.data_ptr<double>(),
+                                counters.data(), partials.data(), nullptr);
+    REQUIRE(status.ok());
+#if defined(AMPKIT_MTA_CHUNK_SIZE)
+    // Small chunks sum the norm in another order (NOTE [Deterministic norm]): equal up to that order.
+    REQUIRE(on_emu.narrow(1, 0, 1).equal(on_cpu.narrow(1, 0, 1)));
+    REQUIRE(at::allclose(on_emu.narrow(1, 1, 1), on_cpu.narrow(1, 1, 1), 1e-13, 0.0));
+    REQUIRE(on_emu.narrow(1, 2, on_emu.size(1) - 2).equal(on_cpu.narrow(1, 2, on_cpu.size(1) - 2)));
+#else
+    REQUIRE(bits_equal(on_emu, on_cpu));
+#endif
+  }
 }
 
 TEST_CASE("emulated update_scale: matches the CPU op over random overflow sequences, with and without hysteresis",

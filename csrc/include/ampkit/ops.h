@@ -45,6 +45,25 @@ AMPKIT_API void cast_divide_(at::TensorList src, at::TensorList out, double divi
 AMPKIT_API void cast_unscale_and_check_(at::TensorList src, at::TensorList out, const at::Tensor& found_inf,
                                         const at::Tensor& inv_scale);
 
+// Statistics of gradients, one pass over them, no host sync: an FP64 tensor of one row per gradient, on their
+// device, of kGradStatsColumns (267) columns about the unscaled values x * inv_scale (inv_scale omitted: 1):
+//   0: max |x * inv_scale| over finite x (0 if none)    1: L2 norm over finite x
+//   2: number of Inf/NaN elements                        3: number of zeros
+//   4..266: counts of the non-zero finite elements by e = floor(log2 |x * inv_scale|): column 4 for e < -133,
+//           column 5 + e + 133 for e in [-133, 127], column 266 for e > 127 (BF16's and FP32's whole range, FP16's
+//           inside it: FP16's smallest subnormal 2^-24 counts in column 114, its largest finite 65504 in 153).
+// The norm's summation order is fixed (the same bits on the CPU and CUDA, run after run); the other columns do not
+// depend on order.
+//
+// Args:
+//   grads:     FP16, BF16 or FP32 tensors on one device, any strides (zero-size ones get a row of zeros).
+//   inv_scale: optional one-element FP32 tensor on that device, the scaler's 1/scale.
+AMPKIT_API at::Tensor grad_stats(at::TensorList grads, const std::optional<at::Tensor>& inv_scale = std::nullopt);
+// The column layout above.
+constexpr int kGradStatsColumns = 267;
+constexpr int kGradStatsHistFirst = 4;      // column of the "below 2^-133" bin
+constexpr int kGradStatsHistMinExp = -133;  // exponent of column kGradStatsHistFirst + 1
+
 // One step of dynamic loss scaling on the device, identical to torch._amp_update_scale_: if found_inf is
 // nonzero, scale *= backoff_factor and growth_tracker = 0; otherwise growth_tracker += 1 and, when it reaches
 // growth_interval, scale *= growth_factor (unless that overflows FP32) and growth_tracker = 0.

@@ -28,6 +28,9 @@ struct CpuLoops {
   // rounded to out's dtype, pairs of one numel. With `check`, returns whether any float(Out(src)) was non-finite.
   bool (*cast_pass)(const kernels::TensorRef* src, const kernels::TensorRef* out, int64_t n,
                     const kernels::CastOp& op, bool check);
+  // NOTE [Gradient statistics]: one row of kGradStatsColumns doubles per tensor into `out` (zero-size tensors
+  // included: their rows are zeros).
+  void (*grad_stats)(const kernels::TensorRef* grads, int64_t n, float inv_scale, double* out);
   const char* isa;  // "avx512", "avx2" or "default"
 };
 

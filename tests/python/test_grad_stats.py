@@ -1,0 +1,125 @@
+"""torch.ops.ampkit.grad_stats against a float64 reference written with torch ops: max, norm, counts and the exponent
+histogram of every dtype, size and layout, with Inf/NaN/zeros/subnormals, scaled and unscaled; the norm's order is
+the same run after run; bad input raises; opcheck and fake tensors."""
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+import torch
+
+import ampkit
+from conftest import DEVICES
+
+COLS = ampkit.GRAD_STATS_COLUMNS
+FIRST = ampkit.GRAD_STATS_HIST_FIRST
+MIN_EXP = ampkit.GRAD_STATS_HIST_MIN_EXP
+SIZES = [0, 1, 7, 8, 9, 4095, 4096, 4097, 65535, 65536, 65537, 200003]
+
+
+def reference(g: torch.Tensor, inv: float) -> torch.Tensor:
+    row = torch.zeros(COLS, dtype=torch.float64)
+    x = g.detach().cpu().float().double().flatten()
+    finite = x.isfinite()
+    row[2] = (~finite).sum()
+    row[3] = (x == 0).sum()
+    live = x[finite & (x != 0)].abs() * inv
+    if live.numel():
+        row[0] = live.max()
+        row[1] = x[finite].square().sum().sqrt() * inv
+        _, e = torch.frexp(live)
+        e = e.long() - 1  # floor(log2)
+        bins = torch.where(e < MIN_EXP, 0, torch.where(e > 127, COLS - FIRST - 1, 1 + e - MIN_EXP))
+        row[FIRST:] = torch.bincount(bins, minlength=COLS - FIRST).double()
+    return row
+
+
+def _grads(rng: random.Random, device: str) -> list[torch.Tensor]:
+    out = []
+    for _ in range(rng.randint(1, 5)):
+        n = rng.choice(SIZES)
+        dtype = rng.choice([torch.float16, torch.bfloat16, torch.float32])
+        t = torch.randn(n, dtype=torch.float64) * 10.0 ** rng.uniform(-8, 5)
+        if n:
+            t[torch.randint(n, (max(1, n // 50),))] = 0.0
+            if rng.random() < 0.5:
+                t[-1] = rng.choice([math.inf, -math.inf, math.nan])
+        t = t.to(dtype)
+        layout = rng.choice(["flat", "strided", "matrix-t"])
+        if layout == "strided":
+            t = torch.stack([t, t]).t().contiguous()[:, 0]  # every other element of a buffer
+        elif layout == "matrix-t" and n % 4 == 0 and n:
+            t = t.view(4, n // 4).t()
+        out.append(t.to(device))
+    return out
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("seed", range(16))
+def test_matches_a_float64_reference(device, seed):
+    rng = random.Random(seed)
+    grads = _grads(rng, device)
+    inv = rng.choice([None, 1.0, 2.0 ** -16, 1 / 3.0, 2.0 ** 100 / 2.0 ** 90])
+    inv_t = None if inv is None else torch.full((1,), inv, device=device)
+    stats = ampkit.grad_stats(grads, inv_t)
+    assert stats.shape == (len(grads), COLS) and stats.dtype == torch.float64 and stats.device.type == device
+    used_inv = torch.tensor(1.0 if inv is None else inv, dtype=torch.float32).item()
+    for g, row in zip(grads, stats.cpu()):
+        ref = reference(g, used_inv)
+        assert torch.equal(row[2:4], ref[2:4])
+        assert torch.equal(row[FIRST:], ref[FIRST:]), (row[FIRST:].nonzero(), ref[FIRST:].nonzero())
+        assert row[0].item() == ref[0].item()
+        torch.testing.assert_close(row[1], ref[1], rtol=1e-12, atol=0)
+    again = ampkit.grad_stats(grads, inv_t)
+    assert torch.equal(again, stats)  # the norm's order is fixed
+    if device != "cpu":
+        on_cpu = ampkit.grad_stats([g.cpu() for g in grads], None if inv_t is None else inv_t.cpu())
+        assert torch.equal(on_cpu, stats.cpu())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fp16_range_lands_in_its_documented_columns(device):
+    g = torch.tensor([2.0 ** -24, 65504.0, -1.0, 0.0, math.inf, math.nan], dtype=torch.float16, device=device)
+    row = ampkit.grad_stats([g])[0].cpu()
+    assert row[114] == 1 and row[153] == 1 and row[FIRST + 1 - MIN_EXP] == 1  # 2^-24, 65504, 1.0
+    assert row[2] == 2 and row[3] == 1 and row[0] == 65504.0 and row[FIRST:].sum() == 3
+    scaled = ampkit.grad_stats([g], torch.full((1,), 2.0 ** -149, device=device))[0].cpu()
+    assert scaled[FIRST] == 3  # all below 2^-133 once unscaled
+    huge = ampkit.grad_stats([torch.full((3,), 2.0 ** 100, device=device)], torch.full((1,), 2.0 ** 60, device=device))
+    assert huge[0, -1].item() == 3 and huge[0, 0].item() == 2.0 ** 160
+
+
+def test_empty_lists_and_zero_size_tensors():
+    assert ampkit.grad_stats([]).shape == (0, COLS)
+    stats = ampkit.grad_stats([torch.empty(0), torch.ones(3), torch.empty(2, 0, dtype=torch.bfloat16)])
+    assert torch.equal(stats[0], torch.zeros(COLS)) and torch.equal(stats[2], torch.zeros(COLS))
+    assert stats[1, 1].item() == math.sqrt(3.0)
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda: ([torch.ones(3, dtype=torch.float64)], None), r"grad_stats: grads\[0\] must be Half, BFloat16 or Float"),
+        (lambda: ([torch.ones(3), torch.ones(2, dtype=torch.int32)], None), r"grads\[1\] must be Half"),
+        (lambda: ([torch.ones(3)], torch.ones(2)), "inv_scale must have exactly one element"),
+        (lambda: ([torch.ones(3)], torch.ones(1, dtype=torch.float16)), "inv_scale must be a Float tensor"),
+        (lambda: ([torch.eye(3).to_sparse()], None), r"grads\[0\] must be a strided"),
+    ],
+)
+def test_bad_input_raises_naming_the_argument(make, message):
+    grads, inv = make()
+    with pytest.raises((RuntimeError, TypeError, ValueError), match=message):
+        ampkit.grad_stats(grads, inv)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck_and_fake_tensors(device):
+    grads = [torch.randn(100, device=device), torch.randn(3, 7, device=device, dtype=torch.bfloat16)]
+    torch.library.opcheck(torch.ops.ampkit.grad_stats.default, (grads, torch.full((1,), 0.5, device=device)))
+    torch.library.opcheck(torch.ops.ampkit.grad_stats.default, (grads,))
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        out = ampkit.grad_stats([torch.empty(5), torch.empty(6, dtype=torch.float16)])
+        assert out.shape == (2, COLS) and out.dtype == torch.float64
