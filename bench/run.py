@@ -163,6 +163,7 @@ def bench_device(device: str, quick: bool) -> list[Row]:
             rows.append(Row("check_finite", device, case, str(dtype).replace("torch.", ""), times[0], t_ms,
                             (t_ms / times[0]) if t_ms else None, gbps, 100 * gbps / copy_bw))
 
+    rows += bench_grad_stats(device, quick, repeats, copy_bw, dtypes)
     rows += bench_optimizers(device, quick, repeats, copy_bw)
 
     scale = torch.full((1,), 1024.0, device=device)
@@ -173,6 +174,39 @@ def bench_device(device: str, quick: bool) -> list[Row]:
                                lambda: torch._amp_update_scale_(t_scale, t_tracker, found, 2.0, 0.5, 2000)],
                       repeats, 50)
     rows.append(Row("update_scale", device, "scalar", "float32", times[0], times[1], times[1] / times[0], 0.0, 0.0))
+    return rows
+
+
+def torch_grad_stats(grads: list[torch.Tensor], inv: torch.Tensor) -> torch.Tensor:
+    """grad_stats' columns from torch ops, tensor by tensor (torch has no fused equivalent)."""
+    rows = []
+    cols = ampkit.GRAD_STATS_COLUMNS
+    for g in grads:
+        x = g.float().flatten()
+        finite = x.isfinite()
+        live = x[finite & (x != 0)].abs().double() * inv.double()
+        _, e = torch.frexp(live)
+        bins = (e.long() - 1 - ampkit.GRAD_STATS_HIST_MIN_EXP + 1).clamp_(0, cols - ampkit.GRAD_STATS_HIST_FIRST - 1)
+        head = torch.stack([live.max() if live.numel() else live.new_zeros(()),
+                            x[finite].double().square().sum().sqrt() * inv.double().squeeze(),
+                            (~finite).sum().double(), (x == 0).sum().double()])
+        rows.append(torch.cat([head.flatten(), torch.bincount(bins, minlength=cols - 4).double()]))
+    return torch.stack(rows)
+
+
+def bench_grad_stats(device: str, quick: bool, repeats: int, copy_bw: float, dtypes) -> list[Row]:
+    rows: list[Row] = []
+    shapes = model_shapes("transformer", quick, device)
+    inv = torch.full((1,), 2.0 ** -16, device=device)
+    for dtype in dtypes:
+        torch.manual_seed(0)
+        grads = [torch.randn(s, device=device, dtype=dtype) for s in shapes]
+        nbytes = sum(g.numel() for g in grads) * grads[0].element_size()
+        times = time_pair(device, [lambda: torch.ops.ampkit.grad_stats(grads, inv),
+                                   lambda: torch_grad_stats(grads, inv)], repeats, 1)
+        gbps = nbytes / (times[0] * 1e-3) / 1e9
+        rows.append(Row("grad_stats", device, "transformer", str(dtype).replace("torch.", ""), times[0], times[1],
+                        times[1] / times[0], gbps, 100 * gbps / copy_bw))
     return rows
 
 
