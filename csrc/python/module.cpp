@@ -433,6 +433,25 @@ PYBIND11_MODULE(_C, m) {
         return d;
       },
       py::arg("device"), "ampkit::precision_support as a dict (dtypes by their c10 names).");
+  // ampkit::GradStatsLog (C++ programs' JSON lines), bound so that the tests read its lines from Python.
+  py::class_<ampkit::GradStatsLog>(m, "GradStatsLog")
+      .def(py::init([](const std::string& path, int64_t every) {
+             return guarded([&] { return std::make_unique<ampkit::GradStatsLog>(path, every); });
+           }),
+           py::arg("path"), py::arg("every") = 100)
+      .def(
+          "log",
+          [](ampkit::GradStatsLog& self, int64_t step,
+             const std::vector<std::pair<std::string, at::Tensor>>& named_parameters, GradScaler* scaler,
+             bool grads_scaled) {
+            torch::OrderedDict<std::string, at::Tensor> named;
+            for (const auto& [name, p] : named_parameters) {
+              named.insert(name, p);
+            }
+            return guarded([&] { return self.log(step, named, scaler, grads_scaled); });
+          },
+          py::arg("step"), py::arg("named_parameters"), py::arg("scaler") = nullptr, py::arg("grads_scaled") = true);
+
   py::class_<ampkit::OpStatsGuard>(m, "OpStatsGuard")
       .def(py::init([](bool include_backward) {
              return guarded([&] { return std::make_unique<ampkit::OpStatsGuard>(include_backward); });

@@ -8,3 +8,4 @@
 #include "ampkit/optim_core.h"
 #include "ampkit/lr_scheduler.h"
 #include "ampkit/distributed.h"
+#include "ampkit/monitor.h"
