@@ -26,7 +26,11 @@ log "examples/cpp: train_demo (short run)"
 mkdir -p "$AMPKIT_BUILD_DIR/demo"
 "$PY" "$AMPKIT_ROOT/examples/python/export_digits.py" "$AMPKIT_BUILD_DIR/demo/digits.bin" >/dev/null
 "$AMPKIT_BUILD_DIR/examples/train_demo/train_demo" "$AMPKIT_BUILD_DIR/demo/digits.bin" --epochs 8 \
-  --inject-overflow 50 --history "$AMPKIT_BUILD_DIR/demo/history_test.csv" | tail -n 5
+  --inject-overflow 50 --history "$AMPKIT_BUILD_DIR/demo/history_test.csv" \
+  --grad-log "$AMPKIT_BUILD_DIR/demo/grads_test.jsonl" | tail -n 5
+"$PY" "$AMPKIT_ROOT/examples/python/plot_demo.py" "$AMPKIT_BUILD_DIR/demo/history_test.csv" \
+  "$AMPKIT_BUILD_DIR/demo/amp_demo_test.png" "$AMPKIT_BUILD_DIR/demo/grads_test.jsonl"
+"$PY" -m ampkit.monitor "$AMPKIT_BUILD_DIR/demo/grads_test.jsonl" "$AMPKIT_BUILD_DIR/demo/tensorboard_test"
 
 log "pytest"
 (cd "$AMPKIT_ROOT" && "$PY" -m pytest -q tests/python "$@")

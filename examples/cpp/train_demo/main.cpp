@@ -3,7 +3,9 @@
 // GradScaler, sync-free), on CUDA in FP16 when a device is present, else on the CPU in BF16; prints a table per
 // mode and writes the loss and loss-scale history as CSV (scripts/demo.sh plots it).
 //
-// Usage: train_demo DATA_PATH [--history CSV] [--epochs N] [--inject-overflow K]
+// Usage: train_demo DATA_PATH [--history CSV] [--grad-log JSONL] [--epochs N] [--inject-overflow K]
+//   --grad-log: every 50 steps of O2, the scaler's statistics and each parameter's gradient statistics
+//     (ampkit::GradStatsLog; `python -m ampkit.monitor JSONL LOGDIR` for TensorBoard, plot_demo.py's third panel).
 //   --inject-overflow K: every K steps of O1/O2, write Inf into one gradient, as an FP16 overflow would; the
 //   scaler backs off, skips the step, recovers, and its overflow report names the parameter.
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -99,7 +101,7 @@ double state_mb(const torch::nn::Module& model, const torch::optim::Optimizer& o
 }
 
 Result train(const std::string& mode, const Data& data, const torch::Device& device, torch::ScalarType lowp,
-             int epochs, int inject_every, std::ofstream& history) {
+             int epochs, int inject_every, std::ofstream& history, ampkit::GradStatsLog* grad_log) {
   auto model = make_model();
   model->to(device);
   std::unique_ptr<torch::optim::Optimizer> opt;
@@ -149,6 +151,9 @@ Result train(const std::string& mode, const Data& data, const torch::Device& dev
       }
       scaler.scale(loss).backward();
       ++step;
+      if (mode == "o2" && grad_log != nullptr) {
+        grad_log->log(step, model->named_parameters(), &scaler);  // grads still scaled: statistics of g / scale
+      }
       const bool inject = mode != "fp32" && inject_every > 0 && step % inject_every == 0;
       if (inject) {
         model->named_parameters()["3.weight"].mutable_grad().view(-1)[7] = std::numeric_limits<float>::infinity();
@@ -202,15 +207,19 @@ Result train(const std::string& mode, const Data& data, const torch::Device& dev
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: train_demo DATA_PATH [--history CSV] [--epochs N] [--inject-overflow K]\n");
+    std::fprintf(stderr,
+                 "usage: train_demo DATA_PATH [--history CSV] [--grad-log JSONL] [--epochs N] [--inject-overflow K]\n");
     return 2;
   }
   std::string history_path = "demo_history.csv";
+  std::string grad_log_path;
   int epochs = 40;
   int inject = 0;
   for (int i = 2; i + 1 < argc; i += 2) {
     if (std::strcmp(argv[i], "--history") == 0) {
       history_path = argv[i + 1];
+    } else if (std::strcmp(argv[i], "--grad-log") == 0) {
+      grad_log_path = argv[i + 1];
     } else if (std::strcmp(argv[i], "--epochs") == 0) {
       epochs = std::atoi(argv[i + 1]);
     } else if (std::strcmp(argv[i], "--inject-overflow") == 0) {
@@ -226,11 +235,16 @@ int main(int argc, char** argv) {
               static_cast<long long>(data.x_train.size(0)), static_cast<long long>(data.x_test.size(0)), epochs,
               cuda ? "CUDA" : "CPU", cuda ? "FP16" : "BF16");
   std::ofstream history(history_path);
+  std::unique_ptr<ampkit::GradStatsLog> grad_log;
+  if (!grad_log_path.empty()) {
+    std::ofstream(grad_log_path, std::ios::trunc).close();  // a fresh log per run
+    grad_log = std::make_unique<ampkit::GradStatsLog>(grad_log_path, 50);
+  }
   history << "mode,step,loss,scale,skipped\n";
   std::vector<Result> results;
   for (const char* mode : {"fp32", "o1", "o2"}) {
     std::printf("training %s ...\n", mode);
-    results.push_back(train(mode, data, device, lowp, epochs, inject, history));
+    results.push_back(train(mode, data, device, lowp, epochs, inject, history, grad_log.get()));
   }
   std::printf("\n%-5s %11s %9s %9s %9s %9s %8s %12s\n", "mode", "final loss", "test acc", "steps/s", "state MB",
               cuda ? "peak MB" : "peak RSS", "skipped", "final scale");
