@@ -74,8 +74,8 @@ struct CastOp {
 //   [kStatNonFinite] the number of Inf/NaN elements, [kStatZeros] the number of zeros, then kGradHistBins counts of
 //   the non-zero finite elements by e = floor(log2 |x * inv_scale|): bin 0 for e < kGradHistMinExp, bin
 //   1 + e - kGradHistMinExp for kGradHistMinExp <= e <= kGradHistMaxExp, the last bin for e > kGradHistMaxExp.
-//   The range is BF16's (and FP32's) whole one, smallest subnormal 2^-133 to largest finite 2^127.99, which holds
-//   FP16's (2^-24 to 2^15.99). |x| * inv_scale is formed in double, where it is exact.
+//   The range is BF16's whole one, smallest subnormal 2^-133 to largest finite 2^127.99 (FP32's normals, whose
+//   subnormals reach 2^-149, count below it), which holds FP16's (2^-24 to 2^15.99). |x| * inv_scale is formed in double, where it is exact.
 // Counts, the maximum and the histogram do not depend on the order of the elements; the L2 norm does, so its order
 // is fixed (NOTE [Deterministic norm]).
 constexpr int kStatMaxAbs = 0;

@@ -94,8 +94,9 @@ bool GradStatsLog::log(int64_t step, const torch::OrderedDict<std::string, at::T
     by_device[key].first.push_back(item.key());
     by_device[key].second.push_back(g);
   }
+  // Not when a compressed all-reduce (ampkit::distributed) already unscaled the grads this iteration.
   const bool unscale = scaler != nullptr && grads_scaled && scaler->is_enabled() &&
-                       scaler->get_scale_async().defined();
+                       scaler->get_scale_async().defined() && !scaler->grads_unscaled_outside();
   std::ostringstream line;
   line << std::setprecision(17) << "{\"step\": " << step;
   if (scaler != nullptr) {

@@ -32,8 +32,9 @@ void check_finite_(at::TensorList tensors, const at::Tensor& found_inf) {
 
 void cast_divide_(at::TensorList src, at::TensorList out, double divisor) {
   if (src.empty() && out.empty()) {  // no tensor to dispatch on: checked here, nothing to do
-    TORCH_CHECK_VALUE(std::isfinite(divisor) && divisor > 0,
-                      "ampkit::cast_divide_: divisor must be a finite number > 0, but got ", divisor);
+    TORCH_CHECK_VALUE(std::isfinite(divisor) && divisor > 0 && std::isfinite(static_cast<float>(divisor)) &&
+                          static_cast<float>(divisor) > 0,
+                      "ampkit::cast_divide_: divisor must be a finite number > 0 that FP32 holds, but got ", divisor);
     return;
   }
   op_handle<cast_divide_>("ampkit::cast_divide_").call(src, out, divisor);

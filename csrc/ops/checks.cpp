@@ -289,8 +289,10 @@ void check(const CastArgs& a) {
     check_scalar_tensor(a.op, "inv_scale", a.inv_scale, at::kFloat, a.found_inf.device(), "found_inf");
     device = a.found_inf.device();
   } else {
-    TORCH_CHECK_VALUE(std::isfinite(a.divisor) && a.divisor > 0, "ampkit::", a.op,
-                      ": divisor must be a finite number > 0, but got ", a.divisor);
+    // The kernels divide in FP32: the divisor must be a finite FP32 number > 0 once rounded.
+    const auto divisor = static_cast<float>(a.divisor);
+    TORCH_CHECK_VALUE(std::isfinite(a.divisor) && a.divisor > 0 && std::isfinite(divisor) && divisor > 0, "ampkit::",
+                      a.op, ": divisor must be a finite number > 0 that FP32 holds, but got ", a.divisor);
   }
   auto check_entry = [&](const char* arg, size_t i, const at::Tensor& t) {
     TORCH_CHECK(t.defined(), "ampkit::", a.op, ": ", arg, "[", i, "] is undefined");

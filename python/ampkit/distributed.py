@@ -5,7 +5,8 @@
 :class:`HookState` naming a process group too, or ``None`` for compression without the scaler). Per bucket:
 
 * compress: cast to FP16/BF16 and divide by the world size, in one pass (``torch.ops.ampkit.cast_divide_``: the
-  bits of torch's hook, which casts and then divides the copy);
+  bits of torch's hook, which casts and then divides the copy, on the CPU; torch's CUDA division by a scalar
+  multiplies by its reciprocal, the same bits for power-of-two world sizes);
 * all-reduce the 2-byte copy (half the bytes of an FP32 all-reduce);
 * decompress into the bucket, unscale and check it in one pass (``torch.ops.ampkit.cast_unscale_and_check_`` with
   the scaler's ``unscale_factor``: the bits of a copy followed by the scaler's unscale) and record the flag with

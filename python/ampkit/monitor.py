@@ -8,7 +8,8 @@ after ``scaler.scale(loss).backward()``. C++ programs write the same records as 
 file. Per record: scalars ``amp/scale``, ``amp/steps``, ``amp/skipped_steps``, ``amp/overflows_at_min_scale``; per
 parameter ``grad_norm/<name>``, ``grad_max_abs/<name>``, ``grad_non_finite/<name>``, ``grad_zeros/<name>`` and the
 histogram ``grad_log2/<name>`` of ``floor(log2 |g|)`` of the unscaled non-zero finite gradients (FP16 holds
-exponents -24 to 15, its normals -14 to 15; BF16 and FP32 -133 to 127).
+exponents -24 to 15, its normals -14 to 15; BF16 -133 to 127, FP32 -149 to 127; exponents below -133 are shown at
+-134, above 127 at 128).
 """
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ def grad_records(named_parameters: Iterable[tuple[str, torch.Tensor]], inv_scale
     by_device: dict[torch.device, list[tuple[str, torch.Tensor]]] = {}
     for name, p in named_parameters:
         g = p.grad
-        if g is None or g.is_sparse or g.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        if g is None or g.layout != torch.strided or g.dtype not in (torch.float16, torch.bfloat16, torch.float32):
             continue
         if hasattr(g, "to_local"):  # DTensor: this rank's shard
             g = g.to_local()
@@ -67,12 +68,17 @@ def write_records(writer, record: dict) -> None:
         writer.add_scalar(f"grad_max_abs/{name}", g["max_abs"], step)
         writer.add_scalar(f"grad_non_finite/{name}", g["non_finite"], step)
         writer.add_scalar(f"grad_zeros/{name}", g["zeros"], step)
+        # Exponents -134 (everything below -133) to 128 (everything above 127) at most, zero bins filled in.
         counts = list(g["counts"])
         first = int(g["first_exp"])
+        if not counts:
+            first = GRAD_STATS_HIST_MIN_EXP
         if g["below"]:
-            counts, first = [g["below"]] + counts, first - 1  # shown one bin below the range
+            counts = [g["below"]] + [0] * (first - GRAD_STATS_HIST_MIN_EXP) + counts
+            first = GRAD_STATS_HIST_MIN_EXP - 1
         if g["above"]:
-            counts = counts + [g["above"]]
+            last = first + len(counts) - 1
+            counts = counts + [0] * (127 - last) + [g["above"]]
         total = sum(counts)
         if total == 0:
             continue
@@ -113,11 +119,13 @@ class GradMonitor:
     def log(self, step: int, scaler=None, grads_scaled: bool = True) -> Optional[dict]:
         """Logs at multiples of ``every`` and returns the record (None on other steps). Call it after backward;
         ``grads_scaled``: the grads still carry the loss scale (before ``scaler.unscale_``/``step``), so they are
-        unscaled by the scaler's ``1/scale`` for the statistics. Reads the device (one copy per device)."""
+        unscaled by the scaler's ``1/scale`` for the statistics (not when a compressed all-reduce of
+        :mod:`ampkit.distributed` already unscaled them this iteration). Reads the device (one copy per device)."""
         if step % self.every:
             return None
         inv_of = None
-        if scaler is not None and grads_scaled and scaler.is_enabled() and scaler._get_scale_async() is not None:
+        if (scaler is not None and grads_scaled and scaler.is_enabled() and scaler._get_scale_async() is not None
+                and not scaler._core.grads_unscaled_outside()):  # ampkit's DDP hooks unscaled them already
             inv_of = scaler.unscale_factor
         record = dict(step=int(step), grads=grad_records(self.named_parameters, inv_of))
         if scaler is not None:

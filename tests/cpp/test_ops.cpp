@@ -2,7 +2,12 @@
 // and torch._amp_update_scale_, against a float64 reference, and bad input that must change nothing.
 
 #include "catch_torch.h"
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
 #include <limits>
+#include <string>
 
 #include "test_helpers.h"
 
@@ -256,4 +261,61 @@ TEST_CASE("build_info: reports the CPU loop instruction set", "[ops][cpu]") {
   const std::string isa = info.cpu_isa;
   CHECK((isa == "avx512" || isa == "avx2" || isa == "default"));
   CHECK(std::string(info.torch_version).size() > 0);
+}
+
+TEST_CASE("grad_stats (C++ entry point): columns against a float64 reference, empty lists, bad input",
+          "[ops][cpu]") {
+  torch::manual_seed(21);
+  auto g = random_grad(70001, at::kBFloat16, 1e-2);
+  g[3] = 0.f;
+  g[-1] = std::numeric_limits<float>::infinity();
+  const auto inv = at::full({1}, 0.25f);
+  const at::Tensor row = ampkit::grad_stats({g}, inv)[0];
+  REQUIRE(row.size(0) == ampkit::kGradStatsColumns);
+  const at::Tensor x = g.to(at::kDouble);
+  const at::Tensor finite = x.isfinite();
+  const at::Tensor live = x.masked_select(finite.logical_and(x.ne(0))).abs() * 0.25;
+  CHECK(row[2].item<double>() == 1.0);
+  CHECK(row[3].item<double>() == (x == 0).sum().item<double>());
+  CHECK(row[0].item<double>() == live.max().item<double>());
+  CHECK(row[1].item<double>() == Approx(x.masked_select(finite).square().sum().sqrt().item<double>() * 0.25)
+                                     .epsilon(1e-12));
+  const at::Tensor e = at::floor(at::log2(live)).to(at::kLong) - ampkit::kGradStatsHistMinExp + 1;
+  const at::Tensor expect = at::bincount(e, {}, ampkit::kGradStatsColumns - ampkit::kGradStatsHistFirst);
+  CHECK(row.narrow(0, ampkit::kGradStatsHistFirst, expect.size(0)).to(at::kLong).equal(expect));
+  CHECK(ampkit::grad_stats({}).sizes() == at::IntArrayRef({0, ampkit::kGradStatsColumns}));
+  CHECK_THROWS_WITH(ampkit::grad_stats({at::ones({3}, at::kDouble)}),
+                    Catch::Contains("grads[0] must be Half, BFloat16 or Float, but got Double"));
+}
+
+TEST_CASE("GradStatsLog: one JSON line per logged step with the scaler's and grad_stats' values", "[ops][cpu]") {
+  torch::manual_seed(22);
+  torch::nn::Linear fc(8, 3);
+  ampkit::GradScaler scaler(ampkit::GradScalerOptions().init_scale(256.0));
+  scaler.scale(fc->forward(at::randn({4, 8})).square().mean()).backward();
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            ("ampkit_gradlog_" + std::to_string(::getpid()) + ".jsonl")).string();
+  std::filesystem::remove(path);
+  {
+    ampkit::GradStatsLog log(path, 5);
+    CHECK_FALSE(log.log(3, fc->named_parameters(), &scaler));
+    CHECK(log.log(10, fc->named_parameters(), &scaler));
+  }
+  std::ifstream in(path);
+  std::string line;
+  REQUIRE(std::getline(in, line));
+  std::string extra;
+  CHECK_FALSE(std::getline(in, extra));
+  std::filesystem::remove(path);
+  CHECK(line.rfind("{\"step\": 10, \"scaler\": {\"scale\": 256, \"steps\": 0, \"skipped_steps\": 0", 0) == 0);
+  const at::Tensor rows =
+      ampkit::grad_stats({fc->weight.grad(), fc->bias.grad()}, scaler.unscale_factor(at::kCPU));
+  for (const auto& [name, r] : {std::pair<std::string, int>{"weight", 0}, {"bias", 1}}) {
+    const auto at_name = line.find("\"name\": \"" + name + "\"");
+    REQUIRE(at_name != std::string::npos);
+    const auto at_norm = line.find("\"norm\": ", at_name);
+    CHECK(std::stod(line.substr(at_norm + 8)) == rows[r][1].item<double>());  // 17 digits: the same double
+  }
+  CHECK_THROWS_WITH(ampkit::GradStatsLog(path, 0), Catch::Contains("every must be >= 1, but got 0"));
+  CHECK_THROWS_WITH(ampkit::GradStatsLog("/nonexistent-dir/x.jsonl"), Catch::Contains("cannot open"));
 }

@@ -148,7 +148,7 @@ def test_a_set_flag_is_never_cleared_and_empty_lists_do_nothing(device):
     found.zero_()
     ampkit.cast_unscale_and_check_([], [], found, torch.ones(1, device=device))
     ampkit.cast_divide_([], [], 2.0)
-    with pytest.raises(ValueError, match="divisor must be a finite number > 0, but got 0"):
+    with pytest.raises(ValueError, match="divisor must be a finite number > 0 that FP32 holds, but got 0"):
         ampkit.cast_divide_([], [], 0.0)
     zero = [torch.empty(0, 3, device=device)]
     ampkit.cast_unscale_and_check_(zero, [torch.empty(0, 3, dtype=torch.float16, device=device)], found,
@@ -173,9 +173,11 @@ def _bad_cases():
         (lambda: ([s], [torch.empty(11, dtype=torch.float16)], 2.0), r"out\[0\] must have the shape of src\[0\]"),
         (lambda: ([s.double()], [h], 2.0), r"src\[0\] must be Half, BFloat16 or Float, but got Double"),
         (lambda: ([s], [torch.empty(10, dtype=torch.int32)], 2.0), r"out\[0\] must be Half, BFloat16 or Float"),
-        (lambda: ([s], [h], 0.0), r"divisor must be a finite number > 0, but got 0"),
+        (lambda: ([s], [h], 0.0), r"divisor must be a finite number > 0 that FP32 holds, but got 0"),
         (lambda: ([s], [h], math.nan), r"divisor must be a finite number > 0"),
         (lambda: ([s], [h], -2.0), r"divisor must be a finite number > 0"),
+        (lambda: ([s], [h], 1e-50), r"divisor must be a finite number > 0 that FP32 holds, but got 1e-50"),
+        (lambda: ([s], [h], 1e39), r"divisor must be a finite number > 0 that FP32 holds"),
         (lambda: ([s], [torch.empty(1, dtype=torch.float16).expand(10)], 2.0), r"out\[0\] is written and must not"),
         (lambda: ([buf[:10]], [buf[5:15]], 2.0), r"out\[0\] and src\[0\] share memory|src\[0\] and out\[0\] share"),
         (lambda: ([s, s], [h, h], 2.0), r"out\[0\] and out\[1\] share memory"),

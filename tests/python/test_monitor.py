@@ -133,3 +133,44 @@ def test_the_cxx_log_writes_the_records_the_python_monitor_writes(tmp_path):
     assert "grad_log2/0.weight" in _read(str(tmp_path / "tb")).Tags()["histograms"]
     with pytest.raises(ValueError, match="every must be >= 1, but got 0"):
         ampkit._C.GradStatsLog(str(tmp_path / "x.jsonl"), 0)
+
+
+def test_grads_a_compressed_all_reduce_already_unscaled_are_not_unscaled_again(tmp_path):
+    model, scaler, _ = _model_with_scaled_grads()
+    grads = [p.grad for p in model.parameters()]
+    found = torch.zeros(1)
+    ampkit.unscale_and_check_(grads, found, scaler.unscale_factor("cpu"))  # what ampkit's DDP hook does
+    scaler.record_unscaled_grads(found)
+    record = ampkit.monitor.GradMonitor(str(tmp_path), model.named_parameters(), every=1).log(0, scaler)
+    for g, p in zip(record["grads"], model.parameters()):
+        assert g["norm"] == pytest.approx(p.grad.double().norm().item(), rel=1e-12)
+
+
+class _Recorder:
+    def __init__(self):
+        self.histograms = {}
+
+    def add_scalar(self, *args, **kwargs):
+        pass
+
+    def add_histogram_raw(self, tag, **kw):
+        self.histograms[tag] = kw
+
+
+def test_histogram_bins_sit_at_their_exponents_with_out_of_range_counts_at_the_ends():
+    w = _Recorder()
+    base = dict(name="p", max_abs=1.0, norm=1.0, non_finite=0, zeros=0)
+    ampkit.monitor.write_records(w, dict(step=1, grads=[
+        dict(base, name="a", below=2, above=3, first_exp=-20, counts=[5, 0, 7]),
+        dict(base, name="b", below=0, above=4, first_exp=-133, counts=[]),
+        dict(base, name="c", below=0, above=0, first_exp=-3, counts=[1, 2])]))
+    a = w.histograms["grad_log2/a"]
+    limits, counts = a["bucket_limits"], a["bucket_counts"]
+    assert limits[0] == -133.0 and counts[0] == 2  # exponents below -133, drawn at -134
+    assert limits[-1] == 129.0 and counts[-1] == 3  # above 127, drawn at 128
+    assert counts[limits.index(-19.0)] == 5 and counts[limits.index(-17.0)] == 7 and sum(counts) == 17
+    assert a["min"] == -134.0 and a["max"] == 128.0 and a["num"] == 17
+    b = w.histograms["grad_log2/b"]
+    assert b["bucket_limits"][-1] == 129.0 and b["bucket_counts"][-1] == 4 and sum(b["bucket_counts"]) == 4
+    c = w.histograms["grad_log2/c"]
+    assert c["bucket_limits"] == [-2.0, -1.0] and c["bucket_counts"] == [1, 2] and c["sum"] == -3 + 2 * -2

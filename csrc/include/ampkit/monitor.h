@@ -30,7 +30,7 @@ class AMPKIT_API GradStatsLog {
 
   // Writes a line when step % every == 0 and returns true; otherwise does nothing and returns false. Call it after
   // backward; with `scaler` and grads_scaled (before scaler.unscale_ / step), the grads are unscaled by the
-  // scaler's 1/scale for the statistics. Reads the device (one copy per device, and the scaler's stats).
+  // scaler's 1/scale for the statistics, unless a compressed all-reduce already did (grads_unscaled_outside()). Reads the device (one copy per device, and the scaler's stats).
   bool log(int64_t step, const torch::OrderedDict<std::string, at::Tensor>& named_parameters,
            GradScaler* scaler = nullptr, bool grads_scaled = true);
 

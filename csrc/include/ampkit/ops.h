@@ -50,8 +50,8 @@ AMPKIT_API void cast_unscale_and_check_(at::TensorList src, at::TensorList out, 
 //   0: max |x * inv_scale| over finite x (0 if none)    1: L2 norm over finite x
 //   2: number of Inf/NaN elements                        3: number of zeros
 //   4..266: counts of the non-zero finite elements by e = floor(log2 |x * inv_scale|): column 4 for e < -133,
-//           column 5 + e + 133 for e in [-133, 127], column 266 for e > 127 (BF16's and FP32's whole range, FP16's
-//           inside it: FP16's smallest subnormal 2^-24 counts in column 114, its largest finite 65504 in 153).
+//           column 5 + e + 133 for e in [-133, 127], column 266 for e > 127 (BF16's whole range, FP32's but its
+//           subnormals, FP16's inside it: FP16's smallest subnormal 2^-24 counts in column 114, its largest finite 65504 in 153).
 // The norm's summation order is fixed (the same bits on the CPU and CUDA, run after run); the other columns do not
 // depend on order.
 //
