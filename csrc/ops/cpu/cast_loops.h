@@ -107,17 +107,9 @@ bool cast_ref(const TensorRef& src, const TensorRef& out, int64_t begin, int64_t
 }  // namespace
 
 bool cast_pass(const TensorRef* src, const TensorRef* out, int64_t n, const kernels::CastOp& op, bool check) {
-  size_t total_items = 0;
-  for (int64_t t = 0; t < n; ++t) {
-    total_items += static_cast<size_t>((src[t].numel + kCpuChunk - 1) / kCpuChunk);
-  }
-  std::vector<uint8_t> flags(total_items, 0);
-  for_all_chunks(
+  return any_chunk(
       n, [&](int64_t t) { return src[t].numel; }, kCpuParallelThreshold,
-      [&](size_t k, const WorkItem& w) {
-        flags[k] = cast_ref(src[w.tensor], out[w.tensor], w.begin, w.end, op, check) ? 1 : 0;
-      });
-  return std::any_of(flags.begin(), flags.end(), [](uint8_t f) { return f != 0; });
+      [&](const WorkItem& w) { return cast_ref(src[w.tensor], out[w.tensor], w.begin, w.end, op, check); });
 }
 
 }  // namespace ampkit::detail::AMPKIT_CPU_NS

@@ -73,18 +73,9 @@ bool unscale_ref(const TensorRef& t, int64_t begin, int64_t end, float inv_scale
 }  // namespace
 
 bool unscale_and_check(const TensorRef* tensors, int64_t n, float inv_scale, bool write) {
-  // Each work item keeps its own flag; they are reduced after the parallel region (no shared writes).
-  size_t total_items = 0;
-  for (int64_t t = 0; t < n; ++t) {
-    total_items += static_cast<size_t>((tensors[t].numel + kCpuChunk - 1) / kCpuChunk);
-  }
-  std::vector<uint8_t> flags(total_items, 0);
-  for_all_chunks(
+  return any_chunk(
       n, [&](int64_t t) { return tensors[t].numel; }, kCpuParallelThreshold,
-      [&](size_t k, const WorkItem& w) {
-        flags[k] = unscale_ref(tensors[w.tensor], w.begin, w.end, inv_scale, write) ? 1 : 0;
-      });
-  return std::any_of(flags.begin(), flags.end(), [](uint8_t f) { return f != 0; });
+      [&](const WorkItem& w) { return unscale_ref(tensors[w.tensor], w.begin, w.end, inv_scale, write); });
 }
 
 }  // namespace ampkit::detail::AMPKIT_CPU_NS

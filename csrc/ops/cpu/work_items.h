@@ -44,5 +44,18 @@ size_t for_all_chunks(int64_t n, const NumelOf& numel_of, int64_t serial_below, 
   return items.size();
 }
 
+// Calls pred(item) for every work item, as for_all_chunks does, and returns whether any call returned true. Each
+// item writes its own flag, reduced after the parallel region (no shared writes).
+template <typename NumelOf, typename Pred>
+bool any_chunk(int64_t n, const NumelOf& numel_of, int64_t serial_below, const Pred& pred) {
+  size_t total_items = 0;
+  for (int64_t t = 0; t < n; ++t) {
+    total_items += static_cast<size_t>((numel_of(t) + kCpuChunk - 1) / kCpuChunk);
+  }
+  std::vector<uint8_t> flags(total_items, 0);
+  for_all_chunks(n, numel_of, serial_below, [&](size_t k, const WorkItem& w) { flags[k] = pred(w) ? 1 : 0; });
+  return std::any_of(flags.begin(), flags.end(), [](uint8_t f) { return f != 0; });
+}
+
 }  // namespace
 }  // namespace ampkit::detail::AMPKIT_CPU_NS
