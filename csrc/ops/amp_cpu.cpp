@@ -34,7 +34,7 @@ void cast_cpu(const CastArgs& a) {
 
 at::Tensor grad_stats_cpu(const GradStatsArgs& a) {
   at::Tensor out = grad_stats_result(a);
-  const GradStatsInput grads(a.grads);
+  const DenseList grads(a.grads, /*keep_empty=*/true);  // a row per tensor; read only
   const float inv = a.inv_scale.has_value() ? *a.inv_scale->const_data_ptr<float>() : 1.f;
   cpu_loops().grad_stats(grads.data(), grads.size(), inv, out.mutable_data_ptr<double>());
   return out;

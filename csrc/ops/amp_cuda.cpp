@@ -50,7 +50,7 @@ at::Tensor grad_stats_cuda(const GradStatsArgs& a) {
   const c10::cuda::OptionalCUDAGuard guard(device);
   check_cuda_device(a.op, device);
   at::Tensor out = grad_stats_result(a);
-  const GradStatsInput grads(a.grads);
+  const DenseList grads(a.grads, /*keep_empty=*/true);  // a row per tensor; read only
   int64_t rows = 0;
   for (int64_t i = 0; i < grads.size(); ++i) {
     rows += kernels::grad_stats_chunks(grads.data()[i].numel);

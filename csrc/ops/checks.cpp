@@ -239,6 +239,23 @@ class AliasCheck {
   std::vector<Entry> entries_;
 };
 
+// A list entry of the FP16/BF16/FP32-only ops (cast passes, grad_stats): defined, strided, of one of those dtypes,
+// on `device` (the first entry's when not set yet; `like` names what set it).
+void check_narrow_float_entry(const char* op, const char* arg, size_t i, const at::Tensor& t,
+                              std::optional<at::Device>& device, const char* like) {
+  TORCH_CHECK(t.defined(), "ampkit::", op, ": ", arg, "[", i, "] is undefined");
+  TORCH_CHECK(t.layout() == at::kStrided, "ampkit::", op, ": ", arg, "[", i,
+              "] must be a strided (dense) tensor, but got layout ", t.layout());
+  const auto dtype = t.scalar_type();
+  TORCH_CHECK_TYPE(dtype == at::kHalf || dtype == at::kBFloat16 || dtype == at::kFloat, "ampkit::", op, ": ", arg,
+                   "[", i, "] must be Half, BFloat16 or Float, but got ", dtype);
+  if (!device.has_value()) {
+    device = t.device();
+  }
+  TORCH_CHECK(t.device() == *device, "ampkit::", op, ": ", arg, "[", i, "] must be on ", *device, " like ", like,
+              ", but is on ", t.device());
+}
+
 }  // namespace
 
 void check(const UnscaleArgs& a) {
@@ -260,18 +277,7 @@ void check(const UnscaleArgs& a) {
 void check(const GradStatsArgs& a) {
   std::optional<at::Device> device;
   for (size_t i = 0; i < a.grads.size(); ++i) {
-    const at::Tensor& t = a.grads[i];
-    TORCH_CHECK(t.defined(), "ampkit::", a.op, ": grads[", i, "] is undefined");
-    TORCH_CHECK(t.layout() == at::kStrided, "ampkit::", a.op, ": grads[", i,
-                "] must be a strided (dense) tensor, but got layout ", t.layout());
-    const auto dtype = t.scalar_type();
-    TORCH_CHECK_TYPE(dtype == at::kHalf || dtype == at::kBFloat16 || dtype == at::kFloat, "ampkit::", a.op,
-                     ": grads[", i, "] must be Half, BFloat16 or Float, but got ", dtype);
-    if (!device.has_value()) {
-      device = t.device();
-    }
-    TORCH_CHECK(t.device() == *device, "ampkit::", a.op, ": grads[", i, "] must be on ", *device,
-                " like grads[0], but is on ", t.device());
+    check_narrow_float_entry(a.op, "grads", i, a.grads[i], device, "grads[0]");
   }
   if (a.inv_scale.has_value()) {
     check_scalar_tensor(a.op, "inv_scale", *a.inv_scale, at::kFloat, device, "grads[0]");
@@ -294,22 +300,10 @@ void check(const CastArgs& a) {
     TORCH_CHECK_VALUE(std::isfinite(a.divisor) && a.divisor > 0 && std::isfinite(divisor) && divisor > 0, "ampkit::",
                       a.op, ": divisor must be a finite number > 0 that FP32 holds, but got ", a.divisor);
   }
-  auto check_entry = [&](const char* arg, size_t i, const at::Tensor& t) {
-    TORCH_CHECK(t.defined(), "ampkit::", a.op, ": ", arg, "[", i, "] is undefined");
-    TORCH_CHECK(t.layout() == at::kStrided, "ampkit::", a.op, ": ", arg, "[", i,
-                "] must be a strided (dense) tensor, but got layout ", t.layout());
-    const auto dtype = t.scalar_type();
-    TORCH_CHECK_TYPE(dtype == at::kHalf || dtype == at::kBFloat16 || dtype == at::kFloat, "ampkit::", a.op, ": ",
-                     arg, "[", i, "] must be Half, BFloat16 or Float, but got ", dtype);
-    if (!device.has_value()) {
-      device = t.device();
-    }
-    TORCH_CHECK(t.device() == *device, "ampkit::", a.op, ": ", arg, "[", i, "] must be on ", *device,
-                unscale ? " like found_inf" : " like src[0]", ", but is on ", t.device());
-  };
   for (size_t i = 0; i < n; ++i) {
-    check_entry("src", i, a.src[i]);
-    check_entry("out", i, a.out[i]);
+    const char* like = unscale ? "found_inf" : "src[0]";
+    check_narrow_float_entry(a.op, "src", i, a.src[i], device, like);
+    check_narrow_float_entry(a.op, "out", i, a.out[i], device, like);
     TORCH_CHECK(a.src[i].sym_sizes() == a.out[i].sym_sizes(), "ampkit::", a.op, ": out[", i,
                 "] must have the shape of src[", i, "] (", a.src[i].sym_sizes(), "), but has ", a.out[i].sym_sizes());
     if (!a.out[i].device().is_meta()) {

@@ -21,10 +21,13 @@ kernels::DType kernel_dtype(at::ScalarType t) {
   }
 }
 
-DenseList::DenseList(at::TensorList list) {
+DenseList::DenseList(at::TensorList list, bool keep_empty) {
   refs_.reserve(list.size());
   for (const at::Tensor& t : list) {
     if (t.numel() == 0) {
+      if (keep_empty) {
+        refs_.push_back({nullptr, 0, kernel_dtype(t.scalar_type())});
+      }
       continue;
     }
     if (t.is_non_overlapping_and_dense()) {
@@ -77,20 +80,6 @@ at::Tensor grad_stats_result(const GradStatsArgs& a) {
   const at::Device device = !a.grads.empty() ? a.grads[0].device() : a.inv_scale->device();
   return at::empty({static_cast<int64_t>(a.grads.size()), kernels::kGradStatsColumns},
                    at::TensorOptions().dtype(at::kDouble).device(device));
-}
-
-GradStatsInput::GradStatsInput(at::TensorList grads) {
-  refs_.reserve(grads.size());
-  for (const at::Tensor& t : grads) {
-    if (t.numel() == 0) {
-      refs_.push_back({nullptr, 0, kernel_dtype(t.scalar_type())});
-    } else if (t.is_non_overlapping_and_dense()) {
-      refs_.push_back({t.data_ptr(), t.numel(), kernel_dtype(t.scalar_type())});
-    } else {
-      copies_.push_back(t.contiguous());
-      refs_.push_back({copies_.back().data_ptr(), t.numel(), kernel_dtype(t.scalar_type())});
-    }
-  }
 }
 
 std::vector<kernels::OptimTensor> optim_tensors(const OptimLists& l) {

@@ -15,9 +15,10 @@ kernels::DType kernel_dtype(at::ScalarType t);
 
 // Dense descriptors of a tensor list. Tensors whose memory is one dense block (any permutation of a contiguous
 // tensor) are used in place; the others go through a contiguous staging copy that `write_back()` copies back.
+// Zero-size tensors are dropped, or kept as null descriptors with `keep_empty` (one descriptor per tensor).
 class DenseList {
  public:
-  explicit DenseList(at::TensorList list);
+  explicit DenseList(at::TensorList list, bool keep_empty = false);
   const kernels::TensorRef* data() const { return refs_.data(); }
   int64_t size() const { return static_cast<int64_t>(refs_.size()); }
   void write_back();
@@ -43,19 +44,6 @@ class DensePairs {
   std::vector<kernels::TensorRef> out_;
   std::vector<at::Tensor> src_copies_;
   std::vector<std::pair<at::Tensor, at::Tensor>> staged_;  // (out, contiguous staging tensor)
-};
-
-// One read-only descriptor per tensor, zero-size ones included (grad_stats has a row for each); tensors that are
-// not one dense block are read through a contiguous copy.
-class GradStatsInput {
- public:
-  explicit GradStatsInput(at::TensorList grads);
-  const kernels::TensorRef* data() const { return refs_.data(); }
-  int64_t size() const { return static_cast<int64_t>(refs_.size()); }
-
- private:
-  std::vector<kernels::TensorRef> refs_;
-  std::vector<at::Tensor> copies_;
 };
 
 // One kernel descriptor per parameter (zero-size params included: their step counts advance).

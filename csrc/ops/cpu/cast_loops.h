@@ -15,6 +15,7 @@
 
 #include "../../../kernels/amp_functors.h"
 #include "cpu_loops.h"
+#include "vec_io.h"
 #include "work_items.h"
 
 namespace ampkit::detail::AMPKIT_CPU_NS {
@@ -22,30 +23,8 @@ namespace {
 
 using kernels::DType;
 using kernels::TensorRef;
-using VecF = at::vec::Vectorized<float>;
 constexpr int64_t kCastBlock = 2 * VecF::size();  // one Vectorized<Half> / <BFloat16>: two float vectors
 static_assert(at::vec::Vectorized<c10::Half>::size() == kCastBlock, "a 2-byte vector widens to two float vectors");
-
-// Elements [p, p + kCastBlock) as two float vectors, and back.
-template <typename T>
-void load_floats(const T* p, VecF& lo, VecF& hi) {
-  if constexpr (std::is_same_v<T, float>) {
-    lo = VecF::loadu(p);
-    hi = VecF::loadu(p + VecF::size());
-  } else {
-    std::tie(lo, hi) = at::vec::convert_to_float<T>(at::vec::Vectorized<T>::loadu(p));
-  }
-}
-
-template <typename T>
-void store_floats(T* p, const VecF& lo, const VecF& hi) {
-  if constexpr (std::is_same_v<T, float>) {
-    lo.store(p);
-    hi.store(p + VecF::size());
-  } else {
-    at::vec::convert_from_float<T>(lo, hi).store(p);
-  }
-}
 
 // Rounds float vectors to T's precision (nearest even) and widens them again: float(T(x)).
 template <typename T>
@@ -63,12 +42,12 @@ bool cast_span(const TS* s, TO* o, int64_t n, const kernels::CastOp& op, bool ch
   for (; i + kCastBlock <= n; i += kCastBlock) {
     VecF lo;
     VecF hi;
-    load_floats(s + i, lo, hi);
+    load2(s + i, lo, hi);
     round_through<TO>(lo, hi);
     if (check) {
       bad |= lo.has_inf_nan() || hi.has_inf_nan();
     }
-    store_floats(o + i, op(lo), op(hi));
+    store2(o + i, op(lo), op(hi));
   }
   for (; i < n; ++i) {
     const float y = static_cast<float>(static_cast<TO>(static_cast<float>(s[i])));

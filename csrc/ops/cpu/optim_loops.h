@@ -17,6 +17,7 @@
 
 #include "../../../kernels/optim_functors.h"
 #include "cpu_loops.h"
+#include "vec_io.h"
 #include "work_items.h"
 
 namespace ampkit::detail::AMPKIT_CPU_NS {
@@ -24,7 +25,6 @@ namespace {
 
 using kernels::DType;
 using kernels::OptimTensor;
-using VecF = at::vec::Vectorized<float>;
 
 struct VecMath {
   static VecF sqrt(const VecF& x) { return x.sqrt(); }
@@ -49,27 +49,6 @@ struct VecMath {
 #endif
   }
 };
-
-// Two float vectors from 2 * VecF::size() elements of T, and back (rounding once to nearest-even).
-template <typename T>
-void load2(const T* p, VecF& lo, VecF& hi) {
-  if constexpr (std::is_same_v<T, float>) {
-    lo = VecF::loadu(p);
-    hi = VecF::loadu(p + VecF::size());
-  } else {
-    std::tie(lo, hi) = at::vec::convert_to_float<T>(at::vec::Vectorized<T>::loadu(p));
-  }
-}
-
-template <typename T>
-void store2(T* p, const VecF& lo, const VecF& hi) {
-  if constexpr (std::is_same_v<T, float>) {
-    lo.store(p);
-    hi.store(p + VecF::size());
-  } else {
-    at::vec::convert_from_float<T>(lo, hi).store(p);
-  }
-}
 
 // Runs `vec_body(w, g, m, v, vmax)` on pairs of float vectors over elements [begin, end) of t, then
 // `scalar_body(w, g, m, v, vmax, tail)` on what is left, and stores the weight (and the master) back. Elements
