@@ -186,4 +186,116 @@ struct SgdOp {
   }
 };
 
+// Hyper-parameters of a LAMB step (You et al. 2020; the semantics of Apex's FusedLAMB, NVIDIA's BERT recipe), as
+// the caller gives them.
+struct LambParams {
+  double lr;
+  double beta1;
+  double beta2;
+  double weight_decay;
+  double eps;
+  bool bias_correction;
+  bool adam_w_mode;     // decoupled weight decay added to the update (true) or L2 added to the grad (false)
+  bool grad_averaging;  // m = beta1 * m + (1 - beta1) * g (true) or beta1 * m + g (false)
+  bool use_nvlamb;      // the trust ratio for every tensor, not only those with weight decay
+  double max_grad_norm;  // > 0 with a grad norm given: the grads are scaled down to that global norm
+};
+
+// NOTE [LAMB passes]
+// A LAMB step needs per-tensor norms of the weight and of the update before any weight may change, so it is
+// three passes (Apex's two stages, without its scratch copy of the update):
+//   1. (grad_norm op, when clipping) the global norm of the unscaled grads: sum of squares per chunk lane.
+//   2. moments: g = raw grad / (grad_scale * clip), m and v updated and stored, u = m^ / (sqrt(v^) + eps)
+//      (+ wd * w in adam_w_mode) computed, ||w||^2 and ||u||^2 summed per chunk lane; the weight is not written.
+//   3. apply: u recomputed from the stored m and v (the same FP32 formula, so the same bits), the trust ratio
+//      r = ||w|| / ||u|| (1 when either is 0, or without weight decay unless use_nvlamb), w += -lr * r * u.
+// Norms are sums of squares in double in the order of NOTE [Deterministic norm] (amp_functors.h): chunk lanes,
+// lane sums in lane order, chunk sums in chunk order; the CPU loops follow it, so CPU and CUDA agree bit for bit.
+// Traffic per parameter with an FP16 weight and FP32 master: pass 2 reads g, w, m, v and writes m, v (22 bytes);
+// pass 3 reads w, m, v and writes w and the FP16 weight (18 bytes): 40 bytes, 42 with clipping (AdamW: 28).
+
+// The divisor of the raw grads: the loss scale times the clipping factor ||g|| / max_grad_norm when the global
+// norm of the unscaled grads exceeds max_grad_norm (in double, rounded once).
+AMPKIT_HOST_DEVICE AMPKIT_INLINE float lamb_grad_divisor(float grad_scale, const float* grad_norm,
+                                                         double max_grad_norm) {
+  double clip = 1.0;
+  if (grad_norm != nullptr && max_grad_norm > 0.0) {
+    const double norm = static_cast<double>(*grad_norm);
+    if (norm > max_grad_norm) {
+      clip = norm / max_grad_norm;
+    }
+  }
+  return static_cast<float>(static_cast<double>(grad_scale) * clip);
+}
+
+// The bias corrections of a tensor's step (1 without bias correction), in double rounded once.
+struct LambStepFactors {
+  float bias_correction1;
+  float bias_correction2;
+
+  AMPKIT_HOST_DEVICE static LambStepFactors at_step(const LambParams& p, float step) {
+    if (!p.bias_correction) {
+      return {1.f, 1.f};
+    }
+    return {static_cast<float>(1.0 - pow(p.beta1, static_cast<double>(step))),
+            static_cast<float>(1.0 - pow(p.beta2, static_cast<double>(step)))};
+  }
+};
+
+// The per-element formulas of LAMB's moments and update pass (NOTE [LAMB passes]) in FP32, every multiply-add
+// written out (no contraction: the CPU and CUDA builds round alike).
+struct LambOp {
+  LambParams p;
+  float beta1;
+  float grad_coeff;  // 1 - beta1 with grad averaging, else 1
+  float beta2;
+  float grad_sq_coeff;  // 1 - beta2
+  float weight_decay;
+  float eps;
+
+  AMPKIT_HOST_DEVICE explicit LambOp(const LambParams& params)
+      : p(params),
+        beta1(static_cast<float>(params.beta1)),
+        grad_coeff(params.grad_averaging ? static_cast<float>(1.0 - params.beta1) : 1.f),
+        beta2(static_cast<float>(params.beta2)),
+        grad_sq_coeff(static_cast<float>(1.0 - params.beta2)),
+        weight_decay(static_cast<float>(params.weight_decay)),
+        eps(static_cast<float>(params.eps)) {}
+
+  // Whether the update is scaled by the trust ratio ||w|| / ||u||.
+  AMPKIT_HOST_DEVICE bool trust_ratio() const { return p.weight_decay != 0.0 || p.use_nvlamb; }
+
+  // The update direction u of weight w from the (new) moments m and v.
+  template <typename V = float, typename Math = ScalarMath>
+  AMPKIT_HOST_DEVICE V direction(V w, V m, V v, const LambStepFactors& f) const {
+    const V denom = Math::sqrt(v / V(f.bias_correction2)) + V(eps);
+    V u = (m / V(f.bias_correction1)) / denom;
+    if (p.adam_w_mode && p.weight_decay != 0.0) {
+      u = Math::fma(V(weight_decay), w, u);
+    }
+    return u;
+  }
+
+  // Updates the moments with the unscaled, clipped grad g and returns the update direction.
+  template <typename V = float, typename Math = ScalarMath>
+  AMPKIT_HOST_DEVICE V moments(V w, V g, V& m, V& v, const LambStepFactors& f) const {
+    if (!p.adam_w_mode && p.weight_decay != 0.0) {
+      g = Math::fma(V(weight_decay), w, g);
+    }
+    m = Math::fma(V(beta1), m, V(grad_coeff) * g);
+    v = Math::fma(V(beta2), v, V(grad_sq_coeff) * g * g);
+    return direction<V, Math>(w, m, v, f);
+  }
+};
+
+// The factor of a tensor's update, -lr * trust ratio, from its sums of squares ||w||^2 and ||u||^2 (double,
+// rounded once).
+AMPKIT_HOST_DEVICE AMPKIT_INLINE float lamb_update_factor(double lr, double w_sq, double u_sq, bool trust_ratio) {
+  double ratio = 1.0;
+  if (trust_ratio && w_sq != 0.0 && u_sq != 0.0) {
+    ratio = sqrt(w_sq) / sqrt(u_sq);
+  }
+  return static_cast<float>(-(lr * ratio));
+}
+
 }  // namespace ampkit::kernels

@@ -2,6 +2,7 @@
 // of its own entry point.
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
 #include <torch/version.h>
 
 #include <cmath>
@@ -88,6 +89,25 @@ void sgd_step_(at::TensorList params, at::TensorList grads, at::TensorList maste
   op_handle<sgd_step_>("ampkit::sgd_step_")
       .call(params, grads, master_params, param_remainders, momentum_buffers, state_steps, lr, momentum, dampening,
             weight_decay, nesterov, maximize, grad_scale, found_inf, lr_tensor, write_unscaled_grads);
+}
+
+void lamb_step_(at::TensorList params, at::TensorList grads, at::TensorList master_params,
+                at::TensorList param_remainders, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
+                at::TensorList state_steps, double lr, double beta1, double beta2, double weight_decay, double eps,
+                bool bias_correction, bool adam_w_mode, bool grad_averaging, bool use_nvlamb, double max_grad_norm,
+                const std::optional<at::Tensor>& grad_norm, const std::optional<at::Tensor>& grad_scale,
+                const std::optional<at::Tensor>& found_inf, const std::optional<at::Tensor>& lr_tensor) {
+  op_handle<lamb_step_>("ampkit::lamb_step_")
+      .call(params, grads, master_params, param_remainders, exp_avgs, exp_avg_sqs, state_steps, lr, beta1, beta2,
+            weight_decay, eps, bias_correction, adam_w_mode, grad_averaging, use_nvlamb, max_grad_norm, grad_norm,
+            grad_scale, found_inf, lr_tensor);
+}
+
+at::Tensor grad_norm(at::TensorList grads, const std::optional<at::Tensor>& grad_scale) {
+  if (grads.empty() && !grad_scale.has_value()) {  // no tensor to dispatch on
+    return at::zeros({}, at::TensorOptions().dtype(at::kFloat));
+  }
+  return op_handle<grad_norm>("ampkit::grad_norm").call(grads, grad_scale);
 }
 
 BuildInfo build_info() {

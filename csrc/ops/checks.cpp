@@ -193,9 +193,9 @@ class AliasCheck {
     }
   }
 
-  void add(const char* arg, const std::optional<at::Tensor>& t) {
+  void add(const char* arg, const std::optional<at::Tensor>& t, bool read_only = false) {
     if (t.has_value()) {
-      add(arg, *t);
+      add(arg, *t, -1, read_only);
     }
   }
 
@@ -399,6 +399,44 @@ void check(const SgdStepArgs& a) {
   check_step_aliasing(a.op, a.lists, a.scalars, "momentum_buffers");
 }
 
+void check(const LambStepArgs& a) {
+  check_adam_hparams(a.op, a.lr, a.beta1, a.beta2, a.weight_decay, a.eps);
+  TORCH_CHECK_VALUE(a.max_grad_norm >= 0.0 && std::isfinite(a.max_grad_norm), "ampkit::", a.op,
+                    ": max_grad_norm must be a finite number >= 0 (0: no clipping), but got ", a.max_grad_norm);
+  check_optim_args(a.op, a.lists, true, true, false, true, a.scalars.grad_scale, a.scalars.found_inf,
+                   a.scalars.lr_tensor);
+  TORCH_CHECK_VALUE(a.lists.max_exp_avg_sqs.empty(), "ampkit::", a.op, ": LAMB keeps no max_exp_avg_sqs");
+  if (a.grad_norm.has_value()) {
+    check_scalar_tensor(a.op, "grad_norm", *a.grad_norm, at::kFloat,
+                        a.lists.params.empty() ? std::nullopt : std::optional<at::Device>(a.lists.params[0].device()));
+  }
+  // The grads are only read (the moments pass and the apply pass both need them whole).
+  const OptimLists& l = a.lists;
+  AliasCheck alias(a.op);
+  alias.add("params", l.params);
+  alias.add("grads", l.grads, /*read_only=*/true);
+  alias.add("master_params", l.master_params);
+  alias.add("param_remainders", l.param_remainders);
+  alias.add("exp_avgs", l.exp_avgs);
+  alias.add("exp_avg_sqs", l.exp_avg_sqs);
+  alias.add("state_steps", l.state_steps);
+  alias.add("grad_scale", a.scalars.grad_scale, /*read_only=*/true);
+  alias.add("found_inf", a.scalars.found_inf, /*read_only=*/true);
+  alias.add("lr_tensor", a.scalars.lr_tensor, /*read_only=*/true);
+  alias.add("grad_norm", a.grad_norm, /*read_only=*/true);
+  alias.check();
+}
+
+void check(const GradNormArgs& a) {
+  std::optional<at::Device> device;
+  for (size_t i = 0; i < a.grads.size(); ++i) {
+    check_narrow_float_entry(a.op, "grads", i, a.grads[i], device, "grads[0]");
+  }
+  if (a.grad_scale.has_value()) {
+    check_scalar_tensor(a.op, "grad_scale", *a.grad_scale, at::kFloat, device, "grads[0]");
+  }
+}
+
 kernels::UpdateScaleOp update_scale_op(const UpdateScaleArgs& a) {
   return {a.growth_factor,
           a.backoff_factor,
@@ -412,6 +450,11 @@ kernels::UpdateScaleOp update_scale_op(const UpdateScaleArgs& a) {
 kernels::AdamParams adam_params(const AdamStepArgs& a, double lr, int tail_width) {
   return {lr,         a.beta1,    a.beta2,    a.weight_decay, a.eps, a.amsgrad,
           a.maximize, a.decoupled_weight_decay, tail_width,   a.write_unscaled_grads};
+}
+
+kernels::LambParams lamb_params(const LambStepArgs& a, double lr) {
+  return {lr,         a.beta1,          a.beta2,          a.weight_decay, a.eps, a.bias_correction,
+          a.adam_w_mode, a.grad_averaging, a.use_nvlamb, a.max_grad_norm};
 }
 
 kernels::SgdParams sgd_params(const SgdStepArgs& a, double lr, int tail_width) {

@@ -97,4 +97,9 @@ std::vector<kernels::OptimTensor> optim_tensors(const OptimLists& l) {
   return out;
 }
 
+at::Tensor grad_norm_result(const GradNormArgs& a) {
+  const at::Device device = !a.grads.empty() ? a.grads[0].device() : a.grad_scale->device();
+  return at::empty({}, at::TensorOptions().dtype(at::kFloat).device(device));
+}
+
 }  // namespace ampkit::detail

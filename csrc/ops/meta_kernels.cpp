@@ -15,4 +15,6 @@ TORCH_LIBRARY_IMPL(ampkit, Meta, m) {
   m.impl("update_scale_hysteresis_", &update_scale_hysteresis_kernel<nullptr>);
   m.impl("adamw_step_", &adamw_step_kernel<nullptr>);
   m.impl("sgd_step_", &sgd_step_kernel<nullptr>);
+  m.impl("lamb_step_", &lamb_step_kernel<nullptr>);
+  m.impl("grad_norm", &grad_norm_kernel<grad_norm_result>);
 }

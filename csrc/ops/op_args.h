@@ -103,6 +103,31 @@ struct SgdStepArgs {
   bool write_unscaled_grads;
 };
 
+// lamb_step_ (NOTE [LAMB passes] in kernels/optim_functors.h): lists.max_exp_avg_sqs is empty.
+struct LambStepArgs {
+  const char* op;
+  OptimLists lists;
+  double lr;
+  double beta1;
+  double beta2;
+  double weight_decay;
+  double eps;
+  bool bias_correction;
+  bool adam_w_mode;
+  bool grad_averaging;
+  bool use_nvlamb;
+  double max_grad_norm;
+  std::optional<at::Tensor> grad_norm;
+  StepScalars scalars;
+};
+
+// grad_norm: the global L2 norm of a list of grads, divided by grad_scale when given.
+struct GradNormArgs {
+  const char* op;
+  at::TensorList grads;
+  std::optional<at::Tensor> grad_scale;
+};
+
 // Throw (naming the op, the argument and the list index) unless the arguments are consistent.
 void check(const UnscaleArgs& a);
 void check(const UpdateScaleArgs& a);
@@ -110,11 +135,14 @@ void check(const CastArgs& a);
 void check(const GradStatsArgs& a);
 void check(const AdamStepArgs& a);
 void check(const SgdStepArgs& a);
+void check(const LambStepArgs& a);
+void check(const GradNormArgs& a);
 
 // The functors' parameters from checked arguments (`lr` replaces the op's lr: the CPU reads lr_tensor on the
 // host; `tail_width`: NOTE [torch's scalar tail]).
 kernels::UpdateScaleOp update_scale_op(const UpdateScaleArgs& a);
 kernels::AdamParams adam_params(const AdamStepArgs& a, double lr, int tail_width);
 kernels::SgdParams sgd_params(const SgdStepArgs& a, double lr, int tail_width);
+kernels::LambParams lamb_params(const LambStepArgs& a, double lr);
 
 }  // namespace ampkit::detail

@@ -100,6 +100,31 @@ void sgd_step_kernel(at::TensorList params, at::TensorList grads, at::TensorList
                                    {grad_scale, found_inf, lr_tensor}, write_unscaled_grads});
 }
 
+template <RunFn<LambStepArgs> Run>
+void lamb_step_kernel(at::TensorList params, at::TensorList grads, at::TensorList master_params,
+                      at::TensorList param_remainders, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
+                      at::TensorList state_steps, double lr, double beta1, double beta2, double weight_decay,
+                      double eps, bool bias_correction, bool adam_w_mode, bool grad_averaging, bool use_nvlamb,
+                      double max_grad_norm, const std::optional<at::Tensor>& grad_norm,
+                      const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf,
+                      const std::optional<at::Tensor>& lr_tensor) {
+  check_and_run<LambStepArgs, Run>(
+      {"lamb_step_",
+       {params, grads, master_params, param_remainders, exp_avgs, exp_avg_sqs, {}, state_steps},
+       lr, beta1, beta2, weight_decay, eps, bias_correction, adam_w_mode, grad_averaging, use_nvlamb, max_grad_norm,
+       grad_norm, {grad_scale, found_inf, lr_tensor}});
+}
+
+template <at::Tensor (*Run)(const GradNormArgs&)>
+at::Tensor grad_norm_kernel(at::TensorList grads, const std::optional<at::Tensor>& grad_scale) {
+  const GradNormArgs args{"grad_norm", grads, grad_scale};
+  check(args);
+  return Run(args);
+}
+
+// The 0-dim FP32 result of grad_norm on the device of its arguments (the Meta kernel's whole work).
+at::Tensor grad_norm_result(const GradNormArgs& a);
+
 // Each kernel has exactly the signature of its public entry point.
 static_assert(std::is_same_v<decltype(unscale_and_check_kernel<nullptr>), decltype(ampkit::unscale_and_check_)>);
 static_assert(std::is_same_v<decltype(check_finite_kernel<nullptr>), decltype(ampkit::check_finite_)>);
@@ -112,5 +137,7 @@ static_assert(std::is_same_v<decltype(update_scale_hysteresis_kernel<nullptr>),
                              decltype(ampkit::update_scale_hysteresis_)>);
 static_assert(std::is_same_v<decltype(adamw_step_kernel<nullptr>), decltype(ampkit::adamw_step_)>);
 static_assert(std::is_same_v<decltype(sgd_step_kernel<nullptr>), decltype(ampkit::sgd_step_)>);
+static_assert(std::is_same_v<decltype(lamb_step_kernel<nullptr>), decltype(ampkit::lamb_step_)>);
+static_assert(std::is_same_v<decltype(grad_norm_kernel<grad_norm_result>), decltype(ampkit::grad_norm)>);
 
 }  // namespace ampkit::detail

@@ -1,4 +1,4 @@
-// CPU kernels of adamw_step_ and sgd_step_: the device-side skip (found_inf), then the shared loops.
+// CPU kernels of adamw_step_, sgd_step_, lamb_step_ and grad_norm: the device-side skip (found_inf), then the shared loops.
 #include <torch/library.h>
 
 #include "cpu/cpu_loops.h"
@@ -36,6 +36,23 @@ void adam_step_cpu(const AdamStepArgs& a) { step_cpu(a, adam_params, cpu_loops()
 
 void sgd_step_cpu(const SgdStepArgs& a) { step_cpu(a, sgd_params, cpu_loops().sgd_step); }
 
+void lamb_step_cpu(const LambStepArgs& a) {
+  if (skipped(a.scalars)) {
+    return;
+  }
+  const auto tensors = optim_tensors(a.lists);
+  cpu_loops().lamb_step(tensors.data(), static_cast<int64_t>(tensors.size()),
+                        lamb_params(a, lr_of(a.scalars, a.lr)), grad_scale_of(a.scalars), float_ptr(a.grad_norm));
+}
+
+at::Tensor grad_norm_cpu(const GradNormArgs& a) {
+  at::Tensor out = grad_norm_result(a);
+  const DenseList grads(a.grads);  // read only
+  const float scale = a.grad_scale.has_value() ? *a.grad_scale->const_data_ptr<float>() : 1.f;
+  *out.mutable_data_ptr<float>() = cpu_loops().grad_norm(grads.data(), grads.size(), scale);
+  return out;
+}
+
 }  // namespace
 }  // namespace ampkit::detail
 
@@ -43,4 +60,6 @@ TORCH_LIBRARY_IMPL(ampkit, CPU, m) {
   using namespace ampkit::detail;
   m.impl("adamw_step_", &adamw_step_kernel<adam_step_cpu>);
   m.impl("sgd_step_", &sgd_step_kernel<sgd_step_cpu>);
+  m.impl("lamb_step_", &lamb_step_kernel<lamb_step_cpu>);
+  m.impl("grad_norm", &grad_norm_kernel<grad_norm_cpu>);
 }

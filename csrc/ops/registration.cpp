@@ -43,4 +43,17 @@ TORCH_LIBRARY(ampkit, m) {
       "bool maximize, Tensor? grad_scale=None, Tensor? found_inf=None, Tensor? lr_tensor=None, "
       "bool write_unscaled_grads=True) -> ()",
       {at::Tag::pt2_compliant_tag});
+  // LAMB (NOTE [LAMB passes]): Adam moments, then per tensor w -= lr * ||w|| / ||u|| * u; grads (only read)
+  // divided by grad_scale and, when grad_norm (the global norm of the unscaled grads, see grad_norm) exceeds
+  // max_grad_norm > 0, by grad_norm / max_grad_norm. Masters, remainders, skip and lr_tensor as adamw_step_.
+  m.def(
+      "lamb_step_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] master_params, Tensor(c!)[] param_remainders, "
+      "Tensor(d!)[] exp_avgs, Tensor(e!)[] exp_avg_sqs, Tensor(f!)[] state_steps, *, float lr, float beta1, "
+      "float beta2, float weight_decay, float eps, bool bias_correction=True, bool adam_w_mode=True, "
+      "bool grad_averaging=True, bool use_nvlamb=False, float max_grad_norm=0.0, Tensor? grad_norm=None, "
+      "Tensor? grad_scale=None, Tensor? found_inf=None, Tensor? lr_tensor=None) -> ()",
+      {at::Tag::pt2_compliant_tag});
+  // The L2 norm of all grads together divided by grad_scale, as a 0-dim FP32 tensor on their device; summed in
+  // one fixed order (NOTE [Deterministic norm]), so CPU and CUDA give the same bits.
+  m.def("grad_norm(Tensor[] grads, Tensor? grad_scale=None) -> Tensor", {at::Tag::pt2_compliant_tag});
 }

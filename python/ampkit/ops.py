@@ -70,3 +70,34 @@ def update_scale_(
 ) -> None:
     """One dynamic loss-scale step on the device, identical to ``torch._amp_update_scale_`` (returns None)."""
     torch.ops.ampkit.update_scale_(scale, growth_tracker, found_inf, growth_factor, backoff_factor, growth_interval)
+
+
+def grad_norm(grads: Sequence[torch.Tensor], grad_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """The L2 norm of all ``grads`` together, divided by ``grad_scale`` when given: a 0-dim FP32 tensor on their
+    device, no host sync (``torch.nn.utils.get_total_norm``'s value). Squares are summed in double in one fixed
+    order, so the CPU and CUDA give the same bits. An empty list gives 0."""
+    grads = list(grads)
+    if not grads and grad_scale is None:
+        return torch.zeros((), dtype=torch.float32)
+    return torch.ops.ampkit.grad_norm(grads, grad_scale)
+
+
+def lamb_step_(params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor],
+               master_params: Sequence[torch.Tensor], param_remainders: Sequence[torch.Tensor],
+               exp_avgs: Sequence[torch.Tensor], exp_avg_sqs: Sequence[torch.Tensor],
+               state_steps: Sequence[torch.Tensor], *, lr: float, beta1: float, beta2: float, weight_decay: float,
+               eps: float, bias_correction: bool = True, adam_w_mode: bool = True, grad_averaging: bool = True,
+               use_nvlamb: bool = False, max_grad_norm: float = 0.0, grad_norm: torch.Tensor | None = None,
+               grad_scale: torch.Tensor | None = None, found_inf: torch.Tensor | None = None,
+               lr_tensor: torch.Tensor | None = None) -> None:
+    """One fused LAMB step (Apex ``FusedLAMB``'s semantics): Adam moments, the update ``u = m^/(sqrt(v^)+eps)``
+    (``+ weight_decay * w`` in ``adam_w_mode``), then per tensor ``w -= lr * ||w||/||u|| * u`` (trust ratio 1 where
+    either norm is 0, and for tensors without weight decay unless ``use_nvlamb``). Grads are only read: divided by
+    ``grad_scale`` and, when ``grad_norm`` (see :func:`grad_norm`) exceeds ``max_grad_norm > 0``, scaled to that
+    norm. Masters, remainders, ``found_inf`` and ``lr_tensor`` as ``adamw_step_``."""
+    torch.ops.ampkit.lamb_step_(
+        list(params), list(grads), list(master_params), list(param_remainders), list(exp_avgs), list(exp_avg_sqs),
+        list(state_steps), lr=lr, beta1=beta1, beta2=beta2, weight_decay=weight_decay, eps=eps,
+        bias_correction=bias_correction, adam_w_mode=adam_w_mode, grad_averaging=grad_averaging,
+        use_nvlamb=use_nvlamb, max_grad_norm=max_grad_norm, grad_norm=grad_norm, grad_scale=grad_scale,
+        found_inf=found_inf, lr_tensor=lr_tensor)

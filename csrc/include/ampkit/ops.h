@@ -118,6 +118,30 @@ AMPKIT_API void sgd_step_(at::TensorList params, at::TensorList grads, at::Tenso
                           const std::optional<at::Tensor>& lr_tensor = std::nullopt,
                           bool write_unscaled_grads = true);
 
+// One fused LAMB step (You et al. 2020, with the semantics of Apex's FusedLAMB): Adam moments (grad_averaging:
+// m = beta1 m + (1 - beta1) g, else beta1 m + g; bias_correction), the update u = m^ / (sqrt(v^) + eps) plus
+// weight_decay * w in adam_w_mode (else L2 weight decay added to the grad), then per tensor
+// w -= lr * ratio * u with the trust ratio ||w|| / ||u|| (1 when either is 0; applied where weight_decay != 0, or
+// everywhere with use_nvlamb). Grads are only read: divided by grad_scale and, when grad_norm (a one-element FP32
+// tensor: the global norm of the unscaled grads, from grad_norm()) exceeds max_grad_norm > 0, by
+// grad_norm / max_grad_norm. master_params / param_remainders, found_inf (skip everything, step counts included)
+// and lr_tensor as adamw_step_. Norms are deterministic: CPU and CUDA give the same bits.
+AMPKIT_API void lamb_step_(at::TensorList params, at::TensorList grads, at::TensorList master_params,
+                           at::TensorList param_remainders, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
+                           at::TensorList state_steps, double lr, double beta1, double beta2, double weight_decay,
+                           double eps, bool bias_correction = true, bool adam_w_mode = true,
+                           bool grad_averaging = true, bool use_nvlamb = false, double max_grad_norm = 0.0,
+                           const std::optional<at::Tensor>& grad_norm = std::nullopt,
+                           const std::optional<at::Tensor>& grad_scale = std::nullopt,
+                           const std::optional<at::Tensor>& found_inf = std::nullopt,
+                           const std::optional<at::Tensor>& lr_tensor = std::nullopt);
+
+// The L2 norm of all `grads` together (FP16/BF16/FP32, one device), divided by grad_scale (a one-element FP32
+// tensor) when given: a 0-dim FP32 tensor on their device, no host sync. Squares are summed in double in one
+// fixed order (NOTE [Deterministic norm] in kernels/amp_functors.h), so CPU and CUDA results are bit-identical.
+// An empty list gives 0 (on the CPU, or on grad_scale's device).
+AMPKIT_API at::Tensor grad_norm(at::TensorList grads, const std::optional<at::Tensor>& grad_scale = std::nullopt);
+
 // What this build of ampkit contains: whether its CUDA kernels were compiled, for which architectures, and
 // which instruction set the CPU loops use on this machine.
 struct BuildInfo {

@@ -31,6 +31,11 @@ struct CpuLoops {
   // NOTE [Gradient statistics]: one row of kGradStatsColumns doubles per tensor into `out` (zero-size tensors
   // included: their rows are zeros).
   void (*grad_stats)(const kernels::TensorRef* grads, int64_t n, float inv_scale, double* out);
+  // NOTE [LAMB passes]: the global norm of the grads (divided by grad_scale), and one LAMB step over `tensors`
+  // (grads divided by grad_scale and clipped by *grad_norm, which may be null), then step += 1.
+  float (*grad_norm)(const kernels::TensorRef* grads, int64_t n, float grad_scale);
+  void (*lamb_step)(const kernels::OptimTensor* tensors, int64_t n, const kernels::LambParams& params,
+                    float grad_scale, const float* grad_norm);
   const char* isa;  // "avx512", "avx2" or "default"
 };
 
