@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <string>
 #include <tuple>
 
@@ -127,11 +128,30 @@ using StateMap = ska::flat_hash_map<void*, std::unique_ptr<torch::optim::Optimiz
 // created for the params the core gives state to (an SGD param without momentum or master gets none).
 template <typename State, typename Options, typename ConfigOf>
 void core_step(std::vector<torch::optim::OptimizerParamGroup>& groups, StateMap& states, const ConfigOf& config_of,
-               const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
+               const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf,
+               at::Tensor* lamb_grad_norm = nullptr) {
   std::vector<core::GroupConfig> configs;
   for (const auto& group : groups) {
     configs.push_back(config_of(static_cast<const Options&>(group.options())));
     core::check_group(configs.back(), group.params());
+  }
+  if (lamb_grad_norm != nullptr) {
+    // LAMB's clipping: one global norm over every group's grads (NOTE [LAMB passes]).
+    const bool clip = std::any_of(configs.begin(), configs.end(), [](const auto& c) { return c.max_grad_norm > 0; });
+    if (clip) {
+      std::vector<at::Tensor> grads;
+      for (const auto& group : groups) {
+        for (const auto& p : group.params()) {
+          if (p.grad().defined()) {
+            grads.push_back(p.grad());
+          }
+        }
+      }
+      *lamb_grad_norm = core::global_grad_norm(grads, grad_scale);
+      for (auto& c : configs) {
+        c.grad_norm = *lamb_grad_norm;
+      }
+    }
   }
   for (size_t g = 0; g < groups.size(); ++g) {
     const auto& params = groups[g].params();
@@ -436,6 +456,86 @@ void SGD::save(torch::serialize::OutputArchive& archive) const {
 
 void SGD::load(torch::serialize::InputArchive& archive) {
   checked_load<SGDParamState, SGDOptions>(*this, archive, &SGD::config);
+}
+
+// ---- LAMB -----------------------------------------------------------------------------------------------------
+
+void LAMBOptions::serialize(torch::serialize::OutputArchive& archive) const {
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(lr);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(betas);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(eps);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(weight_decay);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(bias_correction);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(adam_w_mode);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(grad_averaging);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(max_grad_norm);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(use_nvlamb);
+  write_master_weights(archive, master_weights());
+  write_lr_tensor(archive, lr_tensor());
+}
+
+void LAMBOptions::serialize(torch::serialize::InputArchive& archive) {
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, lr);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(betas_t, betas);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, eps);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, weight_decay);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, bias_correction);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, adam_w_mode);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, grad_averaging);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, max_grad_norm);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, use_nvlamb);
+  read_master_weights(archive, master_weights_);
+  read_lr_tensor(archive, lr_tensor_);
+}
+
+core::GroupConfig LAMB::config(const LAMBOptions& o) {
+  core::GroupConfig c;
+  c.optimizer = "LAMB";
+  c.algorithm = core::Algorithm::kLamb;
+  c.lr = o.lr();
+  c.lr_tensor = o.lr_tensor();
+  std::tie(c.beta1, c.beta2) = o.betas();
+  c.eps = o.eps();
+  c.weight_decay = o.weight_decay();
+  c.decoupled_weight_decay = o.adam_w_mode();
+  c.bias_correction = o.bias_correction();
+  c.grad_averaging = o.grad_averaging();
+  c.max_grad_norm = o.max_grad_norm();
+  c.use_nvlamb = o.use_nvlamb();
+  c.master_weights = o.master_weights();
+  c.write_unscaled_grads = false;  // LAMB only reads the grads
+  return c;
+}
+
+LAMB::LAMB(const std::vector<torch::optim::OptimizerParamGroup>& param_groups, LAMBOptions defaults)
+    : torch::optim::Optimizer(param_groups, std::make_unique<LAMBOptions>(defaults)) {
+  core::check_config(config(defaults));
+  check_group_options<LAMBOptions>("LAMB", 0, param_groups);
+  keep_group_options(param_groups_, 0, param_groups);
+}
+
+void LAMB::add_param_group(const torch::optim::OptimizerParamGroup& param_group) {
+  check_group_options<LAMBOptions>("LAMB", param_groups_.size(), {param_group});
+  torch::optim::Optimizer::add_param_group(param_group);
+  keep_group_options(param_groups_, param_groups_.size() - 1, {param_group});
+}
+
+at::Tensor LAMB::step(LossClosure closure) {
+  at::Tensor loss = run_closure(closure);
+  const at::NoGradGuard no_grad;
+  core_step<AdamParamState, LAMBOptions>(param_groups_, state_, &LAMB::config, grad_scale(), found_inf(),
+                                         &last_grad_norm_);
+  return loss;
+}
+
+void LAMB::init_master_params() { init_masters<AdamParamState>(param_groups_, state_); }
+
+void LAMB::save(torch::serialize::OutputArchive& archive) const {
+  torch::optim::serialize<AdamParamState, LAMBOptions>(archive, *this);
+}
+
+void LAMB::load(torch::serialize::InputArchive& archive) {
+  checked_load<AdamParamState, LAMBOptions>(*this, archive, &LAMB::config);
 }
 
 }  // namespace ampkit::optim

@@ -74,7 +74,7 @@ at::Tensor fp32_copy(const at::Tensor& p) { return p.detach().to(at::kFloat, /*n
 
 // Creates the entries a fused step needs (a fresh state, or one loaded from torch.optim).
 void complete_state(const GroupConfig& c, const at::Tensor& p, ParamState& s, MasterMode mode) {
-  const bool adam = c.algorithm == Algorithm::kAdam;
+  const bool adam = c.algorithm != Algorithm::kSGD;  // Adam's state: LAMB's too
   if ((adam || c.momentum != 0) && !s.step.defined()) {
     // A state loaded from torch.optim.SGD has its momentum buffer but no step: the buffer is initialised, so the
     // next step must use it (step 1), not restart it from the grad (step 0).
@@ -134,7 +134,7 @@ struct Entry {
 void fused_call(const GroupConfig& c, const at::Device& device, MasterMode mode, const std::vector<Entry>& entries,
                 const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
   std::vector<at::Tensor> params, grads, masters, remainders, first, second, third, steps;
-  const bool adam = c.algorithm == Algorithm::kAdam;
+  const bool adam = c.algorithm != Algorithm::kSGD;
   const bool stateful = adam || c.momentum != 0;
   for (const auto& e : entries) {
     params.push_back(e.param);
@@ -158,7 +158,13 @@ void fused_call(const GroupConfig& c, const at::Device& device, MasterMode mode,
     }
   }
   const auto [lr, lr_tensor] = lr_for(c, device);
-  if (adam) {
+  if (c.algorithm == Algorithm::kLamb) {
+    const std::optional<at::Tensor> norm =
+        c.grad_norm.defined() ? on_device(c.grad_norm, device) : std::optional<at::Tensor>();
+    lamb_step_(params, grads, masters, remainders, first, second, steps, lr, c.beta1, c.beta2, c.weight_decay,
+               c.eps, c.bias_correction, c.decoupled_weight_decay, c.grad_averaging, c.use_nvlamb, c.max_grad_norm,
+               norm, on_device(grad_scale, device), on_device(found_inf, device), lr_tensor);
+  } else if (adam) {
     adamw_step_(params, grads, masters, remainders, first, second, third, steps, lr, c.beta1, c.beta2,
                 c.weight_decay, c.eps, c.amsgrad, c.maximize, c.decoupled_weight_decay, on_device(grad_scale, device),
                 on_device(found_inf, device), lr_tensor, c.write_unscaled_grads);
@@ -335,11 +341,17 @@ void check_config(const GroupConfig& c) {
   if (c.lr_tensor.defined()) {
     TORCH_CHECK_VALUE(c.lr_tensor.numel() == 1, "Tensor lr must be 1-element");
   }
-  if (c.algorithm == Algorithm::kAdam) {
+  if (c.algorithm != Algorithm::kSGD) {
     TORCH_CHECK_VALUE(c.eps >= 0, "Invalid epsilon value: ", spell(c.eps));
     TORCH_CHECK_VALUE(0 <= c.beta1 && c.beta1 < 1.0, "Invalid beta parameter at index 0: ", spell(c.beta1));
     TORCH_CHECK_VALUE(0 <= c.beta2 && c.beta2 < 1.0, "Invalid beta parameter at index 1: ", spell(c.beta2));
     TORCH_CHECK_VALUE(c.weight_decay >= 0, "Invalid weight_decay value: ", spell(c.weight_decay));
+    if (c.algorithm == Algorithm::kLamb) {
+      TORCH_CHECK_VALUE(c.max_grad_norm >= 0 && std::isfinite(c.max_grad_norm),
+                        "Invalid max_grad_norm value: ", spell(c.max_grad_norm), " (a finite number >= 0; 0: no "
+                        "clipping)");
+      TORCH_CHECK_VALUE(!c.amsgrad && !c.maximize, c.optimizer, " has no amsgrad or maximize");
+    }
   } else {
     constexpr double inf = std::numeric_limits<double>::infinity();
     TORCH_CHECK_VALUE(0 <= c.momentum && c.momentum < inf, "Invalid momentum value: ", spell(c.momentum));
@@ -383,7 +395,11 @@ void check_group(const GroupConfig& c, at::TensorList params) {
       continue;
     }
     const MasterMode mode = master_mode(c, p);
-    TORCH_CHECK(c.algorithm != Algorithm::kAdam || !g.is_sparse(), c.optimizer,
+    TORCH_CHECK_VALUE(c.algorithm != Algorithm::kLamb || takes_fused(p, g), c.optimizer, " needs FP16, BF16 or "
+                      "FP32 parameters dense in memory with dense grads (its fused kernels), but a ", p.scalar_type(),
+                      " parameter of shape ", p.sizes(), g.is_sparse() ? " has a sparse grad"
+                      : fused_dtype(p.scalar_type()) ? " has gaps in memory" : "");
+    TORCH_CHECK(c.algorithm == Algorithm::kSGD || !g.is_sparse(), c.optimizer,
                 " does not support sparse gradients, please consider SparseAdam instead");
     // torch.optim.SGD's own error, raised here before anything is written instead of half-way through a step.
     TORCH_CHECK(!g.is_sparse() || c.weight_decay == 0, "add(sparse, dense) is not supported. Use add(dense, sparse) "
@@ -459,6 +475,32 @@ void step(const GroupConfig& c, at::TensorList params, const std::vector<ParamSt
   }
 }
 
+at::Tensor global_grad_norm(at::TensorList grads, const std::optional<at::Tensor>& grad_scale) {
+  std::vector<std::pair<at::Device, std::vector<at::Tensor>>> by_device;
+  for (const auto& g : grads) {
+    if (!g.defined()) {
+      continue;
+    }
+    auto it = std::find_if(by_device.begin(), by_device.end(), [&](const auto& d) { return d.first == g.device(); });
+    if (it == by_device.end()) {
+      by_device.emplace_back(g.device(), std::vector<at::Tensor>{});
+      it = std::prev(by_device.end());
+    }
+    it->second.push_back(g);
+  }
+  if (by_device.empty()) {
+    return at::zeros({}, at::TensorOptions().dtype(at::kFloat));
+  }
+  if (by_device.size() == 1) {
+    return ampkit::grad_norm(by_device[0].second, on_device(grad_scale, by_device[0].first));
+  }
+  std::vector<at::Tensor> norms;
+  for (const auto& [device, list] : by_device) {
+    norms.push_back(ampkit::grad_norm(list, on_device(grad_scale, device)).to(by_device[0].first, at::kDouble));
+  }
+  return at::stack(norms).square().sum().sqrt().to(at::kFloat);
+}
+
 void init_master(const at::Tensor& param, ParamState& state) { state.master_param = fp32_copy(param); }
 
 at::Tensor remainder_of(const at::Tensor& param, const at::Tensor& master) {
@@ -516,7 +558,7 @@ void check_loaded_state(const GroupConfig& c, const std::string& where, const at
     has[1] |= name == "exp_avg";
     has[2] |= name == "exp_avg_sq";
   }
-  if (c.algorithm == Algorithm::kAdam && (has[0] || has[1] || has[2])) {
+  if (c.algorithm != Algorithm::kSGD && (has[0] || has[1] || has[2])) {
     TORCH_CHECK_VALUE(has[0] && has[1] && has[2], prefix, " has", has[0] ? " step" : "", has[1] ? " exp_avg" : "",
                       has[2] ? " exp_avg_sq" : "", " but not", has[0] ? "" : " step", has[1] ? "" : " exp_avg",
                       has[2] ? "" : " exp_avg_sq", ": a partial state would silently restart from zeros");

@@ -107,10 +107,11 @@ py::object get(const py::dict& group, const char* key, py::object fallback) {
 // A param group of ampkit.optim (a dict with torch.optim's keys) as the core's config; `optimizer` must outlive it.
 core::GroupConfig group_config(const std::string& kind, const std::string& optimizer, const py::dict& group,
                                bool write_unscaled_grads) {
-  TORCH_CHECK_VALUE(kind == "adam" || kind == "sgd", "ampkit.optim: unknown algorithm '", kind, "'");
+  TORCH_CHECK_VALUE(kind == "adam" || kind == "sgd" || kind == "lamb", "ampkit.optim: unknown algorithm '", kind,
+                    "'");
   core::GroupConfig c;
   c.optimizer = optimizer.c_str();
-  c.algorithm = kind == "sgd" ? core::Algorithm::kSGD : core::Algorithm::kAdam;
+  c.algorithm = kind == "sgd" ? core::Algorithm::kSGD : kind == "lamb" ? core::Algorithm::kLamb : core::Algorithm::kAdam;
   const py::object lr = group["lr"];
   if (THPVariable_Check(lr.ptr())) {
     c.lr_tensor = THPVariable_Unpack(lr.ptr());
@@ -122,7 +123,18 @@ core::GroupConfig group_config(const std::string& kind, const std::string& optim
   const py::object zero = py::float_(0.0);
   c.weight_decay = number(group["weight_decay"]);
   c.maximize = get(group, "maximize", no).cast<bool>();
-  if (c.algorithm == core::Algorithm::kAdam) {
+  if (c.algorithm == core::Algorithm::kLamb) {
+    const py::object yes = py::bool_(true);
+    const py::sequence betas = group["betas"];
+    c.beta1 = number(betas[0]);
+    c.beta2 = number(betas[1]);
+    c.eps = number(group["eps"]);
+    c.decoupled_weight_decay = get(group, "adam_w_mode", yes).cast<bool>();
+    c.bias_correction = get(group, "bias_correction", yes).cast<bool>();
+    c.grad_averaging = get(group, "grad_averaging", yes).cast<bool>();
+    c.use_nvlamb = get(group, "use_nvlamb", no).cast<bool>();
+    c.max_grad_norm = number(get(group, "max_grad_norm", zero));
+  } else if (c.algorithm == core::Algorithm::kAdam) {
     const py::sequence betas = group["betas"];
     c.beta1 = number(betas[0]);
     c.beta2 = number(betas[1]);
@@ -261,9 +273,11 @@ PYBIND11_MODULE(_C, m) {
   m.def("_optim_step", [](const std::string& kind, const std::string& optimizer, const py::dict& group,
                           const std::vector<at::Tensor>& params, std::vector<py::dict> states,
                           const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf,
-                          bool write_unscaled_grads) {
-    const core::GroupConfig config =
-        guarded([&] { return group_config(kind, optimizer, group, write_unscaled_grads); });
+                          bool write_unscaled_grads, const std::optional<at::Tensor>& grad_norm) {
+    core::GroupConfig config = guarded([&] { return group_config(kind, optimizer, group, write_unscaled_grads); });
+    if (grad_norm.has_value()) {
+      config.grad_norm = *grad_norm;
+    }
     std::vector<core::ParamState> before, after;
     before.reserve(states.size());
     for (const auto& d : states) {
@@ -278,6 +292,9 @@ PYBIND11_MODULE(_C, m) {
     for (size_t i = 0; i < states.size(); ++i) {
       state_to_py(before[i], after[i], states[i]);
     }
+  });
+  m.def("_optim_global_grad_norm", [](const std::vector<at::Tensor>& grads, const std::optional<at::Tensor>& scale) {
+    return guarded([&] { return core::global_grad_norm(grads, scale); });
   });
   m.def("_optim_takes_fused", [](const at::Tensor& p) { return core::takes_fused(p, p); });
   m.def("_optim_remainder_of",

@@ -32,7 +32,7 @@ from torch.optim import sgd as _torch_sgd
 
 from . import _checks, _dtensor
 
-__all__ = ["Adam", "AdamW", "SGD"]
+__all__ = ["Adam", "AdamW", "SGD", "LAMB"]
 
 def _core():
     from . import _C
@@ -123,6 +123,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
         grad_scale = getattr(self, "grad_scale", None)
         found_inf = getattr(self, "found_inf", None)
         name = type(self).__name__
+        grad_norm = self._global_grad_norm(grad_scale)
         for group in self.param_groups:
             params = [p for p in group["params"] if p.grad is not None]
             if group["differentiable"]:
@@ -133,11 +134,15 @@ class _FusedOptimizer(torch.optim.Optimizer):
                 self._local_step(group, params, states, grad_scale, found_inf)
             else:
                 core._optim_step(self._kind, name, group, params, states, grad_scale, found_inf,
-                                 self.write_unscaled_grads)
+                                 self.write_unscaled_grads, grad_norm)
             for p, st in zip(params, states):
                 if st and p not in self.state:
                     self.state[p] = st
         return loss
+
+    def _global_grad_norm(self, grad_scale) -> Optional[torch.Tensor]:
+        """The global grad norm a step needs before its first update (LAMB's clipping); None: not needed."""
+        return None
 
     def _local_step(self, group: dict, params: list, states: list, grad_scale, found_inf) -> None:
         """The step of a group holding DTensor parameters: the core updates each rank's local shards (params,
@@ -147,7 +152,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
         after = [dict(b) for b in before]
         with _dtensor.local_grads(params, name) as local_params:
             _core()._optim_step(self._kind, name, group, local_params, after, grad_scale, found_inf,
-                                self.write_unscaled_grads)
+                                self.write_unscaled_grads, None)
         for p, st, b, a in zip(params, states, before, after):
             _dtensor.store_state(p, st, b, a)
 
@@ -394,3 +399,75 @@ class SGD(_FusedOptimizer):
         if momentum != 0:
             for p, buf in zip(params, buffers):
                 self.state[p]["momentum_buffer"] = buf
+
+
+class LAMB(_FusedOptimizer):
+    """LAMB (You et al. 2020) on ampkit's fused kernel, with the arguments, defaults and semantics of Apex's
+    ``FusedLAMB`` (NVIDIA's BERT recipe), plus ``master_weights``.
+
+    Adam moments (``grad_averaging``: ``m = beta1 m + (1 - beta1) g``, else ``beta1 m + g``; ``bias_correction``),
+    the update ``u = m^ / (sqrt(v^) + eps)`` (``+ weight_decay * w`` with ``adam_w_mode``, else L2 decay added to
+    the grad), then per tensor ``w -= lr * ||w|| / ||u|| * u``: the trust ratio is 1 where either norm is 0, and for
+    groups without weight decay unless ``use_nvlamb``. With ``max_grad_norm > 0`` every grad is first scaled by
+    ``max_grad_norm / ||g||`` when the global norm ``||g||`` over every group's grads exceeds it (computed on the
+    device each step; ``last_grad_norm`` holds it). The norms are summed in one fixed order: CPU and CUDA steps give
+    the same bits. FP16/BF16/FP32 parameters dense in memory; grads are only read (never unscaled in place).
+    States: ``step``, ``exp_avg``, ``exp_avg_sq`` (FP32) and ``master_param`` / ``param_remainder`` as AdamW's.
+    """
+
+    _kind = "lamb"
+    _flags = ("bias_correction", "adam_w_mode", "grad_averaging", "use_nvlamb")
+    _group_defaults = dict(bias_correction=True, adam_w_mode=True, grad_averaging=True, use_nvlamb=False,
+                           max_grad_norm=1.0, master_weights=None, differentiable=False)
+
+    def __init__(self, params, lr: float = 1e-3, bias_correction: bool = True,
+                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-6, weight_decay: float = 0.01,
+                 amsgrad: bool = False, adam_w_mode: bool = True, grad_averaging: bool = True,
+                 set_grad_none: bool = True, max_grad_norm: Optional[float] = 1.0, use_nvlamb: bool = False, *,
+                 master_weights: Optional[bool] = None) -> None:
+        if amsgrad:
+            raise RuntimeError("LAMB does not support the AMSGrad variant.")
+        self.write_unscaled_grads = False  # LAMB only reads the grads
+        self.set_grad_none = _checks.flag("LAMB", "set_grad_none", set_grad_none)
+        self.last_grad_norm: Optional[torch.Tensor] = None
+        if isinstance(lr, torch.Tensor) and lr.numel() != 1:
+            raise ValueError("Tensor lr must be 1-element")
+        if max_grad_norm is None:
+            max_grad_norm = 0.0  # no clipping
+        defaults = dict(lr=lr, bias_correction=bias_correction, betas=tuple(betas), eps=eps,
+                        weight_decay=weight_decay, adam_w_mode=adam_w_mode, grad_averaging=grad_averaging,
+                        max_grad_norm=max_grad_norm, use_nvlamb=use_nvlamb, master_weights=master_weights,
+                        differentiable=False)
+        self._check_group(defaults)
+        super().__init__(params, defaults)
+
+    @classmethod
+    def _check_values(cls, group: dict) -> None:
+        """Python types here, ranges (torch.optim's messages for lr, eps, betas, weight_decay) in the C++ core."""
+        betas = group["betas"]
+        for key in ("lr", "eps", "weight_decay", "max_grad_norm"):
+            _checks.number("LAMB", key, group[key])
+        if not isinstance(betas, (tuple, list)) or len(betas) != 2:
+            raise ValueError(f"LAMB: betas must be a pair (beta1, beta2), but got {betas!r}")
+        for i, beta in enumerate(betas):
+            _checks.number("LAMB", f"betas[{i}]", beta)
+        cls._check_ranges(group)
+
+    def _validate(self) -> None:
+        super()._validate()
+        for group in self.param_groups:
+            if group["max_grad_norm"] > 0 and _dtensor.any_dtensor(group["params"]):
+                raise NotImplementedError(
+                    "LAMB: max_grad_norm > 0 with DTensor parameters (FSDP2) needs a norm over every rank's shards, "
+                    "which LAMB does not compute; clip with torch.nn.utils.clip_grad_norm_ and pass max_grad_norm=0")
+
+    def _global_grad_norm(self, grad_scale) -> Optional[torch.Tensor]:
+        if not any(group["max_grad_norm"] > 0 for group in self.param_groups):
+            return None
+        grads = [p.grad for group in self.param_groups for p in group["params"] if p.grad is not None]
+        self.last_grad_norm = _core()._optim_global_grad_norm(grads, grad_scale)
+        return self.last_grad_norm
+
+    def zero_grad(self, set_to_none: Optional[bool] = None) -> None:
+        """torch.optim's zero_grad; ``set_to_none`` defaults to the constructor's ``set_grad_none`` (Apex)."""
+        super().zero_grad(self.set_grad_none if set_to_none is None else set_to_none)

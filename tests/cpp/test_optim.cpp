@@ -286,3 +286,121 @@ TEST_CASE("WarmupDecayLR: linear warm-up, then linear, cosine or no decay, on ev
   REQUIRE_THROWS_WITH(ampkit::optim::WarmupDecayLR(sgd, 1, 10, ampkit::optim::Decay::kLinear, 1.5),
                       Catch::Contains("min_lr_ratio must be in [0, 1], but got 1.5"));
 }
+
+TEST_CASE("optim::LAMB: param groups with a global clip equal the fused op on the global norm", "[optim][cpu]") {
+  auto ps = make_params(at::kHalf, 3);
+  auto ref = clone_params(ps, at::kHalf);
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(std::vector<at::Tensor>{ps[0], ps[2]},
+                      std::make_unique<ampkit::optim::LAMBOptions>(ampkit::optim::LAMBOptions(1e-2).max_grad_norm(0.5)));
+  // A group's options replace the defaults (LibTorch's rule): this one clips at the default 1.0.
+  groups.emplace_back(std::vector<at::Tensor>{ps[1], ps[3], ps[4]},
+                      std::make_unique<ampkit::optim::LAMBOptions>(ampkit::optim::LAMBOptions(1e-2).weight_decay(0)));
+  ampkit::optim::LAMB opt(groups, ampkit::optim::LAMBOptions(1e-2).max_grad_norm(0.25));
+  // The reference: the ops by hand, FP32 masters and moments per group, one norm over every grad.
+  std::vector<at::Tensor> masters, m, v, steps;
+  for (const auto& p : ref) {
+    masters.push_back(p.detach().to(at::kFloat));
+    m.push_back(torch::zeros(p.sizes()));
+    v.push_back(torch::zeros(p.sizes()));
+    steps.push_back(torch::zeros({}));
+  }
+  auto pick = [](const std::vector<at::Tensor>& all, std::vector<size_t> idx) {
+    std::vector<at::Tensor> out;
+    for (const size_t i : idx) {
+      out.push_back(all[i]);
+    }
+    return out;
+  };
+  for (int step = 0; step < 3; ++step) {
+    set_grads(ps, step, at::kHalf);
+    set_grads(ref, step, at::kHalf);
+    opt.step();
+    std::vector<at::Tensor> grads;
+    std::vector<at::Tensor> weights;
+    for (const auto& p : ref) {
+      grads.push_back(p.grad());
+      weights.push_back(p.detach());
+    }
+    const at::Tensor norm = ampkit::grad_norm(grads);
+    double expect = 0.0;
+    for (const auto& g : grads) {
+      expect += g.to(at::kDouble).square().sum().item<double>();
+    }
+    CHECK(std::abs(opt.last_grad_norm().item<double>() - std::sqrt(expect)) <= 1e-6 * std::sqrt(expect));
+    struct Group {
+      std::vector<size_t> idx;
+      double weight_decay, max_grad_norm;
+    };
+    for (const auto& g : {Group{{0, 2}, 0.01, 0.5}, Group{{1, 3, 4}, 0.0, 1.0}}) {
+      ampkit::lamb_step_(pick(weights, g.idx), pick(grads, g.idx), pick(masters, g.idx), {}, pick(m, g.idx),
+                         pick(v, g.idx), pick(steps, g.idx), 1e-2, 0.9, 0.999, g.weight_decay, 1e-6, true, true, true,
+                         false, g.max_grad_norm, norm);
+    }
+    for (size_t i = 0; i < ps.size(); ++i) {
+      REQUIRE(bits_equal(ps[i].detach(), ref[i].detach()));
+    }
+  }
+  const auto* state = ampkit::optim::state_of<ampkit::optim::AdamParamState>(opt, ps[0]);
+  REQUIRE(state != nullptr);
+  CHECK(bits_equal(state->master_param(), masters[0]));
+  CHECK(bits_equal(state->exp_avg_sq(), v[0]));
+}
+
+TEST_CASE("optim::LAMB: no weight decay and no clip is Adam; save and load continue bit-identically",
+          "[optim][cpu]") {
+  auto ps = make_params(at::kFloat, 4);
+  auto adam_ps = clone_params(ps, at::kFloat);
+  ampkit::optim::LAMB lamb(ps, ampkit::optim::LAMBOptions(1e-2).weight_decay(0).max_grad_norm(0).eps(1e-8));
+  torch::optim::AdamW adamw(adam_ps, torch::optim::AdamWOptions(1e-2).weight_decay(0));
+  for (int step = 0; step < 4; ++step) {
+    set_grads(ps, step, at::kFloat);
+    set_grads(adam_ps, step, at::kFloat);
+    lamb.step();
+    adamw.step();
+  }
+  CHECK(!lamb.last_grad_norm().defined());
+  for (size_t i = 0; i < ps.size(); ++i) {
+    REQUIRE(torch::allclose(ps[i], adam_ps[i], 1e-5, 1e-6));
+  }
+  auto bf = make_params(at::kBFloat16, 5);
+  ampkit::optim::LAMB opt(bf, ampkit::optim::LAMBOptions(1e-2).master_weights(ampkit::optim::MasterWeights::remainder()));
+  for (int step = 0; step < 2; ++step) {
+    set_grads(bf, step, at::kBFloat16);
+    opt.step();
+  }
+  const std::string path = "ampkit_test_lamb.pt";
+  torch::save(opt, path);
+  auto copy = clone_params(bf, at::kBFloat16);
+  ampkit::optim::LAMB loaded(copy, ampkit::optim::LAMBOptions(1.0));
+  torch::load(loaded, path);
+  std::remove(path.c_str());
+  const auto& options = static_cast<const ampkit::optim::LAMBOptions&>(loaded.param_groups()[0].options());
+  CHECK(options.lr() == 1e-2);
+  CHECK(options.master_weights() == ampkit::optim::MasterWeights::remainder());
+  for (int step = 2; step < 4; ++step) {
+    set_grads(bf, step, at::kBFloat16);
+    set_grads(copy, step, at::kBFloat16);
+    opt.step();
+    loaded.step();
+  }
+  for (size_t i = 0; i < bf.size(); ++i) {
+    REQUIRE(bits_equal(bf[i].detach(), copy[i].detach()));
+  }
+}
+
+TEST_CASE("optim::LAMB: bad options and parameters raise before anything is written", "[optim][cpu]") {
+  auto ps = make_params(at::kFloat);
+  REQUIRE_THROWS_WITH(ampkit::optim::LAMB(ps, ampkit::optim::LAMBOptions(1e-2).max_grad_norm(-1)),
+                      Catch::Contains("Invalid max_grad_norm value: -1"));
+  REQUIRE_THROWS_WITH(ampkit::optim::LAMB(ps, ampkit::optim::LAMBOptions(1e-2).betas({0.9, 1.0})),
+                      Catch::Contains("Invalid beta parameter at index 1"));
+  ps.push_back(torch::zeros({4}, at::kDouble).requires_grad_());
+  ampkit::optim::LAMB opt(ps, ampkit::optim::LAMBOptions(1e-2));
+  set_grads(ps, 0, at::kFloat);
+  ps.back().mutable_grad() = torch::ones({4}, at::kDouble);
+  const auto before = ps[0].detach().clone();
+  REQUIRE_THROWS_WITH(opt.step(), Catch::Contains("LAMB needs FP16, BF16 or FP32 parameters"));
+  CHECK(bits_equal(ps[0].detach(), before));
+  CHECK(opt.state().empty());
+}

@@ -157,6 +157,56 @@ class AMPKIT_API SGD : public torch::optim::Optimizer, public ScaledStep {
   static core::GroupConfig config(const SGDOptions& o);
 };
 
+// LAMB (You et al. 2020) with the semantics and defaults of Apex's FusedLAMB (NVIDIA's BERT recipe): Adam moments,
+// the update u = m^ / (sqrt(v^) + eps) (+ weight_decay * w with adam_w_mode, else L2 decay on the grad), and per
+// tensor w -= lr * ||w|| / ||u|| * u (trust ratio 1 when either norm is 0, and for groups without weight decay
+// unless use_nvlamb). With max_grad_norm > 0 the grads are first scaled down so that the global norm over every
+// group's grads is at most max_grad_norm (computed on the device each step). FP16/BF16/FP32 parameters only, dense
+// in memory; masters, remainders, lr_tensor and the GradScaler's skip on the device as AdamW. States are
+// AdamParamState (step, exp_avg, exp_avg_sq, master_param / param_remainder).
+struct AMPKIT_API LAMBOptions : public torch::optim::OptimizerCloneableOptions<LAMBOptions> {
+  using betas_t = std::tuple<double, double>;
+  LAMBOptions(double lr = 1e-3) : lr_(lr) {}
+  TORCH_ARG(double, lr) = 1e-3;
+  TORCH_ARG(betas_t, betas) = std::make_tuple(0.9, 0.999);
+  TORCH_ARG(double, eps) = 1e-6;
+  TORCH_ARG(double, weight_decay) = 0.01;
+  TORCH_ARG(bool, bias_correction) = true;
+  TORCH_ARG(bool, adam_w_mode) = true;
+  TORCH_ARG(bool, grad_averaging) = true;
+  TORCH_ARG(double, max_grad_norm) = 1.0;  // 0: no clipping
+  TORCH_ARG(bool, use_nvlamb) = false;
+  TORCH_ARG(MasterWeights, master_weights) = MasterWeights::kAuto;
+  TORCH_ARG(at::Tensor, lr_tensor);  // as AdamOptionsT's
+
+ public:
+  double get_lr() const override { return lr(); }
+  void set_lr(const double lr) override { this->lr(lr); }
+  void serialize(torch::serialize::OutputArchive& archive) const override;
+  void serialize(torch::serialize::InputArchive& archive) override;
+};
+
+class AMPKIT_API LAMB : public torch::optim::Optimizer, public ScaledStep {
+ public:
+  explicit LAMB(const std::vector<torch::optim::OptimizerParamGroup>& param_groups, LAMBOptions defaults = {});
+  explicit LAMB(std::vector<at::Tensor> params, LAMBOptions defaults = {})
+      : LAMB({torch::optim::OptimizerParamGroup(std::move(params))}, std::move(defaults)) {}
+
+  void add_param_group(const torch::optim::OptimizerParamGroup& param_group);  // as AdamT's
+  at::Tensor step(LossClosure closure = nullptr) override;
+  void save(torch::serialize::OutputArchive& archive) const override;
+  void load(torch::serialize::InputArchive& archive) override;  // as AdamT's
+  void init_master_params();                                     // as AdamT's
+  // The global norm of the unscaled grads that the last step() clipped with (undefined before a clipping step):
+  // a 0-dim FP32 device tensor, read it without syncing each step.
+  const at::Tensor& last_grad_norm() const { return last_grad_norm_; }
+
+  static core::GroupConfig config(const LAMBOptions& o);
+
+ private:
+  at::Tensor last_grad_norm_;
+};
+
 // The state of parameter `p` in `optimizer` (nullptr before its first step), typed: instead of
 // static_cast<AdamParamState&>(*opt.state().at(p.unsafeGetTensorImpl())),
 //   if (const auto* s = ampkit::optim::state_of<ampkit::optim::AdamParamState>(opt, p)) { s->exp_avg(); ... }

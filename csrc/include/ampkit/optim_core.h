@@ -44,13 +44,13 @@ class MasterWeights {
 
 namespace core {
 
-enum class Algorithm : int8_t { kAdam, kSGD };
+enum class Algorithm : int8_t { kAdam, kSGD, kLamb };
 // How a parameter's FP32 value is kept: none (the parameter itself), an FP32 master, or BF16 + int16 remainder.
 enum class MasterMode : int8_t { kNone, kMaster, kRemainder };
 
 // One param group's options, with torch.optim's names and defaults.
 struct GroupConfig {
-  const char* optimizer = "Adam";  // names the optimizer in errors: "Adam", "AdamW", "SGD"
+  const char* optimizer = "Adam";  // names the optimizer in errors: "Adam", "AdamW", "SGD", "LAMB"
   Algorithm algorithm = Algorithm::kAdam;
   double lr = 1e-3;
   // Defined: a one-element tensor learning rate that replaces lr. On the parameters' device (FP32) it is read by
@@ -62,6 +62,11 @@ struct GroupConfig {
   double momentum = 0.0, dampening = 0.0;
   bool nesterov = false;
   bool maximize = false;
+  // LAMB (decoupled_weight_decay is its adam_w_mode). max_grad_norm > 0 with grad_norm defined (the global norm
+  // of the unscaled grads of every group, global_grad_norm()) clips the grads to that norm.
+  bool bias_correction = true, grad_averaging = true, use_nvlamb = false;
+  double max_grad_norm = 0.0;
+  at::Tensor grad_norm;
   MasterWeights master_weights;
   bool write_unscaled_grads = true;
   bool python_spelling = false;  // errors spell options as Python's keywords (master_weights=True)
@@ -102,6 +107,10 @@ AMPKIT_API void check_group(const GroupConfig& config, at::TensorList params);
 AMPKIT_API void step(const GroupConfig& config, at::TensorList params, const std::vector<ParamState*>& states,
                      const std::optional<at::Tensor>& grad_scale = std::nullopt,
                      const std::optional<at::Tensor>& found_inf = std::nullopt);
+
+// The L2 norm of all `grads` together divided by grad_scale (when given): ampkit::grad_norm per device, combined on
+// the first grad's device; 0-dim FP32, no host sync. Undefined grads are skipped; none at all gives 0 on the CPU.
+AMPKIT_API at::Tensor global_grad_norm(at::TensorList grads, const std::optional<at::Tensor>& grad_scale);
 
 // Gives the parameter an FP32 master copied from its current value (O2: call while the weights are FP32).
 AMPKIT_API void init_master(const at::Tensor& param, ParamState& state);
