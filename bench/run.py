@@ -165,6 +165,7 @@ def bench_device(device: str, quick: bool) -> list[Row]:
 
     rows += bench_grad_stats(device, quick, repeats, copy_bw, dtypes)
     rows += bench_optimizers(device, quick, repeats, copy_bw)
+    rows += bench_lamb(device, quick, repeats, copy_bw)
 
     scale = torch.full((1,), 1024.0, device=device)
     tracker = torch.zeros(1, dtype=torch.int32, device=device)
@@ -207,6 +208,82 @@ def bench_grad_stats(device: str, quick: bool, repeats: int, copy_bw: float, dty
         gbps = nbytes / (times[0] * 1e-3) / 1e9
         rows.append(Row("grad_stats", device, "transformer", str(dtype).replace("torch.", ""), times[0], times[1],
                         times[1] / times[0], gbps, 100 * gbps / copy_bw))
+    return rows
+
+
+class ForeachLAMB:
+    """LAMB written with torch's foreach ops (torch has no LAMB; this is the best composite it offers): Apex
+    FusedLAMB's formulas with adam_w_mode, bias correction, global-norm clipping and per-tensor trust ratios, on FP32
+    states. `copies`: low-precision copies of the params refreshed after each step (torch's O2 path)."""
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01, max_grad_norm=1.0,
+                 copies=None):
+        self.params, self.lr, self.betas, self.eps, self.wd = params, lr, betas, eps, weight_decay
+        self.max_grad_norm, self.copies, self.t = max_grad_norm, copies, 0
+        self.m = [torch.zeros_like(p) for p in params]
+        self.v = [torch.zeros_like(p) for p in params]
+
+    @torch.no_grad()
+    def step(self) -> None:
+        b1, b2 = self.betas
+        self.t += 1
+        grads = [p.grad for p in self.params]
+        norm = torch.nn.utils.get_total_norm(grads)
+        g = torch._foreach_div(grads, torch.clamp(norm / self.max_grad_norm, min=1.0))
+        torch._foreach_lerp_(self.m, g, 1 - b1)
+        torch._foreach_mul_(self.v, b2)
+        torch._foreach_addcmul_(self.v, g, g, 1 - b2)
+        denom = torch._foreach_div(self.v, 1 - b2 ** self.t)
+        torch._foreach_sqrt_(denom)
+        torch._foreach_add_(denom, self.eps)
+        u = torch._foreach_div(self.m, 1 - b1 ** self.t)
+        torch._foreach_div_(u, denom)
+        torch._foreach_add_(u, self.params, alpha=self.wd)
+        w_norm = torch.stack(torch._foreach_norm(self.params))
+        u_norm = torch.stack(torch._foreach_norm(u))
+        ratio = torch.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm, torch.ones_like(w_norm))
+        torch._foreach_mul_(u, list((-self.lr * ratio).unbind()))
+        torch._foreach_add_(self.params, u)
+        if self.copies is not None:
+            torch._foreach_copy_(self.copies, self.params)
+
+
+def bench_lamb(device: str, quick: bool, repeats: int, copy_bw: float) -> list[Row]:
+    """ampkit.optim.LAMB (grad norm + moments pass + apply pass) vs ForeachLAMB; grad_norm vs get_total_norm."""
+    import ampkit.optim
+
+    rows: list[Row] = []
+    inner = 2 if device == "cpu" else 10
+    lowp = torch.float16 if device == "cuda" else torch.bfloat16
+    for case in ["transformer", "many_small"]:
+        shapes = model_shapes(case, quick, device)
+        numel = sum(math.prod(s) for s in shapes)
+        ours = ampkit.optim.LAMB(_params_with_grads(shapes, device, torch.float32), lr=1e-3)
+        theirs = ForeachLAMB(_params_with_grads(shapes, device, torch.float32), lr=1e-3)
+        ours.step()
+        theirs.step()
+        ours_w = [p for g in ours.param_groups for p in g["params"]]
+        drift = max(float((a - b).abs().max()) for a, b in zip(ours_w, theirs.params))
+        assert drift < 1e-5, f"ForeachLAMB and ampkit.optim.LAMB disagree by {drift}"
+        a_ms, t_ms = time_pair(device, [ours.step, theirs.step], repeats, inner)
+        # grad norm 4 B, moments pass 4 + 4 + 16, apply pass 12 + 4 bytes per parameter
+        gbps = 44 * numel / (a_ms * 1e-3) / 1e9
+        rows.append(Row("lamb", device, case, "float32", a_ms, t_ms, t_ms / a_ms, gbps, 100 * gbps / copy_bw,
+                        "vs torch foreach LAMB, clip 1.0, wd 0.01"))
+        # Low-precision params with FP32 masters vs the foreach LAMB on FP32 params + a cast of the weights.
+        ours = ampkit.optim.LAMB(_params_with_grads(shapes, device, lowp), lr=1e-3)
+        fp32 = _params_with_grads(shapes, device, torch.float32)
+        theirs = ForeachLAMB(fp32, lr=1e-3, copies=[p.detach().to(lowp) for p in fp32])
+        a_ms, t_ms = time_pair(device, [ours.step, theirs.step], repeats, inner)
+        gbps = 42 * numel / (a_ms * 1e-3) / 1e9
+        rows.append(Row("lamb_master", device, case, str(lowp).replace("torch.", ""), a_ms, t_ms, t_ms / a_ms, gbps,
+                        100 * gbps / copy_bw, "vs foreach LAMB on FP32 + weight cast"))
+        grads = [p.grad for p in _params_with_grads(shapes, device, lowp)]
+        a_ms, t_ms = time_pair(device, [lambda: ampkit.ops.grad_norm(grads),
+                                        lambda: torch.nn.utils.get_total_norm(grads)], repeats, inner)
+        gbps = 2 * numel / (a_ms * 1e-3) / 1e9
+        rows.append(Row("grad_norm", device, case, str(lowp).replace("torch.", ""), a_ms, t_ms, t_ms / a_ms, gbps,
+                        100 * gbps / copy_bw, "vs torch.nn.utils.get_total_norm"))
     return rows
 
 

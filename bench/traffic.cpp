@@ -59,6 +59,12 @@ int main() {
     print_row("unscale_and_check", dtype, kern::emulation::reset_traffic(), 2 * size);
     kern::launch_check_finite(&ref, 1, &found, nullptr);
     print_row("check_finite", dtype, kern::emulation::reset_traffic(), size);
+    // Plus 512 lane sums (doubles) per 64K-element chunk: 0.0625 bytes per element.
+    std::vector<double> lanes(static_cast<size_t>(kern::norm_chunks(kN)) * kern::kNormLanes);
+    std::vector<double> sums(static_cast<size_t>(kern::norm_chunks(kN)));
+    float norm = 0.f;
+    kern::launch_grad_norm(&ref, 1, nullptr, &norm, lanes.data(), sums.data(), nullptr);
+    print_row("grad_norm", dtype, kern::emulation::reset_traffic(), size);
   }
   const float scale = 1024.f;
   const kern::AdamParams adam{1e-3f, 0.9f, 0.999f, 0.01f, 1e-8f, false, false, true};
@@ -104,6 +110,18 @@ int main() {
       print_row(write_grads ? "sgd_step(momentum)" : "sgd_step(momentum, grads left scaled)", c.dtype,
                 kern::emulation::reset_traffic(), grad + weight + 8);
     }
+    // LAMB (NOTE [LAMB passes]): the moments pass reads the grad and the weight, reads and writes both moments;
+    // the apply pass reads the weight and the moments and writes the weight. Plus the norm scratch: 2 x 512 lane
+    // sums (doubles) per 64K-element chunk, 0.125 bytes per parameter.
+    const double weight_read = c.master ? 4 : (c.remainder ? size + 2 : size);
+    const kern::LambParams lamb{1e-3, 0.9, 0.999, 0.01, 1e-6, true, true, true, false, 0.0};
+    std::vector<double> lanes(static_cast<size_t>(kern::norm_chunks(kN)) * 2 * kern::kNormLanes);
+    std::vector<double> sums(static_cast<size_t>(kern::norm_chunks(kN)) * 2);
+    t.exp_avg_sq = b.v.data();
+    kern::emulation::reset_traffic();
+    kern::launch_lamb_step(&t, 1, lamb, &scale, &found, nullptr, nullptr, lanes.data(), sums.data(), nullptr);
+    print_row("lamb_step", c.dtype, kern::emulation::reset_traffic(),
+              size + weight_read + 16 + weight_read + 8 + (weight - weight_read));
   }
   return 0;
 }

@@ -96,14 +96,14 @@ AMPKIT_HOST_DEVICE AMPKIT_INLINE int grad_hist_bin(float x, float inv_scale) {
 }
 
 // NOTE [Deterministic norm]
-// The sum of squares of a tensor has one order on every device, that of the CUDA kernel: the tensor is cut into
-// chunks of kNormChunk elements; a chunk into packs of 8 consecutive elements; pack p of a chunk belongs to lane
-// p % kNormLanes; a lane sums (in double, from 0.0) the squares of its packs' elements in element order; a chunk's
-// sum adds its lanes' sums in lane order (from 0.0), and the tensor's sum its chunks' sums in chunk order. The CPU
-// loop follows the same order, so CPU and CUDA norms agree bit for bit.
+// A sum of squares has one order on every device, that of the CUDA kernels: the tensor is cut into chunks of
+// kNormChunk elements; element i of a chunk belongs to lane i % kNormLanes (one CUDA thread, a grid-stride loop);
+// a lane sums (in double, from 0.0) the squares of its elements in element order; a chunk's sum adds its lanes'
+// sums in lane order (from 0.0), and the tensor's sum its chunks' sums in chunk order. The CPU loops follow the
+// same order (a row of kNormLanes consecutive elements adds one square to each lane: vector adds, no reduction
+// inside a row), so CPU and CUDA norms agree bit for bit.
 constexpr int64_t kNormChunk = 65536;
 constexpr int kNormLanes = 512;
-constexpr int kNormPack = 8;
 
 // Slots of the int64 statistics vector that UpdateScaleOp maintains on the device.
 enum ScaleStat : int { kStatSteps = 0, kStatSkipped = 1, kStatLastOverflow = 2, kStatOverflowsAtMin = 3, kNumStats = 4 };

@@ -206,23 +206,18 @@ struct GradStatsChunkOp {
     unsigned long long non_finite = 0;
     unsigned long long zeros = 0;
     float max_abs = 0.f;
-    const int64_t packs = (n + kNormPack - 1) / kNormPack;
-    for (int64_t p = threadIdx.x; p < packs; p += blockDim.x) {
-      const int64_t base = p * kNormPack;
-      const int m = n - base < kNormPack ? static_cast<int>(n - base) : kNormPack;
-      for (int j = 0; j < m; ++j) {
-        const float x = Storage<T>::load(cuda::global_load(g + base + j));
-        if (is_non_finite(x)) {
-          ++non_finite;
-        } else if (x == 0.f) {
-          ++zeros;
-        } else {
-          const double xd = static_cast<double>(x);
-          sum = __dadd_rn(sum, __dmul_rn(xd, xd));  // no contraction: the CPU's order and rounding
-          const float a = x < 0.f ? -x : x;
-          max_abs = a > max_abs ? a : max_abs;
-          atomicAdd(row + 4 + grad_hist_bin(x, inv), 1ull);
-        }
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {  // lane threadIdx.x (NOTE [Deterministic norm])
+      const float x = Storage<T>::load(cuda::global_load(g + i));
+      if (is_non_finite(x)) {
+        ++non_finite;
+      } else if (x == 0.f) {
+        ++zeros;
+      } else {
+        const double xd = static_cast<double>(x);
+        sum = __dadd_rn(sum, __dmul_rn(xd, xd));  // no contraction: the CPU's order and rounding
+        const float a = x < 0.f ? -x : x;
+        max_abs = a > max_abs ? a : max_abs;
+        atomicAdd(row + 4 + grad_hist_bin(x, inv), 1ull);
       }
     }
     cuda::global_store(first_partial + chunk * kNormLanes + threadIdx.x, sum);

@@ -402,23 +402,20 @@ struct LambMomentsChunkOp {
     dispatch_weight_dtype(a, t, [&](auto zero) {
       using T = decltype(zero);
       const T* grad = static_cast<const T*>(a.data[1][t]);
-      const int64_t packs = (n + kNormPack - 1) / kNormPack;
-      for (int64_t p = threadIdx.x; p < packs; p += blockDim.x) {
-        const int64_t end = p * kNormPack + kNormPack < n ? p * kNormPack + kNormPack : n;
-        for (int64_t i = start + p * kNormPack; i < start + end; ++i) {
-          const float w = load_weight<T>(a, t, i);
-          float g = to_float(global_load(grad + i));
-          if (divisor != 1.f) {
-            g = g / divisor;
-          }
-          float mi = global_load(m + i);
-          float vi = global_load(v + i);
-          const float u = op.moments(w, g, mi, vi, f);
-          global_store(m + i, mi);
-          global_store(v + i, vi);
-          w_sq = add_square(w_sq, w);
-          u_sq = add_square(u_sq, u);
+      // Lane threadIdx.x of NOTE [Deterministic norm]: elements threadIdx.x, + blockDim.x, ... of the chunk.
+      for (int64_t i = start + threadIdx.x; i < start + n; i += blockDim.x) {
+        const float w = load_weight<T>(a, t, i);
+        float g = to_float(global_load(grad + i));
+        if (divisor != 1.f) {
+          g = g / divisor;
         }
+        float mi = global_load(m + i);
+        float vi = global_load(v + i);
+        const float u = op.moments(w, g, mi, vi, f);
+        global_store(m + i, mi);
+        global_store(v + i, vi);
+        w_sq = add_square(w_sq, w);
+        u_sq = add_square(u_sq, u);
       }
     });
     if (op.trust_ratio()) {
@@ -495,12 +492,8 @@ struct GradSquaresChunkOp {
     dispatch_weight_dtype(a, t, [&](auto zero) {
       using T = decltype(zero);
       const T* grad = static_cast<const T*>(a.data[0][t]) + start;
-      const int64_t packs = (n + kNormPack - 1) / kNormPack;
-      for (int64_t p = threadIdx.x; p < packs; p += blockDim.x) {
-        const int64_t end = p * kNormPack + kNormPack < n ? p * kNormPack + kNormPack : n;
-        for (int64_t i = p * kNormPack; i < end; ++i) {
-          sum = add_square(sum, to_float(global_load(grad + i)));
-        }
+      for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+        sum = add_square(sum, to_float(global_load(grad + i)));
       }
     });
     global_store(static_cast<double*>(a.data[1][t]) + (start / cuda::kChunkSize) * kNormLanes + threadIdx.x, sum);

@@ -1,7 +1,8 @@
 // CPU loops of lamb_step_ and grad_norm (NOTE [LAMB passes] in kernels/optim_functors.h): work items of one
-// kNormChunk chunk each, run by at::parallel_for; every sum of squares follows NOTE [Deterministic norm] (chunk
-// lanes, lane sums in lane order, chunk sums in chunk order), so the results are those of the CUDA kernels bit for
-// bit. Compiled once per instruction set like optim_loops.h.
+// kNormChunk chunk each, run by at::parallel_for; the formulas run on at::vec::Vectorized<float> (VecMath: the
+// same roundings as the scalar functors), and every sum of squares follows NOTE [Deterministic norm] (chunk lanes,
+// lane sums in lane order, chunk sums in chunk order), so the results are those of the CUDA kernels bit for bit.
+// Compiled once per instruction set like optim_loops.h (which it includes for VecMath).
 #pragma once
 
 #include <ATen/Parallel.h>
@@ -17,9 +18,13 @@
 #include "../../../kernels/amp_functors.h"
 #include "../../../kernels/optim_functors.h"
 #include "cpu_loops.h"
+#include "optim_loops.h"
+#include "vec_io.h"
 
 namespace ampkit::detail::AMPKIT_CPU_NS {
 namespace {
+
+constexpr int64_t kStep = 2 * VecF::size();  // one load2 / store2
 
 // One chunk of kNormChunk elements of one tensor, and its sums of squares (K of them).
 template <int K>
@@ -55,15 +60,21 @@ void for_items(Items& items, const Fn& fn) {
   });
 }
 
-// Lane sums of one chunk in the CUDA kernel's order: element i of the chunk belongs to lane (i / 8) % 512.
+// Lane sums of one chunk (NOTE [Deterministic norm]): element i of the chunk adds its square to lane i % 512. The
+// chunk is walked in rows of kNormLanes elements; a row adds one square to each lane, lane by lane independent,
+// so the adds vectorize without changing any sum's order.
 template <int K>
 struct Lanes {
-  std::array<std::array<double, kernels::kNormLanes>, K> lane{};
+  alignas(64) double lane[K][kernels::kNormLanes] = {};
 
-  void add(int k, int64_t i, float x) {
-    const double d = static_cast<double>(x);
-    double& l = lane[k][(i / kernels::kNormPack) % kernels::kNormLanes];
-    l = l + d * d;
+  // Adds x[l]^2 to lane l for l < m (x: one row of the chunk, from a multiple of kNormLanes).
+  void add_row(int k, const float* x, int64_t m) {
+    double* lk = lane[k];
+#pragma omp simd
+    for (int64_t l = 0; l < m; ++l) {
+      const double d = static_cast<double>(x[l]);
+      lk[l] = lk[l] + d * d;
+    }
   }
   double sum(int k) const {
     double s = 0.0;
@@ -73,6 +84,8 @@ struct Lanes {
     return s;
   }
 };
+
+static_assert(kernels::kNormLanes % 64 == 0, "a row holds whole vector steps of every instruction set");
 
 template <typename T>
 float load_weight(const kernels::OptimTensor& t, int64_t i) {
@@ -125,11 +138,24 @@ float grad_norm(const kernels::TensorRef* grads, int64_t n, float grad_scale) {
   auto items = norm_items<1>(n, numel.data());
   for_items(items, [&](NormItem<1>& item) {
     Lanes<1> lanes;
+    alignas(64) float row[kernels::kNormLanes];
     lamb_dispatch_dtype(grads[item.tensor].dtype, [&](auto zero) {
       using T = decltype(zero);
       const T* g = static_cast<const T*>(grads[item.tensor].data) + item.begin;
-      for (int64_t i = 0; i < item.end - item.begin; ++i) {
-        lanes.add(0, i, static_cast<float>(g[i]));
+      const int64_t n = item.end - item.begin;
+      for (int64_t r = 0; r < n; r += kernels::kNormLanes) {
+        const int64_t m = std::min<int64_t>(kernels::kNormLanes, n - r);
+        int64_t l = 0;
+        for (; l + kStep <= m; l += kStep) {
+          VecF lo, hi;
+          load2(g + r + l, lo, hi);
+          lo.store(row + l);
+          hi.store(row + l + VecF::size());
+        }
+        for (; l < m; ++l) {
+          row[l] = static_cast<float>(g[r + l]);
+        }
+        lanes.add_row(0, row, m);
       }
     });
     item.sum[0] = lanes.sum(0);
@@ -154,24 +180,56 @@ void lamb_step(const kernels::OptimTensor* tensors, int64_t n, const kernels::La
     factors[t] = kernels::LambStepFactors::at_step(params, *tensors[t].step + 1.f);
   }
   auto items = norm_items<2>(n, numel.data());
-  // Pass 2: moments, and the lane sums of ||w||^2 and ||u||^2.
+  // Pass 2: moments, and the lane sums of ||w||^2 and ||u||^2, row by row.
   for_items(items, [&](NormItem<2>& item) {
     const kernels::OptimTensor& t = tensors[item.tensor];
     const kernels::LambStepFactors& f = factors[item.tensor];
     Lanes<2> lanes;
+    alignas(64) float w_row[kernels::kNormLanes];
+    alignas(64) float u_row[kernels::kNormLanes];
     lamb_dispatch_dtype(t.dtype, [&](auto zero) {
       using T = decltype(zero);
       const T* grad = static_cast<const T*>(t.grad);
-      for (int64_t i = item.begin; i < item.end; ++i) {
-        const float w = load_weight<T>(t, i);
-        float g = static_cast<float>(grad[i]);
-        if (divisor != 1.f) {
-          g = g / divisor;
+      const bool vector = t.remainder == nullptr;
+      const VecF div(divisor);
+      for (int64_t r = item.begin; r < item.end; r += kernels::kNormLanes) {
+        const int64_t m = std::min<int64_t>(kernels::kNormLanes, item.end - r);
+        int64_t l = 0;
+        for (; vector && l + kStep <= m; l += kStep) {
+          const int64_t i = r + l;
+          VecF w[2], g[2], mv[2], vv[2];
+          if (t.master != nullptr) {
+            load2(t.master + i, w[0], w[1]);
+          } else {
+            load2(static_cast<const T*>(t.param) + i, w[0], w[1]);
+          }
+          load2(grad + i, g[0], g[1]);
+          load2(t.exp_avg + i, mv[0], mv[1]);
+          load2(t.exp_avg_sq + i, vv[0], vv[1]);
+          for (int h = 0; h < 2; ++h) {
+            if (divisor != 1.f) {
+              g[h] = g[h] / div;
+            }
+            const VecF u = op.moments<VecF, VecMath>(w[h], g[h], mv[h], vv[h], f);
+            w[h].store(w_row + l + h * VecF::size());
+            u.store(u_row + l + h * VecF::size());
+          }
+          store2(t.exp_avg + i, mv[0], mv[1]);
+          store2(t.exp_avg_sq + i, vv[0], vv[1]);
         }
-        const float u = op.moments(w, g, t.exp_avg[i], t.exp_avg_sq[i], f);
+        for (; l < m; ++l) {
+          const int64_t i = r + l;
+          const float w = load_weight<T>(t, i);
+          float g = static_cast<float>(grad[i]);
+          if (divisor != 1.f) {
+            g = g / divisor;
+          }
+          w_row[l] = w;
+          u_row[l] = op.moments(w, g, t.exp_avg[i], t.exp_avg_sq[i], f);
+        }
         if (trust) {
-          lanes.add(0, i - item.begin, w);
-          lanes.add(1, i - item.begin, u);
+          lanes.add_row(0, w_row, m);
+          lanes.add_row(1, u_row, m);
         }
       }
     });
@@ -197,7 +255,26 @@ void lamb_step(const kernels::OptimTensor* tensors, int64_t n, const kernels::La
     const float factor = update[item.tensor];
     lamb_dispatch_dtype(t.dtype, [&](auto zero) {
       using T = decltype(zero);
-      for (int64_t i = item.begin; i < item.end; ++i) {
+      T* param = static_cast<T*>(t.param);
+      int64_t i = item.begin;
+      for (; t.remainder == nullptr && i + kStep <= item.end; i += kStep) {
+        VecF w[2], mv[2], vv[2];
+        if (t.master != nullptr) {
+          load2(t.master + i, w[0], w[1]);
+        } else {
+          load2(param + i, w[0], w[1]);
+        }
+        load2(t.exp_avg + i, mv[0], mv[1]);
+        load2(t.exp_avg_sq + i, vv[0], vv[1]);
+        for (int h = 0; h < 2; ++h) {
+          w[h] = VecMath::fma(VecF(factor), op.direction<VecF, VecMath>(w[h], mv[h], vv[h], f), w[h]);
+        }
+        if (t.master != nullptr) {
+          store2(t.master + i, w[0], w[1]);
+        }
+        store2(param + i, w[0], w[1]);
+      }
+      for (; i < item.end; ++i) {
         const float w = load_weight<T>(t, i);
         const float u = op.direction(w, t.exp_avg[i], t.exp_avg_sq[i], f);
         store_weight<T>(t, i, kernels::ScalarMath::fma(factor, u, w));

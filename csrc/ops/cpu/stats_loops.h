@@ -32,23 +32,18 @@ struct StatsItem {
 template <typename T>
 void stats_span(const T* g, int64_t n, float inv_scale, StatsItem& item) {
   std::array<double, kernels::kNormLanes> lanes{};
-  const int64_t packs = (n + kernels::kNormPack - 1) / kernels::kNormPack;
-  for (int64_t p = 0; p < packs; ++p) {
-    double& lane = lanes[p % kernels::kNormLanes];
-    const int64_t base = p * kernels::kNormPack;
-    const int64_t m = std::min<int64_t>(kernels::kNormPack, n - base);
-    for (int64_t j = 0; j < m; ++j) {
-      const float x = static_cast<float>(g[base + j]);
-      if (kernels::is_non_finite(x)) {
-        ++item.non_finite;
-      } else if (x == 0.f) {
-        ++item.zeros;
-      } else {
-        const double xd = static_cast<double>(x);
-        lane += xd * xd;
-        item.max_abs = std::max(item.max_abs, std::fabs(x));
-        ++item.hist[kernels::grad_hist_bin(x, inv_scale)];
-      }
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = static_cast<float>(g[i]);
+    if (kernels::is_non_finite(x)) {
+      ++item.non_finite;
+    } else if (x == 0.f) {
+      ++item.zeros;
+    } else {
+      const double xd = static_cast<double>(x);
+      double& lane = lanes[i % kernels::kNormLanes];
+      lane += xd * xd;
+      item.max_abs = std::max(item.max_abs, std::fabs(x));
+      ++item.hist[kernels::grad_hist_bin(x, inv_scale)];
     }
   }
   double chunk_sum = 0.0;
