@@ -26,7 +26,8 @@ from . import _C, monitor, optim  # noqa: E402
 from .autocast import LEVELS, autocast, decorate, op_stats, precision_support, register_autocast
 from .grad_scaler import GradScaler, OptState, load_scaler_state, save_scaler_state
 from .ops import (GRAD_STATS_COLUMNS, GRAD_STATS_HIST_FIRST, GRAD_STATS_HIST_MIN_EXP, cast_divide_,
-                  cast_unscale_and_check_, check_finite_, grad_stats, unscale_and_check_, update_scale_)
+                  cast_unscale_and_check_, check_finite_, grad_norm, grad_stats, lamb_step_, unscale_and_check_,
+                  update_scale_)
 
 if _torch.distributed.is_available():
     from . import distributed  # noqa: E402  (DDP compression hooks the scaler sees)
@@ -81,6 +82,8 @@ __all__ = [
     "cast_divide_",
     "cast_unscale_and_check_",
     "grad_stats",
+    "grad_norm",
+    "lamb_step_",
     "GRAD_STATS_COLUMNS",
     "GRAD_STATS_HIST_FIRST",
     "GRAD_STATS_HIST_MIN_EXP",
