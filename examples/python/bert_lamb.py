@@ -1,9 +1,11 @@
 """BERT-style masked-language-model pre-training with ampkit: O2 mixed precision and LAMB, as NVIDIA's BERT recipe.
 
 A small BERT-like encoder (token + learned position embeddings, ``torch.nn.TransformerEncoder``, an MLM head whose
-decoder shares the token embedding) learns a synthetic "language": sentences from a random sparse first-order
-Markov chain over 100 word ids, generated here from the seed. The masked-token objective is BERT's: 15% of the
-positions are selected, of those 80% become [MASK], 10% a random word and 10% stay; the loss covers only them.
+decoder shares the token embedding) learns a synthetic "language" generated here from the seed: sentences from a
+random first-order Markov chain over 100 words in 10 topics (each word is followed by one of two words of its
+topic). The masked-token objective is BERT's: 15% of the positions are selected, of those 80% become [MASK], 10%
+a random word and 10% stay; the loss covers only them. Answering the most frequent word scores a few percent;
+knowing the sentence's topic, about 25%; knowing the neighbours too, over 90%.
 
 What it shows:
   * ``ampkit.decorate(model, optimizer, level="O2")``: FP16 (CUDA) or BF16 (CPU) weights, LayerNorms kept FP32,
@@ -13,7 +15,7 @@ What it shows:
   * ``ampkit.GradScaler`` (dynamic loss scaling for FP16, a fixed scale of 1 for BF16);
   * torch's own schedulers driving LAMB: linear warm-up, then linear decay (``SequentialLR``).
 
-    python examples/python/bert_lamb.py [--steps 300] [--batch 64] [--seed 0] [--warmup 0.1]
+    python examples/python/bert_lamb.py [--steps 300] [--batch 64] [--seed 0] [--lr 2e-2] [--warmup 0.1]
 """
 from __future__ import annotations
 
@@ -25,14 +27,14 @@ from torch import nn
 
 import ampkit
 
-PAD, CLS, MASK, FIRST_WORD = 0, 1, 2, 3  # special ids, then the words
+PAD, CLS, MASK, FIRST_WORD = 0, 1, 2, 3  # special ids (PAD reserved: the sequences have one length), then words
 WORDS, SEQ_LEN = 100, 32
 VOCAB = FIRST_WORD + WORDS
 
 
 class Language:
-    """A random first-order Markov chain over WORDS words in topics of 10: each word is followed by one of
-    ``successors`` words of its own topic (random weights), so a sentence keeps the topic of its first word."""
+    """A random first-order Markov chain over WORDS words in topics of ``topic`` words: each word is followed by
+    one of ``successors`` words of its own topic (random weights), so a sentence keeps the topic of its first word."""
 
     def __init__(self, seed: int, successors: int = 2, topic: int = 10) -> None:
         gen = torch.Generator().manual_seed(seed)
@@ -103,7 +105,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--lr", type=float, default=2e-2)
+    parser.add_argument("--lr", type=float, default=2e-2, help="LAMB's peak learning rate")
     parser.add_argument("--warmup", type=float, default=0.1, help="a fraction of --steps (< 1) or a step count")
     args = parser.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -202,10 +202,14 @@ def decorate(model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = None
             module.register_forward_pre_hook(lambda _m, args: _to(args, torch.float32))
             module.register_forward_hook(lambda _m, _args, out: _to(out, dtype))
     rounded = []
+    seen: set[int] = set()  # a parameter tied between modules (a decoder sharing the embedding) is cast once
     for module in model.modules():
         if module in kept:
             continue
         for p in module.parameters(recurse=False):
+            if id(p) in seen:
+                continue
+            seen.add(id(p))
             if p.is_floating_point():
                 if id(p) in owned:
                     if p.dtype in (torch.float16, torch.bfloat16):

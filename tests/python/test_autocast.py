@@ -267,6 +267,23 @@ def test_decorate_o2_trains_with_norms_in_fp32_and_fp32_masters():
     assert bits_equal(model[0].weight.detach(), opt.state[model[0].weight]["master_param"].to(DT))
 
 
+def test_decorate_o2_casts_a_tied_parameter_once_and_keeps_its_fp32_master():
+    """A decoder sharing the embedding's weight: one FP32 master from the FP32 weight, no 'already rounded'
+    warning."""
+    torch.manual_seed(0)
+    emb = torch.nn.Embedding(11, 6)
+    head = torch.nn.Linear(6, 11)
+    head.weight = emb.weight
+    model = torch.nn.Sequential(emb, torch.nn.Flatten(0), head)
+    fp32_weight = emb.weight.detach().clone()
+    opt = ampkit.optim.LAMB(model.parameters(), lr=1e-2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ampkit.decorate(model, opt, level="O2", dtype=DT)
+    assert head.weight is emb.weight and emb.weight.dtype == DT
+    assert bits_equal(opt.state[emb.weight]["master_param"], fp32_weight)
+
+
 def test_decorate_levels_and_bad_arguments():
     model = _o2_model()
     assert ampkit.decorate(model, level="O1") is model and model[0].weight.dtype == torch.float32

@@ -82,3 +82,29 @@ def test_cpp_ddp_demo_trains_as_two_processes(tmp_path):
     for first, last, skipped, sent, _, _ in finals:
         assert float(last) < 0.7 * float(first) and skipped == "0"
         assert int(sent) == 30 * numel * 2  # FP16 on the wire
+
+
+def test_python_bert_lamb_learns_masked_tokens_with_warmup():
+    out = subprocess.run([sys.executable, str(ROOT / "examples/python/bert_lamb.py"), "--steps", "60", "--batch", "32"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    steps = [re.fullmatch(r"step (\d+) loss ([\d.]+) masked-acc ([\d.]+) lr ([\d.e+-]+) scale ([\d.e+]+)", line)
+             for line in out.stdout.splitlines() if line.startswith("step ")]
+    assert steps and all(steps), out.stdout
+    lrs = [float(m.group(4)) for m in steps]
+    peak = lrs.index(max(lrs))
+    assert 0 < peak < len(lrs) // 2 and lrs[0] < 0.1 * lrs[peak]  # warm-up from 5% of the peak...
+    assert all(a > b for a, b in zip(lrs[peak:], lrs[peak + 1:])) and lrs[-1] < 0.1 * lrs[peak]  # ...then decay
+    assert all(float(m.group(5)) > 0 for m in steps)
+    assert re.search(r"^weights torch\.(bfloat16|float16), masters torch\.float32, LayerNorm torch\.float32$",
+                     out.stdout, re.M), out.stdout
+    final = re.search(r"first loss ([\d.]+), last loss ([\d.]+), held-out loss ([\d.]+), held-out masked-acc "
+                      r"([\d.]+) \(unigram baseline ([\d.]+)\), LAMB last_grad_norm ([\d.e+-]+|inf|nan)", out.stdout)
+    assert final, out.stdout
+    first, last, held_loss, acc, unigram, grad_norm = (float(g) for g in final.groups())
+    # The first loss is about ln(103) = 4.6 or more (uniform guesses over the vocabulary); 60 steps take it to ~2.1.
+    assert last < 0.6 * first and held_loss < 0.6 * first
+    # Chance is 1/100 and always answering the most frequent word scores `unigram` (a few percent); recognising
+    # a sentence's topic alone gives ~25%, which 60 steps reach (~0.27 on the held-out batch).
+    assert acc > max(0.15, 3 * unigram)
+    assert 0 < grad_norm < float("inf")
