@@ -263,7 +263,7 @@ def bench_lamb(device: str, quick: bool, repeats: int, copy_bw: float) -> list[R
         ours.step()
         theirs.step()
         ours_w = [p for g in ours.param_groups for p in g["params"]]
-        drift = max(float((a - b).abs().max()) for a, b in zip(ours_w, theirs.params))
+        drift = max(float((a.detach() - b.detach()).abs().max()) for a, b in zip(ours_w, theirs.params))
         assert drift < 1e-5, f"ForeachLAMB and ampkit.optim.LAMB disagree by {drift}"
         a_ms, t_ms = time_pair(device, [ours.step, theirs.step], repeats, inner)
         # grad norm 4 B, moments pass 4 + 4 + 16, apply pass 12 + 4 bytes per parameter

@@ -59,7 +59,22 @@ def sgd_call():
         found_inf=None, lr_tensor=None)
 
 
-CALLS = [unscale_call, check_call, update_call, hysteresis_call, adamw_call, sgd_call]
+def lamb_call():
+    params = [torch.randn(N).bfloat16(), torch.randn(3, 2).bfloat16()]
+    return "lamb_step_", dict(
+        params=params, grads=[torch.randn_like(p) for p in params], master_params=[p.float() for p in params],
+        param_remainders=[], exp_avgs=[torch.zeros(p.shape) for p in params],
+        exp_avg_sqs=[torch.zeros(p.shape) for p in params], state_steps=[torch.zeros(()) for _ in params],
+        lr=1e-3, beta1=0.9, beta2=0.999, weight_decay=0.01, eps=1e-6, bias_correction=True, adam_w_mode=True,
+        grad_averaging=True, use_nvlamb=False, max_grad_norm=1.0, grad_norm=_f(3.0), grad_scale=_f(4.0),
+        found_inf=_f(0.0), lr_tensor=_f(1e-3))
+
+
+def grad_norm_call():
+    return "grad_norm", dict(grads=[torch.randn(N), torch.randn(2, 3).half()], grad_scale=_f(2.0))
+
+
+CALLS = [unscale_call, check_call, update_call, hysteresis_call, adamw_call, sgd_call, lamb_call, grad_norm_call]
 
 
 def _bad_tensors(t: torch.Tensor):
