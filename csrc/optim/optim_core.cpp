@@ -318,20 +318,35 @@ bool ParamState::empty() const {
            momentum_buffer.defined() || master_param.defined() || param_remainder.defined());
 }
 
+const std::vector<std::pair<const char*, ParamState::Field>>& ParamState::fields() {
+  static const std::vector<std::pair<const char*, Field>> f{
+      {"step", &ParamState::step},
+      {"exp_avg", &ParamState::exp_avg},
+      {"exp_avg_sq", &ParamState::exp_avg_sq},
+      {"max_exp_avg_sq", &ParamState::max_exp_avg_sq},
+      {"momentum_buffer", &ParamState::momentum_buffer},
+      {"master_param", &ParamState::master_param},
+      {"param_remainder", &ParamState::param_remainder}};
+  return f;
+}
+
 at::Tensor* ParamState::entry(const std::string& name) {
-  if (name == "step") return &step;
-  if (name == "exp_avg") return &exp_avg;
-  if (name == "exp_avg_sq") return &exp_avg_sq;
-  if (name == "max_exp_avg_sq") return &max_exp_avg_sq;
-  if (name == "momentum_buffer") return &momentum_buffer;
-  if (name == "master_param") return &master_param;
-  if (name == "param_remainder") return &param_remainder;
+  for (const auto& [n, field] : fields()) {
+    if (name == n) {
+      return &(this->*field);
+    }
+  }
   return nullptr;
 }
 
 const std::vector<std::string>& ParamState::names() {
-  static const std::vector<std::string> n{"step",           "exp_avg",      "exp_avg_sq",     "max_exp_avg_sq",
-                                          "momentum_buffer", "master_param", "param_remainder"};
+  static const std::vector<std::string> n = [] {
+    std::vector<std::string> out;
+    for (const auto& f : fields()) {
+      out.emplace_back(f.first);
+    }
+    return out;
+  }();
   return n;
 }
 

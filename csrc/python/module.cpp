@@ -162,27 +162,36 @@ core::GroupConfig group_config(const std::string& kind, const std::string& optim
 
 // A state dict entry of ampkit.optim (torch.optim's names; None or absent: no entry) to the core's, and back.
 core::ParamState state_from_py(const py::dict& d) {
+  // One walk over the dict's few entries (no key objects built per parameter: this runs for every parameter of
+  // every step).
   core::ParamState s;
-  for (const auto& name : core::ParamState::names()) {
-    const py::str key(name);
-    if (d.contains(key)) {
-      const py::handle v = d[key];
-      if (THPVariable_Check(v.ptr())) {
-        *s.entry(name) = THPVariable_Unpack(v.ptr());
-      }
+  PyObject* key = nullptr;
+  PyObject* value = nullptr;
+  Py_ssize_t pos = 0;
+  while (PyDict_Next(d.ptr(), &pos, &key, &value)) {
+    if (!PyUnicode_Check(key) || !THPVariable_Check(value)) {
+      continue;
+    }
+    const char* name = PyUnicode_AsUTF8(key);
+    if (name == nullptr) {
+      PyErr_Clear();
+      continue;
+    }
+    if (at::Tensor* entry = s.entry(name)) {
+      *entry = THPVariable_Unpack(value);
     }
   }
   return s;
 }
 
 void state_to_py(const core::ParamState& before, core::ParamState& after, py::dict& d) {
-  for (const auto& name : core::ParamState::names()) {
-    const at::Tensor& old = *const_cast<core::ParamState&>(before).entry(name);
-    const at::Tensor& now = *after.entry(name);
+  for (const auto& [name, field] : core::ParamState::fields()) {
+    const at::Tensor& old = before.*field;
+    const at::Tensor& now = after.*field;
     if (now.defined() && !(old.defined() && old.unsafeGetTensorImpl() == now.unsafeGetTensorImpl())) {
       d[py::str(name)] = now;
     } else if (!now.defined() && old.defined()) {
-      PyDict_DelItemString(d.ptr(), name.c_str());
+      PyDict_DelItemString(d.ptr(), name);
     }
   }
 }

@@ -51,6 +51,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
     _group_forced: dict = {}
 
     _flags: tuple[str, ...] = ("maximize",)  # torch's bool options of this optimizer
+    _core_checks_first = True  # step() runs nothing before the core's checks of a group (LAMB: its grad norm)
 
     def add_param_group(self, param_group: dict) -> None:
         """torch.optim's add_param_group, with the group's values checked (with the defaults it will take) before
@@ -112,6 +113,8 @@ class _FusedOptimizer(torch.optim.Optimizer):
         name = type(self).__name__
         for group in self.param_groups:
             self._check_group(group)
+            if self._core_checks_first and len(self.param_groups) == 1 and not _dtensor.any_dtensor(group["params"]):
+                continue  # one group: the core checks it in step() before anything is written
             with _dtensor.local_grads(group["params"], name) as params:  # DTensors: their local shards
                 core._optim_check(self._kind, name, group, params)
 
@@ -124,20 +127,24 @@ class _FusedOptimizer(torch.optim.Optimizer):
         found_inf = getattr(self, "found_inf", None)
         name = type(self).__name__
         grad_norm = self._global_grad_norm(grad_scale)
+        get_state = self.state.get  # dict.get: no default entry created (one hash per parameter)
         for group in self.param_groups:
             params = [p for p in group["params"] if p.grad is not None]
             if group["differentiable"]:
                 self._differentiable_step(group, params, grad_scale, found_inf)
                 continue
-            states = [self.state[p] if p in self.state else {} for p in params]
+            states = [get_state(p) for p in params]
+            new = [i for i, st in enumerate(states) if st is None]
+            for i in new:
+                states[i] = {}
             if _dtensor.any_dtensor(params):
                 self._local_step(group, params, states, grad_scale, found_inf)
             else:
                 core._optim_step(self._kind, name, group, params, states, grad_scale, found_inf,
                                  self.write_unscaled_grads, grad_norm)
-            for p, st in zip(params, states):
-                if st and p not in self.state:
-                    self.state[p] = st
+            for i in new:  # states the core created (an SGD parameter without momentum or master gets none)
+                if states[i]:
+                    self.state[params[i]] = states[i]
         return loss
 
     def _global_grad_norm(self, grad_scale) -> Optional[torch.Tensor]:
@@ -416,6 +423,7 @@ class LAMB(_FusedOptimizer):
     """
 
     _kind = "lamb"
+    _core_checks_first = False
     _flags = ("bias_correction", "adam_w_mode", "grad_averaging", "use_nvlamb")
     _group_defaults = dict(bias_correction=True, adam_w_mode=True, grad_averaging=True, use_nvlamb=False,
                            max_grad_norm=1.0, master_weights=None, differentiable=False)

@@ -81,6 +81,9 @@ struct AMPKIT_API ParamState {
   // The named entry (torch.optim's names), nullptr for an unknown name.
   at::Tensor* entry(const std::string& name);
   static const std::vector<std::string>& names();
+  // (name, member) of every entry, in names() order.
+  using Field = at::Tensor ParamState::*;
+  static const std::vector<std::pair<const char*, Field>>& fields();
 };
 
 // torch.optim's range checks and messages (ValueError from Python) for a group's options.
