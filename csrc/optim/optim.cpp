@@ -37,6 +37,23 @@ void keep_group_options(std::vector<torch::optim::OptimizerParamGroup>& added, s
   }
 }
 
+// The constructor's and add_param_group's part shared by every optimizer here: groups carrying another
+// optimizer's options are refused, and each group's own options are kept.
+template <typename Options>
+void adopt_groups(const char* optimizer, std::vector<torch::optim::OptimizerParamGroup>& own,
+                  const std::vector<torch::optim::OptimizerParamGroup>& given) {
+  check_group_options<Options>(optimizer, 0, given);
+  keep_group_options(own, 0, given);
+}
+
+template <typename Options>
+void add_group(const char* optimizer, torch::optim::Optimizer& self,
+               const torch::optim::OptimizerParamGroup& param_group) {
+  check_group_options<Options>(optimizer, self.param_groups().size(), {param_group});
+  self.torch::optim::Optimizer::add_param_group(param_group);
+  keep_group_options(self.param_groups(), self.param_groups().size() - 1, {param_group});
+}
+
 // A bool option that archives from before it existed do not hold: left at its default when absent.
 void read_optional_flag(torch::serialize::InputArchive& archive, const char* key, bool& value) {
   c10::IValue ivalue;
@@ -333,15 +350,12 @@ template <bool kDecoupled>
 AdamT<kDecoupled>::AdamT(const std::vector<torch::optim::OptimizerParamGroup>& param_groups, Options defaults)
     : torch::optim::Optimizer(param_groups, std::make_unique<Options>(defaults)) {
   core::check_config(config(defaults));
-  check_group_options<Options>(kDecoupled ? "AdamW" : "Adam", 0, param_groups);
-  keep_group_options(param_groups_, 0, param_groups);
+  adopt_groups<Options>(kDecoupled ? "AdamW" : "Adam", param_groups_, param_groups);
 }
 
 template <bool kDecoupled>
 void AdamT<kDecoupled>::add_param_group(const torch::optim::OptimizerParamGroup& param_group) {
-  check_group_options<Options>(kDecoupled ? "AdamW" : "Adam", param_groups_.size(), {param_group});
-  torch::optim::Optimizer::add_param_group(param_group);
-  keep_group_options(param_groups_, param_groups_.size() - 1, {param_group});
+  add_group<Options>(kDecoupled ? "AdamW" : "Adam", *this, param_group);
 }
 
 template <bool kDecoupled>
@@ -431,14 +445,11 @@ core::GroupConfig SGD::config(const SGDOptions& o) {
 SGD::SGD(const std::vector<torch::optim::OptimizerParamGroup>& param_groups, SGDOptions defaults)
     : torch::optim::Optimizer(param_groups, std::make_unique<SGDOptions>(defaults)) {
   core::check_config(config(defaults));
-  check_group_options<SGDOptions>("SGD", 0, param_groups);
-  keep_group_options(param_groups_, 0, param_groups);
+  adopt_groups<SGDOptions>("SGD", param_groups_, param_groups);
 }
 
 void SGD::add_param_group(const torch::optim::OptimizerParamGroup& param_group) {
-  check_group_options<SGDOptions>("SGD", param_groups_.size(), {param_group});
-  torch::optim::Optimizer::add_param_group(param_group);
-  keep_group_options(param_groups_, param_groups_.size() - 1, {param_group});
+  add_group<SGDOptions>("SGD", *this, param_group);
 }
 
 at::Tensor SGD::step(LossClosure closure) {
@@ -510,14 +521,11 @@ core::GroupConfig LAMB::config(const LAMBOptions& o) {
 LAMB::LAMB(const std::vector<torch::optim::OptimizerParamGroup>& param_groups, LAMBOptions defaults)
     : torch::optim::Optimizer(param_groups, std::make_unique<LAMBOptions>(defaults)) {
   core::check_config(config(defaults));
-  check_group_options<LAMBOptions>("LAMB", 0, param_groups);
-  keep_group_options(param_groups_, 0, param_groups);
+  adopt_groups<LAMBOptions>("LAMB", param_groups_, param_groups);
 }
 
 void LAMB::add_param_group(const torch::optim::OptimizerParamGroup& param_group) {
-  check_group_options<LAMBOptions>("LAMB", param_groups_.size(), {param_group});
-  torch::optim::Optimizer::add_param_group(param_group);
-  keep_group_options(param_groups_, param_groups_.size() - 1, {param_group});
+  add_group<LAMBOptions>("LAMB", *this, param_group);
 }
 
 at::Tensor LAMB::step(LossClosure closure) {
