@@ -113,8 +113,9 @@ class _FusedOptimizer(torch.optim.Optimizer):
         name = type(self).__name__
         for group in self.param_groups:
             self._check_group(group)
-            if self._core_checks_first and len(self.param_groups) == 1 and not _dtensor.any_dtensor(group["params"]):
-                continue  # one group: the core checks it in step() before anything is written
+            if (self._core_checks_first and len(self.param_groups) == 1 and not group.get("differentiable")
+                    and not _dtensor.any_dtensor(group["params"])):
+                continue  # one group the core steps: it checks the group in step() before anything is written
             with _dtensor.local_grads(group["params"], name) as params:  # DTensors: their local shards
                 core._optim_check(self._kind, name, group, params)
 

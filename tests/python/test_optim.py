@@ -312,3 +312,14 @@ def test_tensor_lr_equals_float_lr(device, cls):
         b.step()
     for p, q in zip(a_params, b_params):
         assert bits_equal(p.detach(), q.detach())
+
+
+def test_a_single_differentiable_group_is_still_checked_before_the_step():
+    """differentiable=True runs torch's own formulas; a master_weights that cannot apply is refused first, with one
+    group as with several."""
+    p = torch.zeros(3, dtype=torch.float64, requires_grad=True)
+    opt = ampkit.optim.Adam([p], differentiable=True, master_weights=True)
+    p.grad = torch.ones(3, dtype=torch.float64)
+    with pytest.raises(ValueError, match="master_weights=True needs FP16, BF16 or FP32 parameters"):
+        opt.step()
+    assert torch.equal(p, torch.zeros(3, dtype=torch.float64)) and not opt.state
