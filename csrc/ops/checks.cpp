@@ -365,20 +365,24 @@ void check(const UpdateScaleArgs& a) {
 namespace {
 
 // Everything a fused step writes or reads, the device scalars included, must be distinct (NOTE [Aliasing]): the
-// grads are read while the rest is written, and stored back when unscaled.
-void check_step_aliasing(const char* op, const OptimLists& l, const StepScalars& s, const char* exp_avg_name) {
+// grads are read while the rest is written, and stored back when unscaled. A step that only reads its grads
+// (`grads_read_only`: LAMB) lets them, and its device scalars (`grad_norm` among them), share memory with each
+// other, never with what it writes.
+void check_step_aliasing(const char* op, const OptimLists& l, const StepScalars& s, const char* exp_avg_name,
+                         bool grads_read_only = false, const std::optional<at::Tensor>& grad_norm = std::nullopt) {
   AliasCheck alias(op);
   alias.add("params", l.params);
-  alias.add("grads", l.grads);
+  alias.add("grads", l.grads, grads_read_only);
   alias.add("master_params", l.master_params);
   alias.add("param_remainders", l.param_remainders);
   alias.add(exp_avg_name, l.exp_avgs);
   alias.add("exp_avg_sqs", l.exp_avg_sqs);
   alias.add("max_exp_avg_sqs", l.max_exp_avg_sqs);
   alias.add("state_steps", l.state_steps);
-  alias.add("grad_scale", s.grad_scale);
-  alias.add("found_inf", s.found_inf);
-  alias.add("lr_tensor", s.lr_tensor);
+  alias.add("grad_scale", s.grad_scale, grads_read_only);
+  alias.add("found_inf", s.found_inf, grads_read_only);
+  alias.add("lr_tensor", s.lr_tensor, grads_read_only);
+  alias.add("grad_norm", grad_norm, grads_read_only);
   alias.check();
 }
 
@@ -411,20 +415,7 @@ void check(const LambStepArgs& a) {
                         a.lists.params.empty() ? std::nullopt : std::optional<at::Device>(a.lists.params[0].device()));
   }
   // The grads are only read (the moments pass and the apply pass both need them whole).
-  const OptimLists& l = a.lists;
-  AliasCheck alias(a.op);
-  alias.add("params", l.params);
-  alias.add("grads", l.grads, /*read_only=*/true);
-  alias.add("master_params", l.master_params);
-  alias.add("param_remainders", l.param_remainders);
-  alias.add("exp_avgs", l.exp_avgs);
-  alias.add("exp_avg_sqs", l.exp_avg_sqs);
-  alias.add("state_steps", l.state_steps);
-  alias.add("grad_scale", a.scalars.grad_scale, /*read_only=*/true);
-  alias.add("found_inf", a.scalars.found_inf, /*read_only=*/true);
-  alias.add("lr_tensor", a.scalars.lr_tensor, /*read_only=*/true);
-  alias.add("grad_norm", a.grad_norm, /*read_only=*/true);
-  alias.check();
+  check_step_aliasing(a.op, a.lists, a.scalars, "exp_avgs", /*grads_read_only=*/true, a.grad_norm);
 }
 
 void check(const GradNormArgs& a) {
