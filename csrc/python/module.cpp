@@ -305,6 +305,25 @@ PYBIND11_MODULE(_C, m) {
   m.def("_optim_global_grad_norm", [](const std::vector<at::Tensor>& grads, const std::optional<at::Tensor>& scale) {
     return guarded([&] { return core::global_grad_norm(grads, scale); });
   });
+  // A compiled step's plan of a group (NOTE [Compiled steps] in ampkit/_compile.py): the group's options checked,
+  // then the master mode ("none", "master", "remainder") the core gives a parameter of each dtype.
+  m.def("_optim_plan", [](const std::string& kind, const std::string& optimizer, const py::dict& group,
+                          const std::vector<std::string>& dtypes) {
+    return guarded([&] {
+      const core::GroupConfig c = group_config(kind, optimizer, group, true);
+      core::check_config(c);
+      std::vector<std::string> modes;
+      for (const auto& name : dtypes) {
+        const at::ScalarType dtype = name == "float16" ? at::kHalf : name == "bfloat16" ? at::kBFloat16 : at::kFloat;
+        TORCH_CHECK_VALUE(dtype != at::kFloat || name == "float32", optimizer, ": no fused kernel for ", name);
+        const auto mode = core::master_mode(c, at::empty({0}, at::TensorOptions().dtype(dtype).device(at::kMeta)));
+        modes.emplace_back(mode == core::MasterMode::kMaster      ? "master"
+                           : mode == core::MasterMode::kRemainder ? "remainder"
+                                                                   : "none");
+      }
+      return modes;
+    });
+  });
   m.def("_optim_takes_fused", [](const at::Tensor& p) { return core::takes_fused(p, p); });
   m.def("_optim_remainder_of",
         [](const at::Tensor& p, const at::Tensor& master) { return guarded([&] { return core::remainder_of(p, master); }); });
@@ -359,15 +378,18 @@ PYBIND11_MODULE(_C, m) {
            py::arg("dynamic") = true)
       .def("scale", [](GradScaler& s, const at::Tensor& t) { return guarded([&] { return s.scale(t); }); })
       .def("unscale_params_",
-           [](GradScaler& s, int64_t key, const Params& p) { guarded([&] { s.unscale_params_(key, p); }); })
+           [](GradScaler& s, int64_t key, const Params& p, const std::optional<Params>& g) {
+             guarded([&] { g ? s.unscale_params_(key, p, *g) : s.unscale_params_(key, p); });
+           }, py::arg("key"), py::arg("params"), py::arg("grads") = py::none())
       .def("begin_step", [](const GradScaler& s, int64_t key) { guarded([&] { s.begin_step(key); }); })
       .def("prepare_step",
            [](GradScaler& s, int64_t key, const Params& p) { return guarded([&] { return s.prepare_step(key, p); }); })
       .def("prepare_fused_step",
-           [](GradScaler& s, int64_t key, const Params& p) {
-             auto [grad_scale, found_inf] = guarded([&] { return s.prepare_fused_step(key, p); });
+           [](GradScaler& s, int64_t key, const Params& p, const std::optional<Params>& g) {
+             auto [grad_scale, found_inf] =
+                 guarded([&] { return g ? s.prepare_fused_step(key, p, *g) : s.prepare_fused_step(key, p); });
              return py::make_tuple(optional_tensor(grad_scale), found_inf);
-           })
+           }, py::arg("key"), py::arg("params"), py::arg("grads") = py::none())
       .def("mark_stepped", &GradScaler::mark_stepped)
       .def("record_unscaled_grads",
            [](GradScaler& s, const at::Tensor& found_inf) { guarded([&] { s.record_unscaled_grads(found_inf); }); })

@@ -69,6 +69,16 @@ void check_options(const GradScalerOptions& o) {
   }
 }
 
+std::vector<at::Tensor> grads_of(const std::vector<at::Tensor>& params) {
+  std::vector<at::Tensor> grads;
+  grads.reserve(params.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    TORCH_CHECK(params[i].defined(), "ampkit::GradScaler: params[", i, "] is undefined");
+    grads.push_back(params[i].grad());
+  }
+  return grads;
+}
+
 }  // namespace
 
 GradScaler::GradScaler(GradScalerOptions options)
@@ -124,17 +134,22 @@ std::vector<at::Tensor> GradScaler::scale(const std::vector<at::Tensor>& outputs
   return scaled;
 }
 
-void GradScaler::record_checks(int64_t key, const std::vector<at::Tensor>& params, bool unscale, bool allow_fp16) {
+void GradScaler::record_checks(int64_t key, const std::vector<at::Tensor>& params, std::vector<at::Tensor> all_grads,
+                               bool unscale, bool allow_fp16) {
   // Validate before anything is written.
+  TORCH_CHECK_VALUE(all_grads.size() == params.size(), "ampkit::GradScaler: ", params.size(), " params but ",
+                    all_grads.size(), " grads");
   std::vector<at::Tensor> grads;
   std::vector<size_t> indices;
   for (size_t i = 0; i < params.size(); ++i) {
     const at::Tensor& p = params[i];
     TORCH_CHECK(p.defined(), "ampkit::GradScaler: params[", i, "] is undefined");
-    const at::Tensor& g = p.grad();
+    const at::Tensor& g = all_grads[i];
     if (!g.defined()) {
       continue;
     }
+    TORCH_CHECK_VALUE(g.sizes() == p.sizes(), "ampkit::GradScaler: grads[", i, "] has shape ", g.sizes(),
+                      " but its parameter has shape ", p.sizes());
     TORCH_CHECK_VALUE(allow_fp16 || g.scalar_type() != at::kHalf, "Attempting to unscale FP16 gradients.");
     grads.push_back(g);
     indices.push_back(i);
@@ -142,9 +157,13 @@ void GradScaler::record_checks(int64_t key, const std::vector<at::Tensor>& param
   at::NoGradGuard no_grad;
   for (size_t j = 0; j < grads.size(); ++j) {
     if (grads[j].is_sparse()) {
-      at::Tensor& g = const_cast<at::Tensor&>(params[indices[j]]).mutable_grad();
+      at::Tensor g = grads[j];
       if (g.scalar_type() == at::kHalf) {
         g = g.coalesce();  // as torch: duplicate FP16 entries could overflow when summed later
+        at::Tensor& held = const_cast<at::Tensor&>(params[indices[j]]).mutable_grad();
+        if (held.is_same(grads[j])) {
+          held = g;  // torch leaves the coalesced grad in .grad
+        }
       }
       grads[j] = g._values();
     }
@@ -207,6 +226,13 @@ at::Tensor GradScaler::combined_found_inf(int64_t key) {
 }
 
 void GradScaler::unscale_params_(int64_t key, const std::vector<at::Tensor>& params) {
+  if (enabled_) {
+    unscale_params_(key, params, grads_of(params));
+  }
+}
+
+void GradScaler::unscale_params_(int64_t key, const std::vector<at::Tensor>& params,
+                                 const std::vector<at::Tensor>& grads) {
   if (!enabled_) {
     return;
   }
@@ -228,7 +254,7 @@ void GradScaler::unscale_params_(int64_t key, const std::vector<at::Tensor>& par
     state.found_inf = {{external_found_inf_.device(), external_found_inf_}};
     state.report.clear();
   } else {
-    record_checks(key, params, /*unscale=*/true, /*allow_fp16=*/false);
+    record_checks(key, params, grads, /*unscale=*/true, /*allow_fp16=*/false);
   }
   per_optimizer_[key].stage = Stage::kUnscaled;
 }
@@ -283,13 +309,19 @@ bool GradScaler::prepare_step(int64_t key, const std::vector<at::Tensor>& params
 }
 
 std::pair<at::Tensor, at::Tensor> GradScaler::prepare_fused_step(int64_t key, const std::vector<at::Tensor>& params) {
+  check_scale_exists("_check_inf_per_device");
+  return prepare_fused_step(key, params, stage(key) == Stage::kReady ? grads_of(params) : std::vector<at::Tensor>());
+}
+
+std::pair<at::Tensor, at::Tensor> GradScaler::prepare_fused_step(int64_t key, const std::vector<at::Tensor>& params,
+                                                                 const std::vector<at::Tensor>& grads) {
   const at::Tensor& scale = check_scale_exists("_check_inf_per_device");
   bool still_scaled = stage(key) == Stage::kReady;
   if (still_scaled && external_found_inf_.defined()) {  // NOTE [Grads unscaled outside the scaler]
-    unscale_params_(key, params);
+    unscale_params_(key, params, grads);
     still_scaled = false;
   } else if (still_scaled) {
-    record_checks(key, params, /*unscale=*/false, /*allow_fp16=*/true);
+    record_checks(key, params, grads, /*unscale=*/false, /*allow_fp16=*/true);
   }
   const auto& found = per_optimizer_[key].found_inf;
   at::Tensor found_inf = found.empty() ? buffer(key, scale.device(), BufferRole::kCombined).zero_()

@@ -16,7 +16,7 @@ from typing import Any, Iterable, Optional, Union
 
 import torch
 
-from . import _C, _checks, _dtensor
+from . import _C, _checks, _compile, _dtensor
 
 __all__ = ["GradScaler", "OptState", "load_scaler_state", "save_scaler_state"]
 
@@ -127,6 +127,7 @@ class GradScaler:
             process_group=process_group,
             dynamic=dynamic,
         )
+        self._handle = _compile.ScalerHandle(self._core) if _compile.SUPPORTED else None
         self._options = dict(
             device=device, init_scale=init_scale, growth_factor=growth_factor, backoff_factor=backoff_factor,
             growth_interval=growth_interval, enabled=enabled, hysteresis=hysteresis, min_scale=min_scale,
@@ -139,14 +140,19 @@ class GradScaler:
         """Multiply a tensor, or the tensors of a (nested) iterable, by the scale factor."""
         if not self._enabled:
             return outputs
+        if self._traced():  # NOTE [Compiled steps]: the C++ core through a custom op
+            def scale_one(t):
+                return t * torch.ops.ampkit._scaler_scale_factor(self._handle, t.detach())
+        else:
+            scale_one = self._core.scale
         if isinstance(outputs, torch.Tensor):
-            return self._core.scale(outputs)
+            return scale_one(outputs)
         if isinstance(outputs, (str, bytes)):
             raise ValueError("outputs must be a Tensor or an iterable of Tensors")
 
         def apply_scale(val):
             if isinstance(val, torch.Tensor):
-                return self._core.scale(val)
+                return scale_one(val)
             if isinstance(val, abc.Iterable):
                 iterable = map(apply_scale, val)
                 if isinstance(val, (list, tuple)):
@@ -161,7 +167,16 @@ class GradScaler:
         if not self._enabled:
             return
         _optimizer("GradScaler.unscale_", optimizer)
-        self._unscale(id(optimizer), _params(optimizer))
+        params = _params(optimizer)
+        if self._traced() and not _dtensor.any_dtensor(params):
+            with_grads = [p for p in params if p.grad is not None]
+            torch.ops.ampkit._scaler_unscale_(self._handle, id(optimizer), with_grads, [p.grad for p in with_grads])
+            return
+        self._unscale(id(optimizer), params)
+
+    def _traced(self) -> bool:
+        """Whether this call is traced by torch.compile and the methods go through custom ops."""
+        return self._handle is not None and _compile.is_compiling()
 
     def _unscale(self, key: int, params: list[torch.Tensor]) -> None:
         # DTensor grads (FSDP2): the core unscales and checks the local shards; an Inf/NaN is seen only by the
@@ -188,6 +203,8 @@ class GradScaler:
             raise RuntimeError("Closure use is not currently supported if GradScaler is enabled.")
         _optimizer("GradScaler.step", optimizer)
         key = id(optimizer)
+        if self._traced() and getattr(optimizer, "_step_supports_amp_scaling", False):
+            return self._traced_fused_step(key, optimizer, args, kwargs)
         self._core.begin_step(key)
         if getattr(optimizer, "_step_supports_amp_scaling", False):
             if "grad_scaler" in inspect.signature(optimizer.step).parameters:
@@ -222,6 +239,21 @@ class GradScaler:
         if run:
             retval = optimizer.step(*args, **kwargs)
         self._core.mark_stepped(key)
+        return retval
+
+    def _traced_fused_step(self, key: int, optimizer: torch.optim.Optimizer, args, kwargs):
+        """step() of a fused optimizer under torch.compile (NOTE [Compiled steps]): the checks and the inf check
+        by the C++ core, through custom ops; a grad_scale of 1 after unscale_() (``None`` in eager)."""
+        params = [p for p in _params(optimizer) if p.grad is not None]
+        grad_scale, found_inf = torch.ops.ampkit._scaler_prepare_fused_step(self._handle, key, params,
+                                                                          [p.grad for p in params])
+        user_scale = getattr(optimizer, "grad_scale", None)
+        optimizer.grad_scale = grad_scale if user_scale is None else grad_scale * user_scale
+        optimizer.found_inf = found_inf
+        retval = optimizer.step(*args, **kwargs)
+        del optimizer.grad_scale
+        del optimizer.found_inf
+        torch.ops.ampkit._scaler_mark_stepped(self._handle, key)
         return retval
 
     def record_unscaled_grads(self, found_inf: torch.Tensor) -> None:
@@ -271,7 +303,9 @@ class GradScaler:
         if not self._enabled:
             return
         self.__dict__.pop("_hook_buckets", None)
-        if new_scale is None:
+        if new_scale is None and self._traced():
+            torch.ops.ampkit._scaler_update(self._handle)
+        elif new_scale is None:
             self._core.update()
         elif isinstance(new_scale, torch.Tensor):
             self._core.update_to_tensor(new_scale)

@@ -30,13 +30,38 @@ import torch
 from torch.optim import adam as _torch_adam
 from torch.optim import sgd as _torch_sgd
 
-from . import _checks, _dtensor
+from . import _checks, _compile, _dtensor
 
 __all__ = ["Adam", "AdamW", "SGD", "LAMB"]
 
 def _core():
     from . import _C
     return _C
+
+
+@_compile.constant
+def _group_plan(key: int, index: int, dtypes: tuple) -> tuple:
+    """At trace time, on the real group ``index`` of the optimizer ``key``: its checks (as _validate's) and the
+    master mode the core gives each parameter. Returns (the checked values, the modes)."""
+    optimizer = _compile.live(key)
+    group = optimizer.param_groups[index]
+    cls = type(optimizer)
+    try:
+        cls._check_group(group)
+    except (ValueError, TypeError, RuntimeError) as e:  # raised by the traced code: the caller sees its type
+        return type(e).__name__, str(e)
+    # torch.optim's capturable/foreach/fused change nothing in ampkit's kernels (and Dynamo sets capturable while
+    # it traces torch optimizers): not guarded.
+    values = tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in group.items()
+                   if k not in ("params", "capturable", "foreach", "fused") and not isinstance(v, torch.Tensor))
+    modes = tuple(_core()._optim_plan(cls._kind, cls.__name__, group, list(dtypes)))
+    return values, modes
+
+
+def _differs(value, checked) -> bool:
+    if isinstance(checked, tuple):
+        return len(value) != len(checked) or any(_differs(v, c) for v, c in zip(value, checked))
+    return value != checked
 
 
 class _FusedOptimizer(torch.optim.Optimizer):
@@ -60,18 +85,20 @@ class _FusedOptimizer(torch.optim.Optimizer):
             merged = dict(self.defaults, **{k: v for k, v in param_group.items() if k != "params"})
             self._check_group(merged)
         super().add_param_group(param_group)
+        _compile.register(self)  # NOTE [Compiled steps]: read at trace time
 
-    def _check_group(self, group: dict) -> None:
+    @classmethod
+    def _check_group(cls, group: dict) -> None:
         """torch's checks (_check_values) plus ampkit's: master_weights and bool flags."""
-        name = type(self).__name__
+        name = cls.__name__
         mw = group.get("master_weights")
         if not (mw is None or isinstance(mw, bool) or mw == "remainder"):
             raise ValueError(f"{name}: master_weights must be None, True, False or 'remainder', but got {mw!r}")
-        for flag in self._flags:
+        for flag in cls._flags:
             value = group.get(flag, False)
             if not isinstance(value, (bool, int)) or isinstance(value, int) and value not in (0, 1):
                 raise TypeError(f"{name}: {flag} must be True or False, but got {type(value).__name__} {value!r}")
-        self._check_values(group)
+        cls._check_values(group)
 
     @classmethod
     def _check_ranges(cls, group: dict) -> None:
@@ -122,6 +149,11 @@ class _FusedOptimizer(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure: Optional[Callable[[], float]] = None):
         loss = self._run_closure(closure)
+        if _compile.is_compiling():
+            if self._traced_step():
+                return loss
+            # The eager step below, outside the graph (with fullgraph=True, an error that says why).
+            torch._dynamo.graph_break(f"{type(self).__name__}.step: {self._graph_break}")
         self._validate()
         core = _core()
         grad_scale = getattr(self, "grad_scale", None)
@@ -147,6 +179,159 @@ class _FusedOptimizer(torch.optim.Optimizer):
                 if states[i]:
                     self.state[params[i]] = states[i]
         return loss
+
+    # ---- under torch.compile (NOTE [Compiled steps] in ampkit/_compile.py) ----------------------------------------
+
+    _FUSED_DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
+
+    def _traced_step(self) -> bool:
+        """step() as Python over the fused ops, which torch.compile traces into one graph. False, before anything
+        is written, when a group is one the graph does not hold (differentiable, DTensor, tensor betas, parameters
+        the fused kernels do not take, partial states): the eager step then runs, breaking the graph."""
+        grad_scale = getattr(self, "grad_scale", None)
+        found_inf = getattr(self, "found_inf", None)
+        plans = []
+        # Every parameter of a group must suit the graph, with or without a grad. (Dynamo 2.13 cannot resume after
+        # this break when the same compiled function ran the backward: compile such steps with fused groups only.)
+        for index, group in enumerate(self.param_groups):
+            params = group["params"]
+            if not self._graph_holds(group, params):
+                self._graph_break = ("a group the graph does not hold (differentiable, DTensor, tensor betas, or "
+                                     "parameters the fused kernels do not take: the eager step)")
+                return False
+            checked, modes = _group_plan(id(self), index, tuple(self._FUSED_DTYPES[p.dtype] for p in params))
+            if isinstance(checked, str):  # a bad value: the eager step raises the check's error
+                self._graph_break = f"{checked}: {modes}"
+                return False
+            for key, value in checked:  # guards: the graph runs only with the values checked
+                if _differs(group[key], value):
+                    self._graph_break = f"group option {key!r} changed while tracing"
+                    return False
+            states = []
+            for p, mode in zip(params, modes):
+                state = self.state.get(p)
+                if state is not None and not self._complete_for_graph(group, state, mode):
+                    self._graph_break = "a partial state (loaded from torch.optim): the eager step completes it"
+                    return False
+                states.append(state)
+            plans.append((group, params, modes, states))
+        for group, params, modes, states in plans:
+            for p in params:
+                g = p.grad
+                if g is not None and (g.layout != torch.strided or g.dtype != p.dtype or g.shape != p.shape
+                                      or not g.is_contiguous()):
+                    self._graph_break = "a sparse, other-dtype or strided grad: the eager step"
+                    return False
+        plans = [(group, *zip(*[(p, m, st) for p, m, st in zip(params, modes, states) if p.grad is not None]))
+                 for group, params, modes, states in plans]
+        grad_norm = self._traced_grad_norm(grad_scale)
+        for group, *entries in plans:
+            if not entries:
+                continue
+            params, modes, states = entries
+            buckets = {}
+            for p, mode, state in zip(params, modes, states):
+                if state is None:
+                    state = self._new_state(group, p, mode)
+                    if state:
+                        self.state[p] = state
+                buckets.setdefault((p.device, mode), []).append((p, state))
+            for (device, mode), entries in buckets.items():
+                self._fused_call(group, device, mode, entries, grad_scale, found_inf, grad_norm)
+        return True
+
+    def _graph_holds(self, group: dict, params: list) -> bool:
+        """Whether the graph can hold the group's step (else the eager step)."""
+        if group.get("differentiable") or _dtensor.any_dtensor(params):
+            return False
+        for p in params:
+            if p.dtype not in self._FUSED_DTYPES or p.layout != torch.strided or not p.is_contiguous():
+                return False
+        for key, value in group.items():  # tensor options other than lr (Adam's tensor betas)
+            if key not in ("lr", "params") and (isinstance(value, torch.Tensor) or isinstance(value, (tuple, list)) and any(
+                    isinstance(v, torch.Tensor) for v in value)):
+                return False
+        return True
+
+    def _complete_for_graph(self, group: dict, state: dict, mode: str) -> bool:
+        """Whether ``state`` has every entry the fused call reads (a state loaded from torch.optim may lack the
+        master or the step; the eager step completes it)."""
+        needed = []
+        if self._stateful(group):
+            needed += ["step", "momentum_buffer"] if self._kind == "sgd" else ["step", "exp_avg", "exp_avg_sq"]
+            if self._kind == "adam" and group["amsgrad"]:
+                needed.append("max_exp_avg_sq")
+        if mode != "none":
+            needed.append("master_param" if mode == "master" else "param_remainder")
+        return all(key in state for key in needed)
+
+    def _stateful(self, group: dict) -> bool:
+        """Whether the fused op reads steps and moments (SGD without momentum reads neither)."""
+        return self._kind != "sgd" or group["momentum"] != 0
+
+    def _new_state(self, group: dict, p: torch.Tensor, mode: str) -> dict:
+        """A parameter's first state, as the core creates it (optim_core.cpp, complete_state)."""
+        state = {}
+        if self._stateful(group):
+            state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
+        if self._kind != "sgd":
+            state["exp_avg"] = torch.zeros_like(p, dtype=torch.float32, memory_format=torch.preserve_format)
+            state["exp_avg_sq"] = torch.zeros_like(p, dtype=torch.float32, memory_format=torch.preserve_format)
+            if self._kind == "adam" and group["amsgrad"]:
+                state["max_exp_avg_sq"] = torch.zeros_like(p, dtype=torch.float32,
+                                                           memory_format=torch.preserve_format)
+        elif group["momentum"] != 0:
+            state["momentum_buffer"] = torch.zeros_like(p, dtype=torch.float32, memory_format=torch.preserve_format)
+        if mode == "master":
+            state["master_param"] = p.detach().to(torch.float32, copy=True)
+        elif mode == "remainder":
+            state["param_remainder"] = torch.zeros_like(p, dtype=torch.int16, memory_format=torch.preserve_format)
+        return state
+
+    def _traced_grad_norm(self, grad_scale) -> Optional[torch.Tensor]:
+        return None
+
+    def _fused_call(self, group: dict, device, mode: str, entries: list, grad_scale, found_inf, grad_norm) -> None:
+        """One fused op over a (device, master mode) bucket, as the core's fused_call."""
+        params = [p for p, _ in entries]
+        grads = [p.grad for p in params]
+        states = [st for _, st in entries]
+        stateful = self._stateful(group)
+        masters = [st["master_param"] for st in states] if mode == "master" else []
+        remainders = [st["param_remainder"] for st in states] if mode == "remainder" else []
+        steps = [st["step"] for st in states] if stateful else []
+        lr = group["lr"]
+        lr_tensor = None
+        if isinstance(lr, torch.Tensor):
+            lr_tensor, lr = lr.to(device=device, dtype=torch.float32), 0.0
+        on = {}
+        for name, t in (("grad_scale", grad_scale), ("found_inf", found_inf)):
+            on[name] = None if t is None else t.to(device)
+        if self._kind == "sgd":
+            buffers = [st["momentum_buffer"] for st in states] if stateful else []
+            torch.ops.ampkit.sgd_step_(
+                params, grads, masters, remainders, buffers, steps, lr=lr, momentum=group["momentum"],
+                dampening=group["dampening"], weight_decay=group["weight_decay"], nesterov=group["nesterov"],
+                maximize=group["maximize"], lr_tensor=lr_tensor, write_unscaled_grads=self.write_unscaled_grads,
+                **on)
+            return
+        beta1, beta2 = group["betas"]
+        exp_avgs = [st["exp_avg"] for st in states]
+        exp_avg_sqs = [st["exp_avg_sq"] for st in states]
+        if self._kind == "lamb":
+            torch.ops.ampkit.lamb_step_(
+                params, grads, masters, remainders, exp_avgs, exp_avg_sqs, steps, lr=lr, beta1=beta1, beta2=beta2,
+                weight_decay=group["weight_decay"], eps=group["eps"], bias_correction=group["bias_correction"],
+                adam_w_mode=group["adam_w_mode"], grad_averaging=group["grad_averaging"],
+                use_nvlamb=group["use_nvlamb"], max_grad_norm=group["max_grad_norm"],
+                grad_norm=None if grad_norm is None else grad_norm.to(device), lr_tensor=lr_tensor, **on)
+            return
+        max_sqs = [st["max_exp_avg_sq"] for st in states] if group["amsgrad"] else []
+        torch.ops.ampkit.adamw_step_(
+            params, grads, masters, remainders, exp_avgs, exp_avg_sqs, max_sqs, steps, lr=lr, beta1=beta1,
+            beta2=beta2, weight_decay=group["weight_decay"], eps=group["eps"], amsgrad=group["amsgrad"],
+            maximize=group["maximize"], decoupled_weight_decay=group["decoupled_weight_decay"], lr_tensor=lr_tensor,
+            write_unscaled_grads=self.write_unscaled_grads, **on)
 
     def _global_grad_norm(self, grad_scale) -> Optional[torch.Tensor]:
         """The global grad norm a step needs before its first update (LAMB's clipping); None: not needed."""
@@ -228,6 +413,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
         # torch.optim's defaults for keys an older torch did not save, and Python-number steps made tensors.
         state.setdefault("write_unscaled_grads", True)
         super().__setstate__(state)
+        _compile.register(self)
         core = _core()
         for group in self.param_groups:
             for key, value in self._group_defaults.items():
@@ -470,12 +656,184 @@ class LAMB(_FusedOptimizer):
                     "LAMB: max_grad_norm > 0 with DTensor parameters (FSDP2) needs a norm over every rank's shards, "
                     "which LAMB does not compute; clip with torch.nn.utils.clip_grad_norm_ and pass max_grad_norm=0")
 
+    # ---- under torch.compile (NOTE [Compiled steps] in ampkit/_compile.py) ----------------------------------------
+
+    _FUSED_DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
+
+    def _traced_step(self) -> bool:
+        """step() as Python over the fused ops, which torch.compile traces into one graph. False, before anything
+        is written, when a group is one the graph does not hold (differentiable, DTensor, tensor betas, parameters
+        the fused kernels do not take, partial states): the eager step then runs, breaking the graph."""
+        grad_scale = getattr(self, "grad_scale", None)
+        found_inf = getattr(self, "found_inf", None)
+        plans = []
+        # Every parameter of a group must suit the graph, with or without a grad. (Dynamo 2.13 cannot resume after
+        # this break when the same compiled function ran the backward: compile such steps with fused groups only.)
+        for index, group in enumerate(self.param_groups):
+            params = group["params"]
+            if not self._graph_holds(group, params):
+                self._graph_break = ("a group the graph does not hold (differentiable, DTensor, tensor betas, or "
+                                     "parameters the fused kernels do not take: the eager step)")
+                return False
+            checked, modes = _group_plan(id(self), index, tuple(self._FUSED_DTYPES[p.dtype] for p in params))
+            if isinstance(checked, str):  # a bad value: the eager step raises the check's error
+                self._graph_break = f"{checked}: {modes}"
+                return False
+            for key, value in checked:  # guards: the graph runs only with the values checked
+                if _differs(group[key], value):
+                    self._graph_break = f"group option {key!r} changed while tracing"
+                    return False
+            states = []
+            for p, mode in zip(params, modes):
+                state = self.state.get(p)
+                if state is not None and not self._complete_for_graph(group, state, mode):
+                    self._graph_break = "a partial state (loaded from torch.optim): the eager step completes it"
+                    return False
+                states.append(state)
+            plans.append((group, params, modes, states))
+        for group, params, modes, states in plans:
+            for p in params:
+                g = p.grad
+                if g is not None and (g.layout != torch.strided or g.dtype != p.dtype or g.shape != p.shape
+                                      or not g.is_contiguous()):
+                    self._graph_break = "a sparse, other-dtype or strided grad: the eager step"
+                    return False
+        plans = [(group, *zip(*[(p, m, st) for p, m, st in zip(params, modes, states) if p.grad is not None]))
+                 for group, params, modes, states in plans]
+        grad_norm = self._traced_grad_norm(grad_scale)
+        for group, *entries in plans:
+            if not entries:
+                continue
+            params, modes, states = entries
+            buckets = {}
+            for p, mode, state in zip(params, modes, states):
+                if state is None:
+                    state = self._new_state(group, p, mode)
+                    if state:
+                        self.state[p] = state
+                buckets.setdefault((p.device, mode), []).append((p, state))
+            for (device, mode), entries in buckets.items():
+                self._fused_call(group, device, mode, entries, grad_scale, found_inf, grad_norm)
+        return True
+
+    def _graph_holds(self, group: dict, params: list) -> bool:
+        """Whether the graph can hold the group's step (else the eager step)."""
+        if group.get("differentiable") or _dtensor.any_dtensor(params):
+            return False
+        for p in params:
+            if p.dtype not in self._FUSED_DTYPES or p.layout != torch.strided or not p.is_contiguous():
+                return False
+        for key, value in group.items():  # tensor options other than lr (Adam's tensor betas)
+            if key not in ("lr", "params") and (isinstance(value, torch.Tensor) or isinstance(value, (tuple, list)) and any(
+                    isinstance(v, torch.Tensor) for v in value)):
+                return False
+        return True
+
+    def _complete_for_graph(self, group: dict, state: dict, mode: str) -> bool:
+        """Whether ``state`` has every entry the fused call reads (a state loaded from torch.optim may lack the
+        master or the step; the eager step completes it)."""
+        needed = []
+        if self._stateful(group):
+            needed += ["step", "momentum_buffer"] if self._kind == "sgd" else ["step", "exp_avg", "exp_avg_sq"]
+            if self._kind == "adam" and group["amsgrad"]:
+                needed.append("max_exp_avg_sq")
+        if mode != "none":
+            needed.append("master_param" if mode == "master" else "param_remainder")
+        return all(key in state for key in needed)
+
+    def _stateful(self, group: dict) -> bool:
+        """Whether the fused op reads steps and moments (SGD without momentum reads neither)."""
+        return self._kind != "sgd" or group["momentum"] != 0
+
+    def _new_state(self, group: dict, p: torch.Tensor, mode: str) -> dict:
+        """A parameter's first state, as the core creates it (optim_core.cpp, complete_state)."""
+        state = {}
+        if self._stateful(group):
+            state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
+        if self._kind != "sgd":
+            state["exp_avg"] = torch.zeros_like(p, dtype=torch.float32, memory_format=torch.preserve_format)
+            state["exp_avg_sq"] = torch.zeros_like(p, dtype=torch.float32, memory_format=torch.preserve_format)
+            if self._kind == "adam" and group["amsgrad"]:
+                state["max_exp_avg_sq"] = torch.zeros_like(p, dtype=torch.float32,
+                                                           memory_format=torch.preserve_format)
+        elif group["momentum"] != 0:
+            state["momentum_buffer"] = torch.zeros_like(p, dtype=torch.float32, memory_format=torch.preserve_format)
+        if mode == "master":
+            state["master_param"] = p.detach().to(torch.float32, copy=True)
+        elif mode == "remainder":
+            state["param_remainder"] = torch.zeros_like(p, dtype=torch.int16, memory_format=torch.preserve_format)
+        return state
+
+    def _traced_grad_norm(self, grad_scale) -> Optional[torch.Tensor]:
+        return None
+
+    def _fused_call(self, group: dict, device, mode: str, entries: list, grad_scale, found_inf, grad_norm) -> None:
+        """One fused op over a (device, master mode) bucket, as the core's fused_call."""
+        params = [p for p, _ in entries]
+        grads = [p.grad for p in params]
+        states = [st for _, st in entries]
+        stateful = self._stateful(group)
+        masters = [st["master_param"] for st in states] if mode == "master" else []
+        remainders = [st["param_remainder"] for st in states] if mode == "remainder" else []
+        steps = [st["step"] for st in states] if stateful else []
+        lr = group["lr"]
+        lr_tensor = None
+        if isinstance(lr, torch.Tensor):
+            lr_tensor, lr = lr.to(device=device, dtype=torch.float32), 0.0
+        on = {}
+        for name, t in (("grad_scale", grad_scale), ("found_inf", found_inf)):
+            on[name] = None if t is None else t.to(device)
+        if self._kind == "sgd":
+            buffers = [st["momentum_buffer"] for st in states] if stateful else []
+            torch.ops.ampkit.sgd_step_(
+                params, grads, masters, remainders, buffers, steps, lr=lr, momentum=group["momentum"],
+                dampening=group["dampening"], weight_decay=group["weight_decay"], nesterov=group["nesterov"],
+                maximize=group["maximize"], lr_tensor=lr_tensor, write_unscaled_grads=self.write_unscaled_grads,
+                **on)
+            return
+        beta1, beta2 = group["betas"]
+        exp_avgs = [st["exp_avg"] for st in states]
+        exp_avg_sqs = [st["exp_avg_sq"] for st in states]
+        if self._kind == "lamb":
+            torch.ops.ampkit.lamb_step_(
+                params, grads, masters, remainders, exp_avgs, exp_avg_sqs, steps, lr=lr, beta1=beta1, beta2=beta2,
+                weight_decay=group["weight_decay"], eps=group["eps"], bias_correction=group["bias_correction"],
+                adam_w_mode=group["adam_w_mode"], grad_averaging=group["grad_averaging"],
+                use_nvlamb=group["use_nvlamb"], max_grad_norm=group["max_grad_norm"],
+                grad_norm=None if grad_norm is None else grad_norm.to(device), lr_tensor=lr_tensor, **on)
+            return
+        max_sqs = [st["max_exp_avg_sq"] for st in states] if group["amsgrad"] else []
+        torch.ops.ampkit.adamw_step_(
+            params, grads, masters, remainders, exp_avgs, exp_avg_sqs, max_sqs, steps, lr=lr, beta1=beta1,
+            beta2=beta2, weight_decay=group["weight_decay"], eps=group["eps"], amsgrad=group["amsgrad"],
+            maximize=group["maximize"], decoupled_weight_decay=group["decoupled_weight_decay"], lr_tensor=lr_tensor,
+            write_unscaled_grads=self.write_unscaled_grads, **on)
+
     def _global_grad_norm(self, grad_scale) -> Optional[torch.Tensor]:
         if not any(group["max_grad_norm"] > 0 for group in self.param_groups):
             return None
         grads = [p.grad for group in self.param_groups for p in group["params"] if p.grad is not None]
         self.last_grad_norm = _core()._optim_global_grad_norm(grads, grad_scale)
         return self.last_grad_norm
+
+    def _traced_grad_norm(self, grad_scale) -> Optional[torch.Tensor]:
+        if not any(group["max_grad_norm"] > 0 for group in self.param_groups):
+            return None
+        grads = [p.grad for group in self.param_groups for p in group["params"] if p.grad is not None]
+        by_device = {}
+        for g in grads:
+            by_device.setdefault(g.device, []).append(g)
+        norms = [torch.ops.ampkit.grad_norm(list_, None if grad_scale is None else grad_scale.to(device))
+                 for device, list_ in by_device.items()]
+        if not norms:
+            norm = torch.zeros((), dtype=torch.float32)
+        elif len(norms) == 1:
+            norm = norms[0]
+        else:  # as the core's global_grad_norm
+            first = grads[0].device
+            norm = torch.stack([n.to(first, torch.float64) for n in norms]).square().sum().sqrt().to(torch.float32)
+        self.last_grad_norm = norm
+        return norm
 
     def zero_grad(self, set_to_none: Optional[bool] = None) -> None:
         """torch.optim's zero_grad; ``set_to_none`` defaults to the constructor's ``set_grad_none`` (Apex)."""

@@ -126,6 +126,38 @@ TEST_CASE("GradScaler: unscale_ then clipping, and the stage errors torch raises
   REQUIRE_THROWS_WITH(GradScaler(GradScalerOptions().hysteresis(0)), Catch::Contains("hysteresis must be in"));
 }
 
+TEST_CASE("GradScaler: grads given apart from .grad are checked and unscaled as .grad would be", "[scaler][cpu]") {
+  // What a compiled step passes: the grads its graph computed, which .grad does not hold yet.
+  Problem p = make_problem(1);
+  const std::vector<at::Tensor> params = p.model->parameters();
+  GradScaler scaler;
+  scaler.scale(torch::ones({1}));
+  std::vector<at::Tensor> grads;
+  for (const auto& q : params) {
+    grads.push_back(torch::randn_like(q) * 1024);
+  }
+  grads.back().view(-1)[-1] = kInf;  // Inf in the last element of the last grad
+  REQUIRE(!params[0].grad().defined());
+  auto [grad_scale, found_inf] = scaler.prepare_fused_step(1, params, grads);
+  REQUIRE(grad_scale.defined());
+  REQUIRE(found_inf.item<float>() == 1.0f);
+  scaler.mark_stepped(1);
+  scaler.update();
+  REQUIRE(scaler.get_scale() == 32768.0);  // backed off: the given grads were the ones checked
+  // unscale_params_ with given grads writes them, not .grad; a length or shape mismatch changes nothing.
+  scaler.scale(torch::ones({1}));
+  grads.back().view(-1)[-1] = 1.0f;
+  const auto before = grads[0].clone();
+  REQUIRE_THROWS_WITH(scaler.unscale_params_(2, params, {grads[0]}),
+                      Catch::Contains("2 params but 1 grads"));
+  REQUIRE_THROWS_WITH(scaler.unscale_params_(2, params, {grads[1], grads[0]}),
+                      Catch::Contains("grads[0] has shape [4] but its parameter has shape [4, 16]"));
+  REQUIRE(bits_equal(grads[0], before));
+  scaler.unscale_params_(2, params, {grads[0], at::Tensor()});
+  REQUIRE(bits_equal(grads[0], before / 32768.0));
+  REQUIRE(scaler.found_inf_per_device(2).at(0).item<float>() == 0.0f);
+}
+
 TEST_CASE("GradScaler: hysteresis and bounds", "[scaler][cpu]") {
   GradScaler scaler(GradScalerOptions().init_scale(64.0).growth_interval(2).hysteresis(2).min_scale(16.0).max_scale(128.0));
   auto p = torch::ones({4}, torch::requires_grad());

@@ -147,6 +147,9 @@ class AMPKIT_API GradScaler {
   // ---- optimizer-agnostic core: any optimizer, identified by a key (ampkit.GradScaler drives Python ones) --
   // unscale_ for the optimizer `key` whose parameters are `params` (their .grad are unscaled).
   void unscale_params_(int64_t key, const std::vector<at::Tensor>& params);
+  // The same with the grads given: grads[i] is params[i]'s gradient (undefined: none). A compiled training step
+  // passes the grads its graph computed, which it assigns to .grad only after the graph has run.
+  void unscale_params_(int64_t key, const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads);
   // Checks that a step may start (scale exists, not stepped since update()).
   void begin_step(int64_t key) const;
   // Generic step: unscales if needed, then returns whether the optimizer should step (host read of found_inf).
@@ -154,6 +157,8 @@ class AMPKIT_API GradScaler {
   // Fused step (optimizers taking grad_scale/found_inf): checks the grads read-only if they are still scaled
   // and returns (grad_scale: the scale tensor, or undefined when unscale_ already ran; found_inf). No sync.
   std::pair<at::Tensor, at::Tensor> prepare_fused_step(int64_t key, const std::vector<at::Tensor>& params);
+  std::pair<at::Tensor, at::Tensor> prepare_fused_step(int64_t key, const std::vector<at::Tensor>& params,
+                                                       const std::vector<at::Tensor>& grads);
   void mark_stepped(int64_t key);
   // NOTE [Grads unscaled outside the scaler]
   // A gradient all-reduce that decompresses, unscales (by unscale_factor) and checks the grads in one pass
@@ -212,7 +217,8 @@ class AMPKIT_API GradScaler {
 
   const at::Tensor& check_scale_exists(const char* funcname) const;
   void lazy_init(const at::Device& device);
-  void record_checks(int64_t key, const std::vector<at::Tensor>& params, bool unscale, bool allow_fp16);
+  void record_checks(int64_t key, const std::vector<at::Tensor>& params, std::vector<at::Tensor> grads, bool unscale,
+                     bool allow_fp16);
   at::Tensor combined_found_inf(int64_t key);
   // A zeroed-on-creation FP32 scalar on `device`, reused across iterations on the current stream.
   at::Tensor& buffer(int64_t optimizer, const at::Device& device, BufferRole role, int64_t index = 0);
