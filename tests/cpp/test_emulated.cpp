@@ -52,14 +52,6 @@ std::vector<kern::TensorRef> refs_of(const std::vector<at::Tensor>& ts) {
   return out;
 }
 
-std::vector<at::Tensor> clones(const std::vector<at::Tensor>& ts) {
-  std::vector<at::Tensor> out;
-  for (const auto& t : ts) {
-    out.push_back(t.clone());
-  }
-  return out;
-}
-
 // A contiguous tensor of `n` elements whose storage starts `offset` elements into its allocation (misaligned for
 // the 16-byte paths when offset is not a multiple of 16 / element size).
 at::Tensor at_offset(const at::Tensor& t, int64_t offset) {
@@ -67,6 +59,24 @@ at::Tensor at_offset(const at::Tensor& t, int64_t offset) {
   auto view = buf.narrow(0, offset, t.numel());
   view.copy_(t.flatten());
   return view;
+}
+
+// A copy at the same offset from a 16-byte boundary as `t` (clone() would align it, and a misaligned case would
+// test the aligned kernel path).
+at::Tensor copy_keeping_offset(const at::Tensor& t) {
+  if (!t.defined()) {
+    return t;
+  }
+  const auto misalign = static_cast<int64_t>(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16);
+  return at_offset(t, misalign / static_cast<int64_t>(t.element_size())).view(t.sizes());
+}
+
+std::vector<at::Tensor> clones(const std::vector<at::Tensor>& ts) {
+  std::vector<at::Tensor> out;
+  for (const auto& t : ts) {
+    out.push_back(copy_keeping_offset(t));
+  }
+  return out;
 }
 
 // Runs unscale_and_check_ (or check_finite_ when inv is null) through the CPU op and the emulated CUDA kernel on
@@ -372,8 +382,9 @@ enum class Master { kNone, kFp32, kRemainder };
 struct ParamState {
   at::Tensor param, grad, master, remainder, exp_avg, exp_avg_sq, max_exp_avg_sq, step;
 
+  // A copy whose tensors keep the originals' offsets from a 16-byte boundary.
   ParamState clone() const {
-    auto c = [](const at::Tensor& t) { return t.defined() ? t.clone() : t; };
+    auto c = [](const at::Tensor& t) { return copy_keeping_offset(t); };
     return {c(param), c(grad), c(master), c(remainder), c(exp_avg), c(exp_avg_sq), c(max_exp_avg_sq), c(step)};
   }
 };
@@ -502,6 +513,66 @@ TEST_CASE("emulated adam step: AdamW/Adam, every master mode, skip, grad scale a
                           .ok());
               require_same_state(cpu, emu_state);
             }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("emulated optimizer steps: one misaligned stream goes element-wise, the others stay vectorized, and "
+          "all match the CPU", "[emulated]") {
+  // NOTE [Optimizer chunk loop]: alignment is decided per stream. Each case moves one stream 1 element off its
+  // 16-byte boundary (a copy of the same values) and compares AdamW (amsgrad) and SGD with momentum to the CPU.
+  torch::manual_seed(11);
+  const std::vector<int64_t> sizes = {3, 9, 4 * 512 * 2 + 7, kChunk + 6};
+  for (const auto dtype : {at::kFloat, at::kHalf, at::kBFloat16}) {
+    for (const Master master : {Master::kNone, Master::kFp32, Master::kRemainder}) {
+      if ((master == Master::kRemainder && dtype != at::kBFloat16) || (master != Master::kNone && dtype == at::kFloat)) {
+        continue;
+      }
+      for (auto field : {&ParamState::param, &ParamState::grad, &ParamState::master, &ParamState::remainder,
+                         &ParamState::exp_avg, &ParamState::exp_avg_sq, &ParamState::max_exp_avg_sq}) {
+        for (const bool adam : {true, false}) {
+          auto cpu = make_params(sizes, dtype, master, adam, adam, !adam, 0);
+          if (!(cpu[0].*field).defined()) {
+            continue;
+          }
+          for (auto& ps : cpu) {
+            ps.*field = at_offset(ps.*field, 1);
+          }
+          INFO("dtype " << dtype << ", master " << static_cast<int>(master) << ", adam " << adam);
+          std::vector<ParamState> emu_state;
+          for (const auto& ps : cpu) {
+            emu_state.push_back(ps.clone());
+          }
+          const float scale = 256.f;
+          const float found = 0.f;
+          for (int step = 0; step < 2; ++step) {
+            const auto d = descriptors_of(emu_state);
+            if (adam) {
+              const auto hp = as_cpu_op(kern::AdamParams{1e-3, 0.9, 0.999, 0.01, 1e-8, true, false, true});
+              ampkit::adamw_step_(list_of(cpu, &ParamState::param), list_of(cpu, &ParamState::grad),
+                                  list_of(cpu, &ParamState::master), list_of(cpu, &ParamState::remainder),
+                                  list_of(cpu, &ParamState::exp_avg), list_of(cpu, &ParamState::exp_avg_sq),
+                                  list_of(cpu, &ParamState::max_exp_avg_sq), list_of(cpu, &ParamState::step), hp.lr,
+                                  hp.beta1, hp.beta2, hp.weight_decay, hp.eps, true, false, true, scalar_f32(scale),
+                                  scalar_f32(found), std::nullopt);
+              REQUIRE(kern::launch_adam_step(d.data(), static_cast<int64_t>(d.size()), hp, &scale, &found, nullptr,
+                                             nullptr)
+                          .ok());
+            } else {
+              const auto hp = as_cpu_op(kern::SgdParams{0.05, 0.9, 0.0, 1e-4, true, false});
+              ampkit::sgd_step_(list_of(cpu, &ParamState::param), list_of(cpu, &ParamState::grad),
+                                list_of(cpu, &ParamState::master), list_of(cpu, &ParamState::remainder),
+                                list_of(cpu, &ParamState::exp_avg), list_of(cpu, &ParamState::step), hp.lr,
+                                hp.momentum, hp.dampening, hp.weight_decay, hp.nesterov, hp.maximize,
+                                scalar_f32(scale), scalar_f32(found), std::nullopt);
+              REQUIRE(kern::launch_sgd_step(d.data(), static_cast<int64_t>(d.size()), hp, &scale, &found, nullptr,
+                                            nullptr)
+                          .ok());
+            }
+            require_same_state(cpu, emu_state);
           }
         }
       }
