@@ -93,6 +93,11 @@ struct AdamOp {
   float weight_decay;
   float eps;
   bool lerp_from_exp_avg;  // |lerp_weight| < 0.5: lerp from exp_avg, else from grad (torch's lerp)
+  // The options as flags decided once (a test of a bool, not a compare of doubles, in the loops).
+  bool maximize;
+  bool decay;
+  bool decoupled;
+  bool amsgrad;
 
   AMPKIT_HOST_DEVICE explicit AdamOp(const AdamParams& params)
       : p(params),
@@ -101,15 +106,19 @@ struct AdamOp {
         grad_sq_coeff(static_cast<float>(1.0 - params.beta2)),
         weight_decay(static_cast<float>(params.weight_decay)),
         eps(static_cast<float>(params.eps)),
-        lerp_from_exp_avg(fabsf(lerp_weight) < 0.5f) {}
+        lerp_from_exp_avg(fabsf(lerp_weight) < 0.5f),
+        maximize(params.maximize),
+        decay(params.weight_decay != 0.0),
+        decoupled(params.decoupled_weight_decay),
+        amsgrad(params.amsgrad) {}
 
   template <typename V, typename Math = ScalarMath>
   AMPKIT_HOST_DEVICE void apply(V& w, V g, V& m, V& v, V* vmax, const AdamStepFactors& f, bool tail = false) const {
-    if (p.maximize) {
+    if (maximize) {
       g = Math::neg(g);
     }
-    if (p.weight_decay != 0.0) {
-      if (p.decoupled_weight_decay) {
+    if (decay) {
+      if (decoupled) {
         w = w * V(f.decay);
       } else {
         g = Math::fma(w, V(weight_decay), g);
@@ -119,7 +128,7 @@ struct AdamOp {
     m = lerp_from_exp_avg ? Math::fma(V(lerp_weight), diff, m) : Math::fma(V(lerp_weight - 1.f), diff, g);
     v = tail ? Math::fma(v, V(beta2), V(grad_sq_coeff) * g * g) : Math::fma(V(grad_sq_coeff) * g, g, v * V(beta2));
     V second = v;
-    if (p.amsgrad) {
+    if (amsgrad) {
       *vmax = Math::max(*vmax, v);
       second = *vmax;
     }
@@ -153,30 +162,39 @@ struct SgdOp {
   float momentum;
   float grad_coeff;  // 1 - dampening
   float neg_lr;
+  // The options as flags decided once (a test of a bool, not a compare of doubles, in the loops).
+  bool maximize;
+  bool decay;
+  bool use_momentum;
+  bool nesterov;
 
   AMPKIT_HOST_DEVICE explicit SgdOp(const SgdParams& params)
       : p(params),
         weight_decay(static_cast<float>(params.weight_decay)),
         momentum(static_cast<float>(params.momentum)),
         grad_coeff(static_cast<float>(1.0 - params.dampening)),
-        neg_lr(static_cast<float>(-params.lr)) {}
+        neg_lr(static_cast<float>(-params.lr)),
+        maximize(params.maximize),
+        decay(params.weight_decay != 0.0),
+        use_momentum(params.momentum != 0.0),
+        nesterov(params.nesterov) {}
 
   template <typename V, typename Math = ScalarMath>
   AMPKIT_HOST_DEVICE void apply(V& w, V g, V* buf, bool first, bool tail = false) const {
-    if (p.maximize) {
+    if (maximize) {
       g = Math::neg(g);
     }
-    if (p.weight_decay != 0.0) {
+    if (decay) {
       g = Math::fma(w, V(weight_decay), g);
     }
-    if (p.momentum != 0.0) {
+    if (use_momentum) {
       if (first) {
         *buf = g;
       } else {
         *buf = tail ? Math::fma(*buf, V(momentum), g * V(grad_coeff))
                     : Math::fma(V(grad_coeff), g, *buf * V(momentum));
       }
-      g = p.nesterov ? Math::fma(*buf, V(momentum), g) : *buf;
+      g = nesterov ? Math::fma(*buf, V(momentum), g) : *buf;
     }
     w = Math::fma(g, V(neg_lr), w);
   }

@@ -54,17 +54,19 @@ struct VecMath {
 // `scalar_body(w, g, m, v, vmax, tail)` on what is left, and stores the weight (and the master) back. Elements
 // from `tail_from` on (NOTE [torch's scalar tail]) always take the scalar body with tail = true. With
 // `write_grads`, the unscaled grads are stored back into t.grad.
-template <typename T, typename VecBody, typename ScalarBody>
+// kMaster, kM, kV, kVmax: which of the master, exp_avg (momentum buffer), exp_avg_sq and max_exp_avg_sq streams
+// the tensor has, as template arguments so that the vector loop tests none of them (dispatch_span picks them).
+template <typename T, bool kMaster, bool kM, bool kV, bool kVmax, typename VecBody, typename ScalarBody>
 void optim_span(const OptimTensor& t, int64_t begin, int64_t end, int64_t tail_from, float grad_scale,
                 bool write_grads, const VecBody& vec_body, const ScalarBody& scalar_body) {
   static_assert(at::vec::Vectorized<T>::size() == 2 * VecF::size() || std::is_same_v<T, float>);
   constexpr int64_t kStep = 2 * VecF::size();
   T* param = static_cast<T*>(t.param);
   T* grad = static_cast<T*>(t.grad);
-  float* master = t.master;
-  float* m = t.exp_avg;
-  float* v = t.exp_avg_sq;
-  float* vmax = t.max_exp_avg_sq;
+  float* const master = kMaster ? t.master : nullptr;
+  float* const m = kM ? t.exp_avg : nullptr;
+  float* const v = kV ? t.exp_avg_sq : nullptr;
+  float* const vmax = kVmax ? t.max_exp_avg_sq : nullptr;
   const VecF scale(grad_scale);
   const bool unscale = grad_scale != 1.f;
   write_grads = write_grads && unscale;
@@ -97,7 +99,7 @@ void optim_span(const OptimTensor& t, int64_t begin, int64_t end, int64_t tail_f
   int64_t i = begin;
   for (; i + kStep <= vec_end; i += kStep) {
     VecF w[2], g[2], mv[2], vv[2], vm[2];
-    if (master != nullptr) {
+    if constexpr (kMaster) {
       load2(master + i, w[0], w[1]);
     } else {
       load2(param + i, w[0], w[1]);
@@ -110,28 +112,28 @@ void optim_span(const OptimTensor& t, int64_t begin, int64_t end, int64_t tail_f
         store2(grad + i, g[0], g[1]);
       }
     }
-    if (m != nullptr) {
+    if constexpr (kM) {
       load2(m + i, mv[0], mv[1]);
     }
-    if (v != nullptr) {
+    if constexpr (kV) {
       load2(v + i, vv[0], vv[1]);
     }
-    if (vmax != nullptr) {
+    if constexpr (kVmax) {
       load2(vmax + i, vm[0], vm[1]);
     }
     for (int h = 0; h < 2; ++h) {
       vec_body(w[h], g[h], mv[h], vv[h], vmax != nullptr ? &vm[h] : nullptr);
     }
-    if (m != nullptr) {
+    if constexpr (kM) {
       store2(m + i, mv[0], mv[1]);
     }
-    if (v != nullptr) {
+    if constexpr (kV) {
       store2(v + i, vv[0], vv[1]);
     }
-    if (vmax != nullptr) {
+    if constexpr (kVmax) {
       store2(vmax + i, vm[0], vm[1]);
     }
-    if (master != nullptr) {
+    if constexpr (kMaster) {
       store2(master + i, w[0], w[1]);
     }
     store2(param + i, w[0], w[1]);
@@ -141,26 +143,60 @@ void optim_span(const OptimTensor& t, int64_t begin, int64_t end, int64_t tail_f
     const float g1 = scalar_grad(i);
     scalar_body(w1, g1, m != nullptr ? m + i : nullptr, v != nullptr ? v + i : nullptr,
                 vmax != nullptr ? vmax + i : nullptr, i >= tail_from);
-    if (master != nullptr) {
+    if constexpr (kMaster) {
       master[i] = w1;
     }
     param[i] = static_cast<T>(w1);
   }
 }
 
-template <typename VecBody, typename ScalarBody>
+// Streams an algorithm's tensors may have: Adam (exp_avg and exp_avg_sq always; a master and max_exp_avg_sq
+// optional) or SGD (a master and a momentum buffer optional).
+enum class Streams { kAdam, kSgd };
+
+template <typename T, Streams kStreams, typename VecBody, typename ScalarBody>
+void span_with_streams(const OptimTensor& t, int64_t begin, int64_t end, int64_t tail_from, float grad_scale,
+                       bool write_grads, const VecBody& vec_body, const ScalarBody& scalar_body) {
+  const bool master = t.master != nullptr;
+  if constexpr (kStreams == Streams::kAdam) {
+    const bool vmax = t.max_exp_avg_sq != nullptr;
+    if (master && vmax) {
+      optim_span<T, true, true, true, true>(t, begin, end, tail_from, grad_scale, write_grads, vec_body, scalar_body);
+    } else if (master) {
+      optim_span<T, true, true, true, false>(t, begin, end, tail_from, grad_scale, write_grads, vec_body, scalar_body);
+    } else if (vmax) {
+      optim_span<T, false, true, true, true>(t, begin, end, tail_from, grad_scale, write_grads, vec_body, scalar_body);
+    } else {
+      optim_span<T, false, true, true, false>(t, begin, end, tail_from, grad_scale, write_grads, vec_body, scalar_body);
+    }
+  } else {
+    const bool buf = t.exp_avg != nullptr;
+    if (master && buf) {
+      optim_span<T, true, true, false, false>(t, begin, end, tail_from, grad_scale, write_grads, vec_body, scalar_body);
+    } else if (master) {
+      optim_span<T, true, false, false, false>(t, begin, end, tail_from, grad_scale, write_grads, vec_body, scalar_body);
+    } else if (buf) {
+      optim_span<T, false, true, false, false>(t, begin, end, tail_from, grad_scale, write_grads, vec_body, scalar_body);
+    } else {
+      optim_span<T, false, false, false, false>(t, begin, end, tail_from, grad_scale, write_grads, vec_body, scalar_body);
+    }
+  }
+}
+
+template <Streams kStreams, typename VecBody, typename ScalarBody>
 void dispatch_span(const OptimTensor& t, int64_t begin, int64_t end, int tail_width, float grad_scale,
                    bool write_grads, const VecBody& vec_body, const ScalarBody& scalar_body) {
   const int64_t tail_from = kernels::tail_start(t.numel, tail_width);
   switch (t.dtype) {
     case DType::kFloat16:
-      optim_span<c10::Half>(t, begin, end, tail_from, grad_scale, write_grads, vec_body, scalar_body);
+      span_with_streams<c10::Half, kStreams>(t, begin, end, tail_from, grad_scale, write_grads, vec_body, scalar_body);
       break;
     case DType::kBFloat16:
-      optim_span<c10::BFloat16>(t, begin, end, tail_from, grad_scale, write_grads, vec_body, scalar_body);
+      span_with_streams<c10::BFloat16, kStreams>(t, begin, end, tail_from, grad_scale, write_grads, vec_body,
+                                                 scalar_body);
       break;
     default:
-      optim_span<float>(t, begin, end, tail_from, grad_scale, write_grads, vec_body, scalar_body);
+      span_with_streams<float, kStreams>(t, begin, end, tail_from, grad_scale, write_grads, vec_body, scalar_body);
       break;
   }
 }
@@ -177,11 +213,13 @@ void adam_step(const OptimTensor* tensors, int64_t n, const kernels::AdamParams&
   // Optimizer steps do ~20 flops per element: worth threads from a quarter of the unscale's threshold.
   for_all_chunks(n, [&](int64_t t) { return tensors[t].numel; }, kCpuParallelThreshold / 4,
                  [&](size_t, const WorkItem& w) {
-    const kernels::AdamStepFactors& f = factors[w.tensor];
-    dispatch_span(
+    // Local copies (NOTE [Loop-invariant options]).
+    const kernels::AdamOp local = op;
+    const kernels::AdamStepFactors f = factors[w.tensor];
+    dispatch_span<Streams::kAdam>(
         tensors[w.tensor], w.begin, w.end, params.tail_width, grad_scale, params.write_unscaled_grads,
-        [&](VecF& w, VecF g, VecF& m, VecF& v, VecF* vmax) { op.apply<VecF, VecMath>(w, g, m, v, vmax, f); },
-        [&](float& w, float g, float* m, float* v, float* vmax, bool tail) { op(w, g, *m, *v, vmax, f, tail); });
+        [&](VecF& w, VecF g, VecF& m, VecF& v, VecF* vmax) { local.apply<VecF, VecMath>(w, g, m, v, vmax, f); },
+        [&](float& w, float g, float* m, float* v, float* vmax, bool tail) { local(w, g, *m, *v, vmax, f, tail); });
   });
   for (int64_t t = 0; t < n; ++t) {
     *tensors[t].step += 1.f;
@@ -192,11 +230,17 @@ void sgd_step(const OptimTensor* tensors, int64_t n, const kernels::SgdParams& p
   const kernels::SgdOp op{params};
   for_all_chunks(n, [&](int64_t t) { return tensors[t].numel; }, kCpuParallelThreshold / 4,
                  [&](size_t, const WorkItem& w) {
+    // NOTE [Loop-invariant options]
+    // The loops store floats through pointers, which the compiler must assume may alias any float or double it
+    // reads through a reference (the op's options, the step factors): it would reload them and re-test every
+    // option on every iteration. Local copies, whose addresses never escape, stay in registers and the option
+    // tests leave the loop.
+    const kernels::SgdOp local = op;
     const bool first = tensors[w.tensor].step == nullptr || *tensors[w.tensor].step == 0.f;
-    dispatch_span(
+    dispatch_span<Streams::kSgd>(
         tensors[w.tensor], w.begin, w.end, params.tail_width, grad_scale, params.write_unscaled_grads,
-        [&](VecF& w, VecF g, VecF& buf, VecF&, VecF*) { op.apply<VecF, VecMath>(w, g, &buf, first); },
-        [&](float& w, float g, float* buf, float*, float*, bool tail) { op(w, g, buf, first, tail); });
+        [&](VecF& w, VecF g, VecF& buf, VecF&, VecF*) { local.apply<VecF, VecMath>(w, g, &buf, first); },
+        [&](float& w, float g, float* buf, float*, float*, bool tail) { local(w, g, buf, first, tail); });
   });
   for (int64_t t = 0; t < n; ++t) {
     if (tensors[t].step != nullptr) {
