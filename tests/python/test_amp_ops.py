@@ -316,3 +316,24 @@ def test_build_info_and_cmake_prefix_path():
     assert info["cpu_isa"] in ("avx512", "avx2", "default")
     assert os.path.isfile(os.path.join(ampkit.cmake_prefix_path, "lib", "cmake", "ampkit", "ampkitConfig.cmake"))
     assert os.path.isfile(os.path.join(ampkit.cmake_prefix_path, "include", "ampkit", "ampkit.h"))
+
+
+def test_every_op_has_an_unboxed_autograd_kernel_and_leaves_no_graph():
+    # NOTE [Autograd kernels]: without one, torch's boxed autograd fallback converts every tensor of every list.
+    names = [n.split("::", 1)[1] for n in torch._C._dispatch_get_all_op_names()
+             if n.startswith("ampkit::") and not n.startswith("ampkit::_scaler_")]
+    assert "adamw_step_" in names and "grad_norm" in names
+    for name in names:
+        dump = torch._C._dispatch_dump(f"ampkit::{name}")
+        line = next((ln for ln in dump.splitlines() if ln.startswith("Autograd[alias]")), "")
+        assert "autograd_kernels.cpp" in line and "unboxed" in line, f"{name}: {line or 'no Autograd kernel'}"
+    # With grad mode on and leaves that require grad: the op runs as before, its results carry no graph.
+    w = torch.randn(6, requires_grad=True)
+    g = torch.randn(6)
+    before = w.detach().clone()
+    torch.ops.ampkit.sgd_step_([w], [g], [], [], [], [], lr=0.5, momentum=0.0, dampening=0.0, weight_decay=0.0,
+                               nesterov=False, maximize=False)
+    assert torch.equal(w.detach(), before - 0.5 * g)
+    norm = torch.ops.ampkit.grad_norm([w])
+    assert norm.grad_fn is None and not norm.requires_grad
+    assert torch.allclose(norm, torch.linalg.vector_norm(w.detach().double()).float(), rtol=1e-6, atol=0)
