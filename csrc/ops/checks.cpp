@@ -174,20 +174,33 @@ class AliasCheck {
   explicit AliasCheck(const char* op) : op_(op) {}
 
   void add(const char* arg, const at::Tensor& t, int64_t index = -1, bool read_only = false) {
-    if (!t.defined() || t.device().is_meta() || t.numel() == 0 || !t.has_storage()) {
+    if (!t.defined()) {
       return;
     }
-    int64_t extent = 1;
-    for (int64_t d = 0; d < t.dim(); ++d) {
-      extent += (t.size(d) - 1) * t.stride(d);
+    const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+    if (impl->device_type() == c10::DeviceType::Meta || impl->numel() == 0 || !impl->has_storage()) {
+      return;
+    }
+    int64_t extent = 1;  // elements from the first to one past the last (a contiguous tensor: its numel)
+    if (impl->is_contiguous()) {
+      extent = impl->numel();
+    } else {
+      const auto sizes = impl->sizes();
+      const auto strides = impl->strides();
+      for (size_t d = 0; d < sizes.size(); ++d) {
+        extent += (sizes[d] - 1) * strides[d];
+      }
     }
     const auto begin = reinterpret_cast<uintptr_t>(t.const_data_ptr());
-    entries_.push_back(
-        {begin, begin + static_cast<uintptr_t>(extent * t.element_size()), arg, index, &t, read_only});
+    ranges_.push_back({begin, begin + static_cast<uintptr_t>(extent * static_cast<int64_t>(impl->itemsize())),
+                       static_cast<uint32_t>(entries_.size())});
+    entries_.push_back({arg, index, &t, read_only});
   }
 
   // `read_only`: the list is only read, so its tensors may share memory with each other (never with the others).
   void add(const char* arg, at::TensorList list, bool read_only = false) {
+    ranges_.reserve(ranges_.size() + list.size());
+    entries_.reserve(entries_.size() + list.size());
     for (size_t i = 0; i < list.size(); ++i) {
       add(arg, list[i], static_cast<int64_t>(i), read_only);
     }
@@ -199,32 +212,45 @@ class AliasCheck {
     }
   }
 
-  // Throws, naming both arguments, if any two added tensors share an element.
+  // Throws, naming both arguments, if any two added tensors share an element. Ranges are sorted by start (small
+  // records); a range that starts at or after the end of every earlier one overlaps none of them, so only the
+  // others are compared with the ranges still open.
   void check() {
-    std::sort(entries_.begin(), entries_.end(), [](const Entry& a, const Entry& b) { return a.begin < b.begin; });
-    std::vector<const Entry*> open;
-    for (const Entry& e : entries_) {
-      open.erase(std::remove_if(open.begin(), open.end(), [&](const Entry* o) { return o->end <= e.begin; }),
-                 open.end());
-      for (const Entry* o : open) {
-        if (o->read_only && e.read_only) {
-          continue;
-        }
-        const at::MemOverlapStatus status = at::get_overlap_status(*o->t, *e.t);
-        if (status == at::MemOverlapStatus::Full || status == at::MemOverlapStatus::Partial) {
-          TORCH_CHECK(false, "ampkit::", op_, ": ", name(*o), " and ", name(e),
-                      " share memory, but every tensor the op writes (and each device scalar it reads) must be "
-                      "distinct: the same tensor twice in a list, or two overlapping views of one buffer?");
+    std::sort(ranges_.begin(), ranges_.end(), [](const Range& a, const Range& b) { return a.begin < b.begin; });
+    std::vector<const Range*> open;
+    uintptr_t max_end = 0;
+    for (const Range& r : ranges_) {
+      if (r.begin >= max_end) {
+        open.clear();
+      } else {
+        open.erase(std::remove_if(open.begin(), open.end(), [&](const Range* o) { return o->end <= r.begin; }),
+                   open.end());
+        const Entry& e = entries_[r.entry];
+        for (const Range* o : open) {
+          const Entry& oe = entries_[o->entry];
+          if (oe.read_only && e.read_only) {
+            continue;
+          }
+          const at::MemOverlapStatus status = at::get_overlap_status(*oe.t, *e.t);
+          if (status == at::MemOverlapStatus::Full || status == at::MemOverlapStatus::Partial) {
+            TORCH_CHECK(false, "ampkit::", op_, ": ", name(oe), " and ", name(e),
+                        " share memory, but every tensor the op writes (and each device scalar it reads) must be "
+                        "distinct: the same tensor twice in a list, or two overlapping views of one buffer?");
+          }
         }
       }
-      open.push_back(&e);
+      open.push_back(&r);
+      max_end = std::max(max_end, r.end);
     }
   }
 
  private:
-  struct Entry {
+  struct Range {
     uintptr_t begin;
     uintptr_t end;
+    uint32_t entry;
+  };
+  struct Entry {
     const char* arg;
     int64_t index;
     const at::Tensor* t;
@@ -236,6 +262,7 @@ class AliasCheck {
   }
 
   const char* op_;
+  std::vector<Range> ranges_;
   std::vector<Entry> entries_;
 };
 
