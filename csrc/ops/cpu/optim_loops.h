@@ -154,33 +154,29 @@ void optim_span(const OptimTensor& t, int64_t begin, int64_t end, int64_t tail_f
 // optional) or SGD (a master and a momentum buffer optional).
 enum class Streams { kAdam, kSgd };
 
+// Calls f(std::true_type{}) or f(std::false_type{}): a run-time flag as a template argument.
+template <typename F>
+void with_flag(bool flag, const F& f) {
+  if (flag) {
+    f(std::true_type{});
+  } else {
+    f(std::false_type{});
+  }
+}
+
 template <typename T, Streams kStreams, typename VecBody, typename ScalarBody>
 void span_with_streams(const OptimTensor& t, int64_t begin, int64_t end, int64_t tail_from, float grad_scale,
                        bool write_grads, const VecBody& vec_body, const ScalarBody& scalar_body) {
-  const bool master = t.master != nullptr;
-  if constexpr (kStreams == Streams::kAdam) {
-    const bool vmax = t.max_exp_avg_sq != nullptr;
-    if (master && vmax) {
-      optim_span<T, true, true, true, true>(t, begin, end, tail_from, grad_scale, write_grads, vec_body, scalar_body);
-    } else if (master) {
-      optim_span<T, true, true, true, false>(t, begin, end, tail_from, grad_scale, write_grads, vec_body, scalar_body);
-    } else if (vmax) {
-      optim_span<T, false, true, true, true>(t, begin, end, tail_from, grad_scale, write_grads, vec_body, scalar_body);
-    } else {
-      optim_span<T, false, true, true, false>(t, begin, end, tail_from, grad_scale, write_grads, vec_body, scalar_body);
-    }
-  } else {
-    const bool buf = t.exp_avg != nullptr;
-    if (master && buf) {
-      optim_span<T, true, true, false, false>(t, begin, end, tail_from, grad_scale, write_grads, vec_body, scalar_body);
-    } else if (master) {
-      optim_span<T, true, false, false, false>(t, begin, end, tail_from, grad_scale, write_grads, vec_body, scalar_body);
-    } else if (buf) {
-      optim_span<T, false, true, false, false>(t, begin, end, tail_from, grad_scale, write_grads, vec_body, scalar_body);
-    } else {
-      optim_span<T, false, false, false, false>(t, begin, end, tail_from, grad_scale, write_grads, vec_body, scalar_body);
-    }
-  }
+  constexpr bool kAdam = kStreams == Streams::kAdam;
+  // Adam: the master and max_exp_avg_sq vary; SGD: the master and the momentum buffer (exp_avg).
+  const bool second = kAdam ? t.max_exp_avg_sq != nullptr : t.exp_avg != nullptr;
+  with_flag(t.master != nullptr, [&](auto master) {
+    with_flag(second, [&](auto other) {
+      constexpr bool kOther = decltype(other)::value;
+      optim_span<T, decltype(master)::value, kAdam || kOther, kAdam, kAdam && kOther>(
+          t, begin, end, tail_from, grad_scale, write_grads, vec_body, scalar_body);
+    });
+  });
 }
 
 template <Streams kStreams, typename VecBody, typename ScalarBody>
