@@ -1,6 +1,12 @@
 // Kernels of ampkit's ops for the Autograd dispatch key (NOTE [Autograd kernels]).
 #include <ATen/core/LegacyTypeDispatch.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/csrc/autograd/variable.h>
 #include <torch/library.h>
+
+#include <optional>
+#include <utility>
+#include <vector>
 
 #include "ampkit/ops.h"
 
@@ -11,33 +17,94 @@ namespace {
 // ampkit's ops have no derivatives. Without a kernel for the Autograd key, the dispatcher sends every call through
 // torch's boxed autograd fallback, which turns each tensor of each list into an IValue and back before the
 // backend kernel runs: about a microsecond per tensor for the optimizer steps' five to eight lists, most of a
-// step over thousands of small tensors. These kernels run the op below autograd without boxing, with what the
-// fallback does for these ops: results without a grad_fn, version counters as the backend leaves them.
-template <auto Fn>
+// step over thousands of small tensors. These kernels run the op below autograd without boxing; results carry no
+// grad_fn. After the op they bump the version counter of every tensor it writes (the arguments the schema marks
+// `(a!)`), as torch's in-place ops and fused optimizers do, so that autograd refuses a backward through tensors an
+// optimizer step changed after they were saved.
+void bump(const at::Tensor& t) {
+  if (t.defined()) {
+    torch::autograd::impl::bump_version(t);
+  }
+}
+void bump(at::TensorList list) {
+  for (const auto& t : list) {
+    bump(t);
+  }
+}
+void bump(const std::optional<at::Tensor>& t) {
+  if (t.has_value()) {
+    bump(*t);
+  }
+}
+template <typename T>
+void bump(const T&) {}  // scalars
+
+// Which arguments the schema of `name` marks as written.
+std::vector<bool> written_arguments(const char* name) {
+  const auto& schema = c10::Dispatcher::singleton().findSchemaOrThrow(name, "").schema();
+  std::vector<bool> written;
+  for (const auto& arg : schema.arguments()) {
+    written.push_back(arg.alias_info() != nullptr && arg.alias_info()->isWrite());
+  }
+  return written;
+}
+
+template <auto Fn, const char* Name>
 struct BelowAutograd;
 
-template <typename R, typename... A, R (*Fn)(A...)>
-struct BelowAutograd<Fn> {
+template <typename R, typename... A, R (*Fn)(A...), const char* Name>
+struct BelowAutograd<Fn, Name> {
   static R run(A... args) {
-    at::AutoDispatchBelowADInplaceOrView guard;
-    return Fn(args...);
+    if constexpr (std::is_void_v<R>) {
+      {
+        at::AutoDispatchBelowADInplaceOrView guard;
+        Fn(args...);
+      }
+      bump_written(std::index_sequence_for<A...>{}, args...);
+    } else {
+      at::AutoDispatchBelowADInplaceOrView guard;
+      return Fn(args...);
+    }
+  }
+
+ private:
+  template <size_t... I>
+  static void bump_written(std::index_sequence<I...>, const A&... args) {
+    static const std::vector<bool> written = written_arguments(Name);
+    (void)std::initializer_list<int>{(written.at(I) ? (bump(args), 0) : 0)...};
   }
 };
+
+#define AMPKIT_OP_NAME(op) constexpr char k_##op[] = "ampkit::" #op;
+AMPKIT_OP_NAME(unscale_and_check_)
+AMPKIT_OP_NAME(check_finite_)
+AMPKIT_OP_NAME(cast_divide_)
+AMPKIT_OP_NAME(cast_unscale_and_check_)
+AMPKIT_OP_NAME(grad_stats)
+AMPKIT_OP_NAME(update_scale_)
+AMPKIT_OP_NAME(update_scale_hysteresis_)
+AMPKIT_OP_NAME(adamw_step_)
+AMPKIT_OP_NAME(sgd_step_)
+AMPKIT_OP_NAME(lamb_step_)
+AMPKIT_OP_NAME(grad_norm)
+#undef AMPKIT_OP_NAME
 
 }  // namespace
 }  // namespace ampkit::detail
 
+#define AMPKIT_BELOW_AUTOGRAD(op) m.impl(#op, TORCH_FN((BelowAutograd<&ampkit::op, k_##op>::run)))
+
 TORCH_LIBRARY_IMPL(ampkit, Autograd, m) {
-  using ampkit::detail::BelowAutograd;
-  m.impl("unscale_and_check_", TORCH_FN(BelowAutograd<&ampkit::unscale_and_check_>::run));
-  m.impl("check_finite_", TORCH_FN(BelowAutograd<&ampkit::check_finite_>::run));
-  m.impl("cast_divide_", TORCH_FN(BelowAutograd<&ampkit::cast_divide_>::run));
-  m.impl("cast_unscale_and_check_", TORCH_FN(BelowAutograd<&ampkit::cast_unscale_and_check_>::run));
-  m.impl("grad_stats", TORCH_FN(BelowAutograd<&ampkit::grad_stats>::run));
-  m.impl("update_scale_", TORCH_FN(BelowAutograd<&ampkit::update_scale_>::run));
-  m.impl("update_scale_hysteresis_", TORCH_FN(BelowAutograd<&ampkit::update_scale_hysteresis_>::run));
-  m.impl("adamw_step_", TORCH_FN(BelowAutograd<&ampkit::adamw_step_>::run));
-  m.impl("sgd_step_", TORCH_FN(BelowAutograd<&ampkit::sgd_step_>::run));
-  m.impl("lamb_step_", TORCH_FN(BelowAutograd<&ampkit::lamb_step_>::run));
-  m.impl("grad_norm", TORCH_FN(BelowAutograd<&ampkit::grad_norm>::run));
+  using namespace ampkit::detail;
+  AMPKIT_BELOW_AUTOGRAD(unscale_and_check_);
+  AMPKIT_BELOW_AUTOGRAD(check_finite_);
+  AMPKIT_BELOW_AUTOGRAD(cast_divide_);
+  AMPKIT_BELOW_AUTOGRAD(cast_unscale_and_check_);
+  AMPKIT_BELOW_AUTOGRAD(grad_stats);
+  AMPKIT_BELOW_AUTOGRAD(update_scale_);
+  AMPKIT_BELOW_AUTOGRAD(update_scale_hysteresis_);
+  AMPKIT_BELOW_AUTOGRAD(adamw_step_);
+  AMPKIT_BELOW_AUTOGRAD(sgd_step_);
+  AMPKIT_BELOW_AUTOGRAD(lamb_step_);
+  AMPKIT_BELOW_AUTOGRAD(grad_norm);
 }

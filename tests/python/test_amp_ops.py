@@ -318,7 +318,7 @@ def test_build_info_and_cmake_prefix_path():
     assert os.path.isfile(os.path.join(ampkit.cmake_prefix_path, "include", "ampkit", "ampkit.h"))
 
 
-def test_every_op_has_an_unboxed_autograd_kernel_and_leaves_no_graph():
+def test_every_op_has_an_unboxed_autograd_kernel_that_bumps_what_it_writes():
     # NOTE [Autograd kernels]: without one, torch's boxed autograd fallback converts every tensor of every list.
     names = [n.split("::", 1)[1] for n in torch._C._dispatch_get_all_op_names()
              if n.startswith("ampkit::") and not n.startswith("ampkit::_scaler_")]
@@ -327,13 +327,29 @@ def test_every_op_has_an_unboxed_autograd_kernel_and_leaves_no_graph():
         dump = torch._C._dispatch_dump(f"ampkit::{name}")
         line = next((ln for ln in dump.splitlines() if ln.startswith("Autograd[alias]")), "")
         assert "autograd_kernels.cpp" in line and "unboxed" in line, f"{name}: {line or 'no Autograd kernel'}"
-    # With grad mode on and leaves that require grad: the op runs as before, its results carry no graph.
+    # With grad mode on and leaves that require grad: the op runs, its results carry no graph, and every tensor it
+    # writes gets a new version (as torch's in-place ops), read-only ones keep theirs.
     w = torch.randn(6, requires_grad=True)
     g = torch.randn(6)
-    before = w.detach().clone()
+    scale = torch.full((1,), 2.0)
+    before, g_before = w.detach().clone(), g.clone()
+    versions = (w._version, g._version, scale._version)
     torch.ops.ampkit.sgd_step_([w], [g], [], [], [], [], lr=0.5, momentum=0.0, dampening=0.0, weight_decay=0.0,
-                               nesterov=False, maximize=False)
+                               nesterov=False, maximize=False, grad_scale=scale)
+    assert torch.equal(g, g_before / 2.0)  # unscaled in place
     assert torch.equal(w.detach(), before - 0.5 * g)
+    assert (w._version, g._version, scale._version) == (versions[0] + 1, versions[1] + 1, versions[2])
+    # So autograd refuses a backward through a weight an optimizer step changed after the forward saved it.
+    x = torch.randn(6, requires_grad=True)
+    y = (x * x).sum()
+    x.grad = torch.ones(6)
+    ampkit.optim.SGD([x], lr=0.1).step()
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.backward()
+    with pytest.raises(ValueError):  # a bad call raises before the op and bumps nothing
+        torch.ops.ampkit.sgd_step_([w], [g], [], [], [], [], lr=-1.0, momentum=0.0, dampening=0.0,
+                                   weight_decay=0.0, nesterov=False, maximize=False)
+    assert w._version == versions[0] + 1
     norm = torch.ops.ampkit.grad_norm([w])
     assert norm.grad_fn is None and not norm.requires_grad
     assert torch.allclose(norm, torch.linalg.vector_norm(w.detach().double()).float(), rtol=1e-6, atol=0)
