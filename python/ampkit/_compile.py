@@ -75,6 +75,12 @@ if register_opaque_type is not None:
         SUPPORTED = False
 
 
+def _result_device(grads: list) -> torch.device:
+    """Where _scaler_prepare_fused_step returns its copies: the first grad's device (the scaler's own device may
+    be another one; the optimizer moves the copies to each parameter's device)."""
+    return grads[0].device if grads else torch.device("cpu")
+
+
 def _ones_like_scale(like: torch.Tensor) -> torch.Tensor:
     return torch.ones((), dtype=torch.float32, device=like.device)
 
@@ -106,14 +112,13 @@ if SUPPORTED:
         """GradScaler.step's checks and inf check for a fused optimizer: [grad_scale, found_inf] (copies)."""
         scaler.core.begin_step(key)
         grad_scale, found_inf = scaler.core.prepare_fused_step(key, params, grads)
-        return [_ones_like_scale(found_inf) if grad_scale is None else grad_scale.clone(), found_inf.clone()]
+        device = _result_device(grads)
+        grad_scale = _ones_like_scale(found_inf) if grad_scale is None else grad_scale
+        return [grad_scale.to(device, copy=True), found_inf.to(device, copy=True)]
 
     @_scaler_prepare_fused_step.register_fake
     def _(scaler, key, params, grads):
-        # The scale's device: that of the first grad (the scaler lives where scale() first ran; a step whose grads
-        # are elsewhere moves them in the optimizer).
-        device = grads[0].device if grads else torch.device("cpu")
-        return [torch.empty((), dtype=torch.float32, device=device) for _ in range(2)]
+        return [torch.empty((), dtype=torch.float32, device=_result_device(grads)) for _ in range(2)]
 
     @torch.library.custom_op("ampkit::_scaler_mark_stepped", mutates_args=())
     def _scaler_mark_stepped(scaler: ScalerHandle, key: int) -> None:

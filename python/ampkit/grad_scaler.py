@@ -203,7 +203,8 @@ class GradScaler:
             raise RuntimeError("Closure use is not currently supported if GradScaler is enabled.")
         _optimizer("GradScaler.step", optimizer)
         key = id(optimizer)
-        if self._traced() and getattr(optimizer, "_step_supports_amp_scaling", False):
+        if (self._traced() and getattr(optimizer, "_ampkit_traced_step", False)
+                and getattr(optimizer, "grad_scale", None) is None and not _dtensor.any_dtensor(_params(optimizer))):
             return self._traced_fused_step(key, optimizer, args, kwargs)
         self._core.begin_step(key)
         if getattr(optimizer, "_step_supports_amp_scaling", False):
@@ -242,13 +243,13 @@ class GradScaler:
         return retval
 
     def _traced_fused_step(self, key: int, optimizer: torch.optim.Optimizer, args, kwargs):
-        """step() of a fused optimizer under torch.compile (NOTE [Compiled steps]): the checks and the inf check
-        by the C++ core, through custom ops; a grad_scale of 1 after unscale_() (``None`` in eager)."""
+        """step() of an ampkit.optim optimizer under torch.compile (NOTE [Compiled steps]): the checks and the inf
+        check by the C++ core, through custom ops; a grad_scale of 1 after unscale_() (``None`` in eager). Other
+        optimizers, DTensor parameters and optimizers carrying their own grad_scale take the eager path."""
         params = [p for p in _params(optimizer) if p.grad is not None]
         grad_scale, found_inf = torch.ops.ampkit._scaler_prepare_fused_step(self._handle, key, params,
                                                                           [p.grad for p in params])
-        user_scale = getattr(optimizer, "grad_scale", None)
-        optimizer.grad_scale = grad_scale if user_scale is None else grad_scale * user_scale
+        optimizer.grad_scale = grad_scale
         optimizer.found_inf = found_inf
         retval = optimizer.step(*args, **kwargs)
         del optimizer.grad_scale

@@ -48,14 +48,19 @@ def _group_plan(key: int, index: int, dtypes: tuple) -> tuple:
     cls = type(optimizer)
     try:
         cls._check_group(group)
-    except (ValueError, TypeError, RuntimeError) as e:  # raised by the traced code: the caller sees its type
+    except (ValueError, TypeError, RuntimeError) as e:  # a bad value: the eager step raises it
         return type(e).__name__, str(e)
     # torch.optim's capturable/foreach/fused change nothing in ampkit's kernels (and Dynamo sets capturable while
     # it traces torch optimizers): not guarded.
     values = tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in group.items()
                    if k not in ("params", "capturable", "foreach", "fused") and not isinstance(v, torch.Tensor))
-    modes = tuple(_core()._optim_plan(cls._kind, cls.__name__, group, list(dtypes)))
-    return values, modes
+    modes = []
+    for dtype in dtypes:  # a dtype the group's master_weights refuses matters only for parameters with grads
+        try:
+            modes.append(_core()._optim_plan(cls._kind, cls.__name__, group, [dtype])[0])
+        except ValueError:
+            modes.append(None)
+    return values, tuple(modes)
 
 
 def _differs(value, checked) -> bool:
@@ -71,6 +76,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
     what needs Python: param_groups as torch.optim.Optimizer, Python types, hooks, differentiable=True."""
 
     _step_supports_amp_scaling = True
+    _ampkit_traced_step = True  # GradScaler.step may trace it under torch.compile (NOTE [Compiled steps])
     _kind = "adam"  # the core's algorithm: "adam" or "sgd"
     _group_defaults: dict = {}  # torch.optim's __setstate__ defaults
     _group_forced: dict = {}
@@ -216,8 +222,11 @@ class _FusedOptimizer(torch.optim.Optimizer):
                 states.append(state)
             plans.append((group, params, modes, states))
         for group, params, modes, states in plans:
-            for p in params:
+            for p, mode in zip(params, modes):
                 g = p.grad
+                if g is not None and mode is None:
+                    self._graph_break = "master_weights refuses a parameter's dtype: the eager step raises it"
+                    return False
                 if g is not None and (g.layout != torch.strided or g.dtype != p.dtype or g.shape != p.shape
                                       or not g.is_contiguous()):
                     self._graph_break = "a sparse, other-dtype or strided grad: the eager step"
@@ -261,7 +270,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
             needed += ["step", "momentum_buffer"] if self._kind == "sgd" else ["step", "exp_avg", "exp_avg_sq"]
             if self._kind == "adam" and group["amsgrad"]:
                 needed.append("max_exp_avg_sq")
-        if mode != "none":
+        if mode in ("master", "remainder"):
             needed.append("master_param" if mode == "master" else "param_remainder")
         return all(key in state for key in needed)
 

@@ -214,3 +214,46 @@ def test_a_scheduled_lr_recompiles_and_a_tensor_lr_does_not():
         assert dict(counters["graph_break"]) == {}
         # float lr: a graph per value after the first two (states created, then steady); tensor lr: two graphs
         assert counters["stats"]["unique_graphs"] == (2 if isinstance(lr, torch.Tensor) else 4)
+
+
+def test_a_parameter_without_grad_whose_dtype_the_group_refuses_compiles_as_eager_runs():
+    # master_weights="remainder" refuses FP32 parameters, but only those the step updates (with a grad).
+    def run(compiled):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(16, 8).to(torch.bfloat16)
+        unused = torch.nn.Parameter(torch.randn(3))  # FP32, never gets a grad
+        optimizer = ampkit.optim.SGD([*model.parameters(), unused], lr=0.1, master_weights="remainder")
+        scaler = ampkit.GradScaler("cpu", init_scale=256.0)
+
+        def step(x):
+            scaler.scale(model(x).float().square().mean()).backward()
+            scaler.step(optimizer)
+            scaler.update()
+        f = torch.compile(step, fullgraph=True, backend="aot_eager") if compiled else step
+        for x in inputs(3, overflow_at=()):
+            f(x.to(torch.bfloat16))
+            optimizer.zero_grad(set_to_none=True)
+        return model, optimizer, scaler
+    assert_same_run(run(False), run(True))
+    assert dict(counters["graph_break"]) == {}
+
+
+def test_optimizers_the_graph_does_not_step_take_the_eager_path():
+    # torch's own fused AdamW (no traceable step): the scaler's step leaves the graph, with eager's results.
+    def run(compiled):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(16, 8)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
+        scaler = ampkit.GradScaler("cpu", init_scale=256.0)
+
+        def step():
+            scaler.step(optimizer)
+            scaler.update()
+        f = torch.compile(step, backend="aot_eager") if compiled else step
+        for x in inputs(3, overflow_at=(1,)):
+            scaler.scale(model(x).square().mean()).backward()
+            f()
+            optimizer.zero_grad(set_to_none=True)
+        return [p.detach().clone() for p in model.parameters()], scaler.stats()
+    (pe, se), (pc, sc) = run(False), run(True)
+    assert all(bits_equal(a, b) for a, b in zip(pe, pc)) and se == sc
