@@ -257,8 +257,10 @@ class _FusedOptimizer(torch.optim.Optimizer):
             if p.dtype not in self._FUSED_DTYPES or p.layout != torch.strided or not p.is_contiguous():
                 return False
         for key, value in group.items():  # tensor options other than lr (Adam's tensor betas)
-            if key not in ("lr", "params") and (isinstance(value, torch.Tensor) or isinstance(value, (tuple, list)) and any(
-                    isinstance(v, torch.Tensor) for v in value)):
+            if key in ("lr", "params"):
+                continue
+            values = value if isinstance(value, (tuple, list)) else (value,)
+            if any(isinstance(v, torch.Tensor) for v in values):
                 return False
         return True
 
