@@ -85,7 +85,8 @@ def _ones_like_scale(like: torch.Tensor) -> torch.Tensor:
     return torch.ones((), dtype=torch.float32, device=like.device)
 
 
-if SUPPORTED:
+def _define_ops() -> None:
+    """Registers the GradScaler ops (a torch whose custom ops do not take the opaque type raises here)."""
 
     @torch.library.custom_op("ampkit::_scaler_scale_factor", mutates_args=())
     def _scaler_scale_factor(scaler: ScalerHandle, like: torch.Tensor) -> torch.Tensor:
@@ -143,3 +144,9 @@ if SUPPORTED:
             _register_effectful_op(_op._opoverload, _EffectType.ORDERED)
     except (ImportError, AttributeError, RuntimeError):
         pass
+
+if SUPPORTED:
+    try:
+        _define_ops()
+    except Exception:  # noqa: BLE001 - this torch's custom ops cannot take the handle: the eager path only
+        SUPPORTED = False

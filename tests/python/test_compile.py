@@ -257,3 +257,23 @@ def test_optimizers_the_graph_does_not_step_take_the_eager_path():
         return [p.detach().clone() for p in model.parameters()], scaler.stats()
     (pe, se), (pc, sc) = run(False), run(True)
     assert all(bits_equal(a, b) for a, b in zip(pe, pc)) and se == sc
+
+
+def test_without_opaque_objects_the_scaler_methods_run_eagerly():
+    # A torch without opaque custom-op arguments (ampkit._compile.SUPPORTED False): the scaler has no handle and
+    # its methods break the graph, with the eager results.
+    def run(compiled):
+        model, optimizer, scaler = make("adamw")
+        if compiled:
+            scaler._handle = None
+        step = amp_step(model, optimizer, scaler)
+        step = torch.compile(step, backend="aot_eager") if compiled else step
+        for x in inputs(4, overflow_at=(2,)):
+            step(x)
+            optimizer.zero_grad(set_to_none=True)
+        return model, optimizer, scaler
+    with torch._dynamo.config.patch(trace_autograd_ops=False):
+        eager = run(False)
+        compiled = run(True)
+    assert_same_run(eager, compiled)
+    assert sum(counters["graph_break"].values()) >= 1
