@@ -305,23 +305,19 @@ PYBIND11_MODULE(_C, m) {
   m.def("_optim_global_grad_norm", [](const std::vector<at::Tensor>& grads, const std::optional<at::Tensor>& scale) {
     return guarded([&] { return core::global_grad_norm(grads, scale); });
   });
-  // A compiled step's plan of a group (NOTE [Compiled steps] in ampkit/_compile.py): the group's options checked,
-  // then the master mode ("none", "master", "remainder") the core gives a parameter of each dtype.
-  m.def("_optim_plan", [](const std::string& kind, const std::string& optimizer, const py::dict& group,
-                          const std::vector<std::string>& dtypes) {
+  // The master mode ("none", "master", "remainder") the core gives a parameter of `dtype` ("float16", "bfloat16",
+  // "float32") in `group`, for a compiled step's plan (NOTE [Compiled steps] in ampkit/_compile.py), which checks
+  // the group's options itself; ValueError where master_weights refuses the dtype.
+  m.def("_optim_master_mode", [](const std::string& kind, const std::string& optimizer, const py::dict& group,
+                                 const std::string& dtype) {
     return guarded([&] {
       const core::GroupConfig c = group_config(kind, optimizer, group, true);
-      core::check_config(c);
-      std::vector<std::string> modes;
-      for (const auto& name : dtypes) {
-        const at::ScalarType dtype = name == "float16" ? at::kHalf : name == "bfloat16" ? at::kBFloat16 : at::kFloat;
-        TORCH_CHECK_VALUE(dtype != at::kFloat || name == "float32", optimizer, ": no fused kernel for ", name);
-        const auto mode = core::master_mode(c, at::empty({0}, at::TensorOptions().dtype(dtype).device(at::kMeta)));
-        modes.emplace_back(mode == core::MasterMode::kMaster      ? "master"
-                           : mode == core::MasterMode::kRemainder ? "remainder"
-                                                                   : "none");
-      }
-      return modes;
+      const at::ScalarType type = dtype == "float16" ? at::kHalf : dtype == "bfloat16" ? at::kBFloat16 : at::kFloat;
+      TORCH_CHECK_VALUE(type != at::kFloat || dtype == "float32", optimizer, ": no fused kernel for ", dtype);
+      const auto mode = core::master_mode(c, at::empty({0}, at::TensorOptions().dtype(type).device(at::kMeta)));
+      return std::string(mode == core::MasterMode::kMaster      ? "master"
+                         : mode == core::MasterMode::kRemainder ? "remainder"
+                                                                 : "none");
     });
   });
   m.def("_optim_takes_fused", [](const at::Tensor& p) { return core::takes_fused(p, p); });

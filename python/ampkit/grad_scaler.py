@@ -203,9 +203,11 @@ class GradScaler:
             raise RuntimeError("Closure use is not currently supported if GradScaler is enabled.")
         _optimizer("GradScaler.step", optimizer)
         key = id(optimizer)
-        if (self._traced() and getattr(optimizer, "_ampkit_traced_step", False)
-                and getattr(optimizer, "grad_scale", None) is None and not _dtensor.any_dtensor(_params(optimizer))):
-            return self._traced_fused_step(key, optimizer, args, kwargs)
+        if self._traced() and getattr(optimizer, "_ampkit_traced_step", False) and getattr(
+                optimizer, "grad_scale", None) is None:
+            params = _params(optimizer)
+            if not _dtensor.any_dtensor(params):
+                return self._traced_fused_step(key, optimizer, params, args, kwargs)
         self._core.begin_step(key)
         if getattr(optimizer, "_step_supports_amp_scaling", False):
             if "grad_scaler" in inspect.signature(optimizer.step).parameters:
@@ -242,11 +244,11 @@ class GradScaler:
         self._core.mark_stepped(key)
         return retval
 
-    def _traced_fused_step(self, key: int, optimizer: torch.optim.Optimizer, args, kwargs):
+    def _traced_fused_step(self, key: int, optimizer: torch.optim.Optimizer, params: list, args, kwargs):
         """step() of an ampkit.optim optimizer under torch.compile (NOTE [Compiled steps]): the checks and the inf
         check by the C++ core, through custom ops; a grad_scale of 1 after unscale_() (``None`` in eager). Other
         optimizers, DTensor parameters and optimizers carrying their own grad_scale take the eager path."""
-        params = [p for p in _params(optimizer) if p.grad is not None]
+        params = [p for p in params if p.grad is not None]
         grad_scale, found_inf = torch.ops.ampkit._scaler_prepare_fused_step(self._handle, key, params,
                                                                           [p.grad for p in params])
         optimizer.grad_scale = grad_scale

@@ -54,13 +54,13 @@ def _group_plan(key: int, index: int, dtypes: tuple) -> tuple:
     # it traces torch optimizers): not guarded.
     values = tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in group.items()
                    if k not in ("params", "capturable", "foreach", "fused") and not isinstance(v, torch.Tensor))
-    modes = []
-    for dtype in dtypes:  # a dtype the group's master_weights refuses matters only for parameters with grads
+    by_dtype = {}
+    for dtype in set(dtypes):  # a dtype the group's master_weights refuses matters only for parameters with grads
         try:
-            modes.append(_core()._optim_plan(cls._kind, cls.__name__, group, [dtype])[0])
+            by_dtype[dtype] = _core()._optim_master_mode(cls._kind, cls.__name__, group, dtype)
         except ValueError:
-            modes.append(None)
-    return values, tuple(modes)
+            by_dtype[dtype] = None
+    return values, tuple(by_dtype[dtype] for dtype in dtypes)
 
 
 def _differs(value, checked) -> bool:
