@@ -49,7 +49,9 @@ struct AdamParams {
 // kernel fuses it (its explicit fmadd and the compiler's contraction), so that FP32 steps are bit-identical to
 // torch.optim's fused=True. Torch's kernel runs vectors of Vectorized<float>::size() elements and then a scalar
 // loop on the last numel % size elements, and the two loops contract one multiply-add differently (the second
-// moment of Adam, the momentum buffer of SGD). Every ampkit loop, CPU or CUDA, takes the formula by element
+// moment of Adam, the momentum buffer of SGD). Under AVX-512 the compiler made vector code of 8 floats of that
+// scalar loop, which rounds as the vector body: there only the last numel % 8 elements take the scalar formulas
+// (tail_width 8, as AVX2's; torch_cpu_float_vector_width in csrc/ops/cpu/cpu_loops.cpp). Every ampkit loop, CPU or CUDA, takes the formula by element
 // index (tail = index >= numel - numel % tail_width), never by its own vector width, so CPU and CUDA agree bit for
 // bit whatever their SIMD width.
 AMPKIT_HOST_DEVICE AMPKIT_INLINE int64_t tail_start(int64_t numel, int tail_width) {

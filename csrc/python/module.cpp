@@ -228,7 +228,7 @@ PYBIND11_MODULE(_C, m) {
       },
       "What this build contains: CUDA kernels compiled and for which architectures, the CPU loops' instruction "
       "set on this machine, the torch version it was built against, and the scalar-tail width of the CPU "
-      "optimizer steps (torch's Vectorized<float>::size()).");
+      "optimizer steps (that of torch's fused CPU kernels: 8 under AVX2 and AVX-512).");
   m.def("cuda_arch_supported", &ampkit::cuda_arch_supported, py::arg("major"), py::arg("minor"),
         "Whether this build's CUDA kernels run on a GPU of compute capability major.minor.");
 

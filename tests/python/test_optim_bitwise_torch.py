@@ -1,10 +1,14 @@
 """FP32 steps of ampkit.optim against torch.optim's fused CPU kernels, bit for bit: every element, including the
-last numel % Vectorized<float>::size() that torch's kernels run through their scalar tail, the unscaled grads that
-a step under a grad scale writes back, and every hyper-parameter branch (lerp from the grad for beta1 <= 0.5,
-coupled/decoupled decay, amsgrad, maximize, nesterov, dampening, tensor lr)."""
+last numel % 8 (AVX2 and AVX-512: ampkit.build_info()["cpu_optim_tail_width"]) that torch's kernels run through
+their scalar tail, the unscaled grads that a step under a grad scale writes back, and every hyper-parameter branch
+(lerp from the grad for beta1 <= 0.5, coupled/decoupled decay, amsgrad, maximize, nesterov, dampening, tensor lr).
+On an AVX-512 machine the module also runs again under torch's AVX2 kernels (ATEN_CPU_CAPABILITY=avx2)."""
 from __future__ import annotations
 
 import itertools
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -127,3 +131,16 @@ def test_a_staged_grad_of_another_layout_gets_the_unscaled_values_too():
     ours.step()
     assert bits_equal(q.grad, g / 64.0)
     assert bits_equal(q.detach(), torch.addcmul(p0, g / 64.0, torch.tensor(-0.1)))
+
+
+@pytest.mark.skipif(torch.backends.cpu.get_cpu_capability() != "AVX512" or "ATEN_CPU_CAPABILITY" in os.environ,
+                    reason="an AVX-512 machine runs this module a second time under torch's AVX2 kernels")
+def test_the_module_also_holds_under_torchs_avx2_kernels():
+    # torch and ampkit pick their CPU loops per process: a child process with torch's AVX2 kernels (where the
+    # scalar tail is the last numel % 8 elements, as under AVX-512) must match bit for bit too.
+    assert ampkit.build_info()["cpu_optim_tail_width"] == 8
+    env = dict(os.environ, ATEN_CPU_CAPABILITY="avx2")
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
+                          env=env, cwd=os.path.dirname(__file__), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert " passed" in done.stdout and "failed" not in done.stdout

@@ -149,8 +149,8 @@ struct BuildInfo {
   const char* cuda_archs;
   const char* cpu_isa;
   const char* torch_version;
-  // Elements of each tensor's scalar tail in the CPU optimizer steps: Vectorized<float>::size() of the kernels
-  // torch runs in this process (NOTE [torch's scalar tail] in kernels/optim_functors.h).
+  // Elements of each tensor's scalar tail in the CPU optimizer steps: the width of the scalar tail of the kernels
+  // torch runs in this process, 8 for AVX2 and AVX-512 (NOTE [torch's scalar tail] in kernels/optim_functors.h).
   int cpu_optim_tail_width;
 };
 AMPKIT_API BuildInfo build_info();

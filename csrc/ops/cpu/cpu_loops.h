@@ -52,8 +52,9 @@ extern const CpuLoops kLoops;
 // The widest variant this processor runs.
 const CpuLoops& cpu_loops();
 
-// Vectorized<float>::size() of the kernels torch's CPU dispatch runs in this process (its ATEN_CPU_CAPABILITY):
-// the tail width of the CPU optimizer steps (NOTE [torch's scalar tail] in kernels/optim_functors.h).
+// The width of the scalar tail of the fused optimizer kernels torch's CPU dispatch runs in this process (its
+// ATEN_CPU_CAPABILITY): the tail width of the CPU optimizer steps (NOTE [torch's scalar tail] in
+// kernels/optim_functors.h).
 int torch_cpu_float_vector_width();
 
 }  // namespace ampkit::detail
