@@ -58,7 +58,10 @@ struct VecMath {
 // the tensor has, as template arguments so that the vector loop tests none of them (dispatch_span picks them).
 template <typename T, bool kMaster, bool kM, bool kV, bool kVmax, typename VecBody, typename ScalarBody>
 void optim_span(const OptimTensor& t, int64_t begin, int64_t end, int64_t tail_from, float grad_scale,
-                bool write_grads, const VecBody& vec_body, const ScalarBody& scalar_body) {
+                bool write_grads, const VecBody& vec_body_arg, const ScalarBody& scalar_body_arg) {
+  // Local copies of the bodies (NOTE [Loop-invariant options]).
+  const VecBody vec_body = vec_body_arg;
+  const ScalarBody scalar_body = scalar_body_arg;
   static_assert(at::vec::Vectorized<T>::size() == 2 * VecF::size() || std::is_same_v<T, float>);
   constexpr int64_t kStep = 2 * VecF::size();
   T* param = static_cast<T*>(t.param);
@@ -214,8 +217,10 @@ void adam_step(const OptimTensor* tensors, int64_t n, const kernels::AdamParams&
     const kernels::AdamStepFactors f = factors[w.tensor];
     dispatch_span<Streams::kAdam>(
         tensors[w.tensor], w.begin, w.end, params.tail_width, grad_scale, params.write_unscaled_grads,
-        [&](VecF& w, VecF g, VecF& m, VecF& v, VecF* vmax) { local.apply<VecF, VecMath>(w, g, m, v, vmax, f); },
-        [&](float& w, float g, float* m, float* v, float* vmax, bool tail) { local(w, g, *m, *v, vmax, f, tail); });
+        [local, f](VecF& w, VecF g, VecF& m, VecF& v, VecF* vmax) { local.apply<VecF, VecMath>(w, g, m, v, vmax, f); },
+        [local, f](float& w, float g, float* m, float* v, float* vmax, bool tail) {
+          local(w, g, *m, *v, vmax, f, tail);
+        });
   });
   for (int64_t t = 0; t < n; ++t) {
     *tensors[t].step += 1.f;
@@ -227,16 +232,17 @@ void sgd_step(const OptimTensor* tensors, int64_t n, const kernels::SgdParams& p
   for_all_chunks(n, [&](int64_t t) { return tensors[t].numel; }, kCpuParallelThreshold / 4,
                  [&](size_t, const WorkItem& w) {
     // NOTE [Loop-invariant options]
-    // The loops store floats through pointers, which the compiler must assume may alias any float or double it
-    // reads through a reference (the op's options, the step factors): it would reload them and re-test every
-    // option on every iteration. Local copies, whose addresses never escape, stay in registers and the option
-    // tests leave the loop.
+    // The loops store vectors through the intrinsics' unaligned store types, which are declared may_alias: the
+    // compiler must assume that each store may change anything it reads through memory (the op's options, the
+    // step factors, a lambda's captured references) and reloads and re-tests every option on every iteration.
+    // The bodies therefore capture local copies by value, and optim_span runs its own copies of the bodies, whose
+    // addresses never escape: the options stay in registers and their tests leave the loop.
     const kernels::SgdOp local = op;
     const bool first = tensors[w.tensor].step == nullptr || *tensors[w.tensor].step == 0.f;
     dispatch_span<Streams::kSgd>(
         tensors[w.tensor], w.begin, w.end, params.tail_width, grad_scale, params.write_unscaled_grads,
-        [&](VecF& w, VecF g, VecF& buf, VecF&, VecF*) { local.apply<VecF, VecMath>(w, g, &buf, first); },
-        [&](float& w, float g, float* buf, float*, float*, bool tail) { local(w, g, buf, first, tail); });
+        [local, first](VecF& w, VecF g, VecF& buf, VecF&, VecF*) { local.apply<VecF, VecMath>(w, g, &buf, first); },
+        [local, first](float& w, float g, float* buf, float*, float*, bool tail) { local(w, g, buf, first, tail); });
   });
   for (int64_t t = 0; t < n; ++t) {
     if (tensors[t].step != nullptr) {
