@@ -6,12 +6,14 @@
 
 #include <algorithm>
 #include <charconv>
+#include <deque>
 #include <cmath>
 #include <limits>
 #include <map>
 #include <tuple>
 
 #include "ampkit/ops.h"
+#include "borrowed_tensors.h"
 
 namespace ampkit::optim {
 
@@ -126,19 +128,28 @@ std::optional<at::Tensor> on_device(const std::optional<at::Tensor>& t, const at
   return t->device() == device ? *t : t->to(device, /*non_blocking=*/true);
 }
 
+// A parameter of a step: the tensors outlive the step (the caller's list, the parameter's grad or its staging copy).
 struct Entry {
-  at::Tensor param, grad;
+  const at::Tensor* param;
+  const at::Tensor* grad;
   ParamState* state;
 };
 
 void fused_call(const GroupConfig& c, const at::Device& device, MasterMode mode, const std::vector<Entry>& entries,
                 const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
-  std::vector<at::Tensor> params, grads, masters, remainders, first, second, third, steps;
+  // NOTE [Borrowed tensor lists]
+  detail::BorrowedTensors params, grads, masters, remainders, first, second, third, steps;
   const bool adam = c.algorithm != Algorithm::kSGD;
   const bool stateful = adam || c.momentum != 0;
+  for (auto* list : {&params, &grads, &first, &steps}) {
+    list->reserve(entries.size());
+  }
+  if (adam) {
+    second.reserve(entries.size());
+  }
   for (const auto& e : entries) {
-    params.push_back(e.param);
-    grads.push_back(e.grad);
+    params.push_back(*e.param);
+    grads.push_back(*e.grad);
     if (mode == MasterMode::kMaster) {
       masters.push_back(e.state->master_param);
     } else if (mode == MasterMode::kRemainder) {
@@ -261,7 +272,7 @@ void single_tensor_step(const GroupConfig& c, const std::vector<Entry>& entries,
   }
   if (grad_scale) {  // as torch's fused optimizers leave them: unscaled
     for (const auto& e : entries) {
-      e.grad.div_(grad_scale->to(e.grad.device()));
+      e.grad->div_(grad_scale->to(e.grad->device()));
     }
   }
   Lr lr{c.lr, {}};
@@ -273,15 +284,15 @@ void single_tensor_step(const GroupConfig& c, const std::vector<Entry>& entries,
     if (c.algorithm == Algorithm::kAdam) {
       if (!s.step.defined()) {  // torch's state: the parameter's dtype, the step on the CPU
         s.step = at::zeros({}, at::TensorOptions().dtype(at::kFloat));
-        s.exp_avg = at::zeros_like(e.param, at::MemoryFormat::Preserve);
-        s.exp_avg_sq = at::zeros_like(e.param, at::MemoryFormat::Preserve);
+        s.exp_avg = at::zeros_like(*e.param, at::MemoryFormat::Preserve);
+        s.exp_avg_sq = at::zeros_like(*e.param, at::MemoryFormat::Preserve);
       }
       if (c.amsgrad && !s.max_exp_avg_sq.defined()) {
-        s.max_exp_avg_sq = at::zeros_like(e.param, at::MemoryFormat::Preserve);
+        s.max_exp_avg_sq = at::zeros_like(*e.param, at::MemoryFormat::Preserve);
       }
-      single_tensor_adam(c, lr, e.param, e.grad, s);
+      single_tensor_adam(c, lr, *e.param, *e.grad, s);
     } else {
-      single_tensor_sgd(c, lr, e.param, e.grad, s);
+      single_tensor_sgd(c, lr, *e.param, *e.grad, s);
     }
   }
 }
@@ -446,22 +457,23 @@ void step(const GroupConfig& c, at::TensorList params, const std::vector<ParamSt
   // Fused calls by (device, master mode), in order of first appearance.
   std::vector<std::tuple<at::Device, MasterMode, std::vector<Entry>>> buckets;
   std::vector<Entry> single;
-  std::vector<std::pair<at::Tensor, at::Tensor>> staged;  // (grad, staging copy in the parameter's layout)
+  // (grad, staging copy in the parameter's layout); a deque: entries point into it
+  std::deque<std::pair<at::Tensor, at::Tensor>> staged;
   for (size_t i = 0; i < params.size(); ++i) {
     const at::Tensor& p = params[i];
-    at::Tensor grad = p.grad();
-    if (!grad.defined()) {
+    const at::Tensor* grad = &p.grad();
+    if (!grad->defined()) {
       continue;
     }
     ParamState& s = *states[i];
-    if (!takes_fused(p, grad)) {
-      single.push_back({p, grad, &s});
+    if (!takes_fused(p, *grad)) {
+      single.push_back({&p, grad, &s});
       continue;
     }
-    if (!(grad.is_contiguous() && p.is_contiguous()) && grad.strides() != p.strides()) {
+    if (!(grad->is_contiguous() && p.is_contiguous()) && grad->strides() != p.strides()) {
       // The kernels read the grad in the parameter's layout: a staging copy for such (rare) grads.
-      staged.emplace_back(grad, at::empty_like(p).copy_(grad));
-      grad = staged.back().second;
+      staged.emplace_back(*grad, at::empty_like(p).copy_(*grad));
+      grad = &staged.back().second;
     }
     const MasterMode mode = master_mode(c, p);
     const bool stateless = c.algorithm == Algorithm::kSGD && c.momentum == 0 && mode == MasterMode::kNone && s.empty();
@@ -475,7 +487,7 @@ void step(const GroupConfig& c, at::TensorList params, const std::vector<ParamSt
       buckets.emplace_back(p.device(), mode, std::vector<Entry>{});
       it = std::prev(buckets.end());
     }
-    std::get<2>(*it).push_back({p, grad, &s});
+    std::get<2>(*it).push_back({&p, grad, &s});
   }
   for (const auto& [device, mode, entries] : buckets) {
     fused_call(c, device, mode, entries, grad_scale, found_inf);

@@ -4,6 +4,7 @@
 #include <torch/extension.h>
 
 #include "ampkit/ampkit.h"
+#include "../optim/borrowed_tensors.h"
 
 namespace py = pybind11;
 
@@ -300,6 +301,95 @@ PYBIND11_MODULE(_C, m) {
     guarded([&] { core::step(config, params, ptrs, grad_scale, found_inf); });
     for (size_t i = 0; i < states.size(); ++i) {
       state_to_py(before[i], after[i], states[i]);
+    }
+  });
+  // One group's step with the lists assembled here (NOTE [Group steps from Python]): `state` is the optimizer's
+  // state mapping (a dict: parameter -> dict of entries); states the step creates are added to it.
+  m.def("_optim_step_group", [](const std::string& kind, const std::string& optimizer, const py::dict& group,
+                                const py::dict& state, const std::optional<at::Tensor>& grad_scale,
+                                const std::optional<at::Tensor>& found_inf, bool write_unscaled_grads,
+                                const std::optional<at::Tensor>& grad_norm) {
+    // NOTE [Group steps from Python]
+    // ampkit.optim's step over thousands of small parameters spent a third of its time building Python lists
+    // (the parameters with a grad, their states) and converting them. Here the parameters' grads are read from
+    // the C++ tensors, states looked up in the optimizer's dict (dict.get: no default entry is created) and
+    // read in place; only the entries the step creates or replaces are written back.
+    core::GroupConfig config = guarded([&] { return group_config(kind, optimizer, group, write_unscaled_grads); });
+    if (grad_norm.has_value()) {
+      config.grad_norm = *grad_norm;
+    }
+    const py::object list = group["params"];
+    if (!PyList_Check(list.ptr())) {
+      throw py::type_error(optimizer + ".step: param_groups[i]['params'] must be a list, but got " +
+                           std::string(py::str(py::type::of(list))));
+    }
+    const Py_ssize_t n = PyList_GET_SIZE(list.ptr());
+    // NOTE [Borrowed tensor lists]: `keys` holds the parameters' Python objects, which keep their tensors alive
+    // (Python references: no atomic count, no GIL round trip).
+    ampkit::detail::BorrowedTensors params;
+    std::vector<py::object> keys;
+    std::vector<py::object> dicts;  // the states (None: none yet)
+    params.reserve(n);
+    keys.reserve(n);
+    dicts.reserve(n);
+    for (Py_ssize_t i = 0; i < n; ++i) {
+      PyObject* item = PyList_GET_ITEM(list.ptr(), i);
+      if (!THPVariable_Check(item)) {
+        throw py::type_error(optimizer + ".step: params[" + std::to_string(i) + "] is not a tensor but " +
+                             std::string(py::str(py::type::of(py::handle(item)))));
+      }
+      const at::Tensor& p = THPVariable_Unpack(item);
+      if (!p.grad().defined()) {
+        continue;
+      }
+      PyObject* d = PyDict_GetItemWithError(state.ptr(), item);
+      if (d == nullptr && PyErr_Occurred()) {
+        throw py::error_already_set();
+      }
+      if (d != nullptr && !PyDict_Check(d)) {
+        throw py::type_error(optimizer + ".step: the state of params[" + std::to_string(i) +
+                             "] must be a dict, but got " + std::string(py::str(py::type::of(py::handle(d)))));
+      }
+      params.push_back(p);
+      keys.push_back(py::reinterpret_borrow<py::object>(item));
+      dicts.push_back(d != nullptr ? py::reinterpret_borrow<py::object>(d) : py::object());
+    }
+    // The entries each state had (their TensorImpls, compared after the step; no reference taken).
+    const auto& fields = core::ParamState::fields();
+    std::vector<core::ParamState> states(params.size());
+    std::vector<const c10::TensorImpl*> before(params.size() * fields.size(), nullptr);
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (dicts[i]) {
+        states[i] = state_from_py(py::reinterpret_borrow<py::dict>(dicts[i]));
+        for (size_t k = 0; k < fields.size(); ++k) {
+          const at::Tensor& t = states[i].*(fields[k].second);
+          before[i * fields.size() + k] = t.defined() ? t.unsafeGetTensorImpl() : nullptr;
+        }
+      }
+    }
+    std::vector<core::ParamState*> ptrs;
+    ptrs.reserve(states.size());
+    for (auto& st : states) {
+      ptrs.push_back(&st);
+    }
+    guarded([&] { core::step(config, params, ptrs, grad_scale, found_inf); });
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (!dicts[i] && states[i].empty()) {
+        continue;  // no state created (an SGD parameter without momentum or master)
+      }
+      py::dict d = dicts[i] ? py::reinterpret_borrow<py::dict>(dicts[i]) : py::dict();
+      for (size_t k = 0; k < fields.size(); ++k) {
+        const at::Tensor& now = states[i].*(fields[k].second);
+        const c10::TensorImpl* old = before[i * fields.size() + k];
+        if (now.defined() && now.unsafeGetTensorImpl() != old) {
+          d[py::str(fields[k].first)] = now;
+        } else if (!now.defined() && old != nullptr) {
+          PyDict_DelItemString(d.ptr(), fields[k].first);
+        }
+      }
+      if (!dicts[i] && PyDict_SetItem(state.ptr(), keys[i].ptr(), d.ptr()) != 0) {
+        throw py::error_already_set();
+      }
     }
   });
   m.def("_optim_global_grad_norm", [](const std::vector<at::Tensor>& grads, const std::optional<at::Tensor>& scale) {

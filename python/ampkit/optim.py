@@ -168,6 +168,11 @@ class _FusedOptimizer(torch.optim.Optimizer):
         grad_norm = self._global_grad_norm(grad_scale)
         get_state = self.state.get  # dict.get: no default entry created (one hash per parameter)
         for group in self.param_groups:
+            if not group["differentiable"] and not _dtensor.any_dtensor(group["params"]):
+                # The lists are assembled in C++ (NOTE [Group steps from Python] in csrc/python/module.cpp).
+                core._optim_step_group(self._kind, name, group, self.state, grad_scale, found_inf,
+                                       self.write_unscaled_grads, grad_norm)
+                continue
             params = [p for p in group["params"] if p.grad is not None]
             if group["differentiable"]:
                 self._differentiable_step(group, params, grad_scale, found_inf)
@@ -176,12 +181,8 @@ class _FusedOptimizer(torch.optim.Optimizer):
             new = [i for i, st in enumerate(states) if st is None]
             for i in new:
                 states[i] = {}
-            if _dtensor.any_dtensor(params):
-                self._local_step(group, params, states, grad_scale, found_inf)
-            else:
-                core._optim_step(self._kind, name, group, params, states, grad_scale, found_inf,
-                                 self.write_unscaled_grads, grad_norm)
-            for i in new:  # states the core created (an SGD parameter without momentum or master gets none)
+            self._local_step(group, params, states, grad_scale, found_inf)
+            for i in new:  # states the core created
                 if states[i]:
                     self.state[params[i]] = states[i]
         return loss

@@ -323,3 +323,50 @@ def test_a_single_differentiable_group_is_still_checked_before_the_step():
     with pytest.raises(ValueError, match="master_weights=True needs FP16, BF16 or FP32 parameters"):
         opt.step()
     assert torch.equal(p, torch.zeros(3, dtype=torch.float64)) and not opt.state
+
+
+def test_group_steps_read_the_states_and_grads_of_this_step():
+    # The lists are assembled in C++ each step: a state entry or a grad the caller replaced between steps is the
+    # one the next step reads and writes, parameters without a grad get no state, and no empty entry is left in
+    # optimizer.state (a defaultdict).
+    params = make_params("cpu")
+    ref_params = [p.detach().clone().requires_grad_() for p in params]
+    ours = ampkit.optim.AdamW(params, lr=1e-2)
+    ref = torch.optim.AdamW(ref_params, lr=1e-2)
+    gen = torch.Generator().manual_seed(3)
+    for step in range(3):
+        for i, (p, q) in enumerate(zip(params, ref_params)):
+            if i == 1 and step == 0:
+                p.grad, q.grad = None, None  # no grad in the first step: no state
+                continue
+            g = torch.randn(p.shape, generator=gen)
+            p.grad, q.grad = g.clone(), g.clone()
+        if step == 0:
+            assert params[1] not in ours.state
+        if step == 1:
+            assert params[1] not in ours.state
+            # Replace a moment by a copy of it: the step must update the new tensor, not the old one.
+            old = ours.state[params[0]]["exp_avg"]
+            ours.state[params[0]]["exp_avg"] = old.clone()
+            frozen = old.clone()
+        ours.step()
+        ref.step()
+        if step == 1:
+            assert bits_equal(old, frozen), "the replaced exp_avg was written"
+    assert len(ours.state) == len(params)
+    for p, q in zip(params, ref_params):
+        torch.testing.assert_close(p.detach(), q.detach(), rtol=1e-6, atol=1e-7)
+        torch.testing.assert_close(ours.state[p]["exp_avg"], ref.state[q]["exp_avg"], rtol=1e-6, atol=1e-7)
+
+
+def test_group_steps_refuse_a_state_that_is_not_a_dict_and_change_nothing():
+    params = make_params("cpu")
+    for p in params:
+        p.grad = torch.randn_like(p)
+    opt = ampkit.optim.SGD(params, lr=0.1, momentum=0.9)
+    opt.state[params[2]] = ["not", "a", "dict"]
+    before = [p.detach().clone() for p in params]
+    with pytest.raises(TypeError, match=r"SGD.step: the state of params\[2\] must be a dict, but got"):
+        opt.step()
+    assert all(bits_equal(a, p.detach()) for a, p in zip(before, params))
+    assert not any(isinstance(s, dict) and s for s in opt.state.values())
