@@ -185,6 +185,7 @@ class AliasCheck {
     if (impl->is_contiguous()) {
       extent = impl->numel();
     } else {
+      all_contiguous_ = false;
       const auto sizes = impl->sizes();
       const auto strides = impl->strides();
       for (size_t d = 0; d < sizes.size(); ++d) {
@@ -216,6 +217,25 @@ class AliasCheck {
   // records); a range that starts at or after the end of every earlier one overlaps none of them, so only the
   // others are compared with the ranges still open.
   void check() {
+    // NOTE [Alias check memo]
+    // An optimizer's lists are the same tensors step after step (and, with grads kept between steps or reused
+    // by the allocator, the same memory). The verdict depends only on the ranges and which of them are read-only
+    // when every tensor is contiguous (two contiguous tensors share an element iff their ranges overlap), so the
+    // last call that passed on this thread is kept: the same ranges in the same order pass again without the sort.
+    thread_local std::vector<uintptr_t> passed;
+    thread_local const char* passed_op = nullptr;
+    std::vector<uintptr_t> key;
+    if (all_contiguous_) {
+      key.reserve(ranges_.size() * 3);
+      for (const Range& r : ranges_) {
+        key.push_back(r.begin);
+        key.push_back(r.end);
+        key.push_back(entries_[r.entry].read_only ? 1 : 0);
+      }
+      if (passed_op == op_ && key == passed) {
+        return;
+      }
+    }
     std::sort(ranges_.begin(), ranges_.end(), [](const Range& a, const Range& b) { return a.begin < b.begin; });
     std::vector<const Range*> open;
     uintptr_t max_end = 0;
@@ -242,6 +262,10 @@ class AliasCheck {
       open.push_back(&r);
       max_end = std::max(max_end, r.end);
     }
+    if (all_contiguous_) {
+      passed = std::move(key);
+      passed_op = op_;
+    }
   }
 
  private:
@@ -264,6 +288,7 @@ class AliasCheck {
   const char* op_;
   std::vector<Range> ranges_;
   std::vector<Entry> entries_;
+  bool all_contiguous_ = true;
 };
 
 // A list entry of the FP16/BF16/FP32-only ops (cast passes, grad_stats): defined, strided, of one of those dtypes,

@@ -353,3 +353,37 @@ def test_every_op_has_an_unboxed_autograd_kernel_that_bumps_what_it_writes():
     norm = torch.ops.ampkit.grad_norm([w])
     assert norm.grad_fn is None and not norm.requires_grad
     assert torch.allclose(norm, torch.linalg.vector_norm(w.detach().double()).float(), rtol=1e-6, atol=0)
+
+
+def test_an_overlap_after_calls_that_passed_is_still_refused():
+    # The alias check keeps the last call that passed (NOTE [Alias check memo]): the same lists pass again, and
+    # any change that makes two tensors share memory (a moment replaced by a view of another, the same tensor
+    # twice, one read-only list turned into a written one) is refused, naming both, with nothing written.
+    n = 3
+    ps = [torch.randn(37) for _ in range(n)]
+    gs = [torch.randn(37) for _ in range(n)]
+    ms = [torch.zeros(37) for _ in range(n)]
+    vs = [torch.zeros(37) for _ in range(n)]
+    steps = [torch.zeros(()) for _ in range(n)]
+
+    def call(m, v):
+        torch.ops.ampkit.adamw_step_(ps, gs, [], [], m, v, [], steps, lr=1e-3, beta1=0.9, beta2=0.999,
+                                     weight_decay=0.0, eps=1e-8, amsgrad=False, maximize=False,
+                                     decoupled_weight_decay=True)
+
+    call(ms, vs)
+    call(ms, vs)  # the memo's hit
+    before = [t.clone() for t in ps + ms + vs + steps]
+    for m, v, pattern in [([ms[0], ms[1], ms[2]], [vs[0], ms[1], vs[2]]) + (r"exp_avgs\[1\] and exp_avg_sqs\[1\]|"
+                                                                           r"exp_avg_sqs\[1\] and exp_avgs\[1\]",),
+                          ([ms[0], ms[1], vs[2][0:37]], vs) + (r"exp_avgs\[2\] and exp_avg_sqs\[2\]|"
+                                                              r"exp_avg_sqs\[2\] and exp_avgs\[2\]",)]:
+        with pytest.raises(RuntimeError, match=pattern):
+            call(m, v)
+        assert all(torch.equal(a, b) for a, b in zip(before, ps + ms + vs + steps))
+    # The same tensor twice in a written list, right after a call that passed.
+    call(ms, vs)
+    with pytest.raises(RuntimeError, match=r"params\[0\] and params\[1\]|params\[1\] and params\[0\]"):
+        torch.ops.ampkit.adamw_step_([ps[0], ps[0], ps[2]], gs, [], [], ms, vs, [], steps, lr=1e-3, beta1=0.9,
+                                     beta2=0.999, weight_decay=0.0, eps=1e-8, amsgrad=False, maximize=False,
+                                     decoupled_weight_decay=True)
