@@ -23,7 +23,7 @@ namespace {
 // optimizer step changed after they were saved.
 void bump(const at::Tensor& t) {
   if (t.defined()) {
-    torch::autograd::impl::bump_version(t);
+    t.unsafeGetTensorImpl()->bump_version();  // torch::autograd::impl::bump_version's body, inlined
   }
 }
 void bump(at::TensorList list) {

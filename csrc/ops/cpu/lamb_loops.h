@@ -177,7 +177,9 @@ void lamb_step(const kernels::OptimTensor* tensors, int64_t n, const kernels::La
   std::vector<kernels::LambStepFactors> factors(static_cast<size_t>(n));
   for (int64_t t = 0; t < n; ++t) {
     numel[t] = tensors[t].numel;
-    factors[t] = kernels::LambStepFactors::at_step(params, *tensors[t].step + 1.f);
+    const float step = *tensors[t].step + 1.f;
+    factors[t] = t > 0 && *tensors[t - 1].step + 1.f == step ? factors[t - 1]
+                                                              : kernels::LambStepFactors::at_step(params, step);
   }
   auto items = norm_items<2>(n, numel.data());
   // Pass 2: moments, and the lane sums of ||w||^2 and ||u||^2, row by row.

@@ -206,7 +206,11 @@ void adam_step(const OptimTensor* tensors, int64_t n, const kernels::AdamParams&
   const kernels::AdamOp op{params};
   std::vector<kernels::AdamStepFactors> factors(n);
   for (int64_t t = 0; t < n; ++t) {
-    factors[t] = kernels::AdamStepFactors::at_step(params, params.lr, *tensors[t].step + 1.f);
+    const float step = *tensors[t].step + 1.f;
+    // The tensors of a step mostly share their step number: its factors (two pow calls) once per run of them.
+    factors[t] = t > 0 && *tensors[t - 1].step + 1.f == step
+                     ? factors[t - 1]
+                     : kernels::AdamStepFactors::at_step(params, params.lr, step);
   }
   // Grads are divided by the scale, as torch's fused kernels do.
   // Optimizer steps do ~20 flops per element: worth threads from a quarter of the unscale's threshold.
