@@ -1,5 +1,6 @@
 // The pybind11 module ampkit._C. It binds ampkit's C++ classes only: the ops reach Python through the
 // dispatcher (torch.ops.ampkit.*), registered when this module's dependency libampkit is loaded.
+#include <ATen/PythonTorchFunctionTLS.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/extension.h>
 
@@ -211,10 +212,79 @@ struct GilFreeDelete {
   using Ptr = std::unique_ptr<T, GilFreeDelete>;
 };
 
+// NOTE [Fast update_scale_ binding]
+// ampkit.ops.update_scale_ runs once per iteration, on three one-element tensors: through torch.ops its call costs
+// twice torch._amp_update_scale_'s (the schema-driven argument parsing and boxing of torch.ops). This binding
+// takes the arguments by position (METH_FASTCALL, no keyword parsing), checks their types as torch.ops would
+// (TypeError naming the argument) and calls the op through the dispatcher, unboxed: the same kernel and checks.
+// Tensor subclasses and torch function modes go through torch.ops; under torch.compile the Python wrapper calls
+// torch.ops itself.
+PyObject* fast_update_scale(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  static const char* const names[] = {"scale", "growth_tracker", "found_inf", "growth_factor", "backoff_factor",
+                                      "growth_interval"};
+  if (nargs != 6) {
+    PyErr_Format(PyExc_TypeError, "ampkit.ops.update_scale_() takes 6 positional arguments but %zd were given",
+                 nargs);
+    return nullptr;
+  }
+  bool plain = !at::impl::torch_function_mode_enabled();
+  for (int i = 0; i < 3; ++i) {
+    if (!THPVariable_Check(args[i])) {
+      PyErr_Format(PyExc_TypeError, "ampkit.ops.update_scale_(): argument '%s' must be a Tensor, not %s", names[i],
+                   Py_TYPE(args[i])->tp_name);
+      return nullptr;
+    }
+    plain = plain && Py_TYPE(args[i]) == reinterpret_cast<PyTypeObject*>(THPVariableClass);
+  }
+  if (!plain) {  // tensor subclasses and torch function modes: torch.ops, which gives them their say
+    static PyObject* op = nullptr;
+    if (op == nullptr) {
+      op = py::object(py::module_::import("torch").attr("ops").attr("ampkit").attr("update_scale_")).release().ptr();
+    }
+    return PyObject_Vectorcall(op, args, static_cast<size_t>(nargs), nullptr);
+  }
+  double factors[2];
+  for (int i = 0; i < 2; ++i) {
+    PyObject* a = args[3 + i];
+    if (!PyFloat_Check(a) && !PyLong_Check(a)) {
+      PyErr_Format(PyExc_TypeError, "ampkit.ops.update_scale_(): argument '%s' must be a float, not %s",
+                   names[3 + i], Py_TYPE(a)->tp_name);
+      return nullptr;
+    }
+    factors[i] = PyFloat_AsDouble(a);
+    if (factors[i] == -1.0 && PyErr_Occurred()) {
+      return nullptr;
+    }
+  }
+  if (!PyLong_Check(args[5]) || PyBool_Check(args[5])) {
+    PyErr_Format(PyExc_TypeError, "ampkit.ops.update_scale_(): argument 'growth_interval' must be an int, not %s",
+                 Py_TYPE(args[5])->tp_name);
+    return nullptr;
+  }
+  const long long interval = PyLong_AsLongLong(args[5]);
+  if (interval == -1 && PyErr_Occurred()) {
+    return nullptr;
+  }
+  ampkit::update_scale_(THPVariable_Unpack(args[0]), THPVariable_Unpack(args[1]), THPVariable_Unpack(args[2]),
+                        factors[0], factors[1], static_cast<int64_t>(interval));
+  Py_RETURN_NONE;
+  END_HANDLE_TH_ERRORS
+}
+
+PyMethodDef fast_methods[] = {
+    {"_update_scale_", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(fast_update_scale)), METH_FASTCALL,
+     "update_scale_(scale, growth_tracker, found_inf, growth_factor, backoff_factor, growth_interval): "
+     "torch.ops.ampkit.update_scale_ by position (NOTE [Fast update_scale_ binding])."},
+    {nullptr, nullptr, 0, nullptr}};
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "ampkit C++ core";
+  if (PyModule_AddFunctions(m.ptr(), fast_methods) != 0) {
+    throw py::error_already_set();
+  }
   m.def(
       "build_info",
       []() {

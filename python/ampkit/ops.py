@@ -6,6 +6,10 @@ from typing import Sequence
 
 import torch
 
+from . import _C
+
+_is_compiling = torch.compiler.is_compiling
+
 
 def unscale_and_check_(grads: Sequence[torch.Tensor], found_inf: torch.Tensor, inv_scale: torch.Tensor) -> None:
     """Multiply ``grads`` by ``inv_scale`` in place and set ``found_inf`` to 1.0 if any element is Inf/NaN.
@@ -69,7 +73,12 @@ def update_scale_(
     growth_interval: int,
 ) -> None:
     """One dynamic loss-scale step on the device, identical to ``torch._amp_update_scale_`` (returns None)."""
-    torch.ops.ampkit.update_scale_(scale, growth_tracker, found_inf, growth_factor, backoff_factor, growth_interval)
+    if _is_compiling():
+        torch.ops.ampkit.update_scale_(scale, growth_tracker, found_inf, growth_factor, backoff_factor,
+                                       growth_interval)
+        return
+    # The op by position, without torch.ops' argument parsing (NOTE [Fast update_scale_ binding]).
+    _C._update_scale_(scale, growth_tracker, found_inf, growth_factor, backoff_factor, growth_interval)
 
 
 def grad_norm(grads: Sequence[torch.Tensor], grad_scale: torch.Tensor | None = None) -> torch.Tensor:

@@ -387,3 +387,54 @@ def test_an_overlap_after_calls_that_passed_is_still_refused():
         torch.ops.ampkit.adamw_step_([ps[0], ps[0], ps[2]], gs, [], [], ms, vs, [], steps, lr=1e-3, beta1=0.9,
                                      beta2=0.999, weight_decay=0.0, eps=1e-8, amsgrad=False, maximize=False,
                                      decoupled_weight_decay=True)
+
+
+def test_ampkit_ops_update_scale_takes_the_fast_binding_and_matches_torch():
+    # ampkit.ops.update_scale_ calls the op by position (NOTE [Fast update_scale_ binding]): the same bits as
+    # torch._amp_update_scale_ over a random overflow sequence, TypeErrors naming the argument, the kernel's own
+    # checks, and tensor subclasses / torch function modes / torch.compile still reaching the op through torch.ops.
+    gen = torch.Generator().manual_seed(5)
+    ours, theirs = torch.full((1,), 2.0 ** 16), torch.full((1,), 2.0 ** 16)
+    ours_t, theirs_t = torch.zeros(1, dtype=torch.int32), torch.zeros(1, dtype=torch.int32)
+    for _ in range(200):
+        found = (torch.rand(1, generator=gen) < 0.15).float()
+        ampkit.ops.update_scale_(ours, ours_t, found, 2.0, 0.5, 5)
+        torch._amp_update_scale_(theirs, theirs_t, found, 2.0, 0.5, 5)
+        assert bits_equal(ours, theirs) and torch.equal(ours_t, theirs_t)
+    found = torch.zeros(1)
+    with pytest.raises(TypeError, match=r"update_scale_\(\): argument 'found_inf' must be a Tensor, not str"):
+        ampkit.ops.update_scale_(ours, ours_t, "0", 2.0, 0.5, 5)
+    with pytest.raises(TypeError, match=r"argument 'backoff_factor' must be a float, not NoneType"):
+        ampkit.ops.update_scale_(ours, ours_t, found, 2.0, None, 5)
+    with pytest.raises(TypeError, match=r"argument 'growth_interval' must be an int, not bool"):
+        ampkit.ops.update_scale_(ours, ours_t, found, 2.0, 0.5, True)
+    with pytest.raises(TypeError, match=r"takes 6 positional arguments but 5 were given"):
+        ampkit._C._update_scale_(ours, ours_t, found, 2.0, 0.5)
+    before = ours.clone()
+    with pytest.raises(TypeError, match=r"ampkit::update_scale_: growth_tracker must be a Int tensor"):
+        ampkit.ops.update_scale_(ours, ours_t.float(), found, 2.0, 0.5, 5)
+    assert bits_equal(ours, before)
+
+    class Sub(torch.Tensor):
+        pass
+
+    sub = torch.full((1,), 8.0).as_subclass(Sub)
+    ampkit.ops.update_scale_(sub, torch.zeros(1, dtype=torch.int32), torch.ones(1), 2.0, 0.5, 5)
+    assert type(sub) is Sub and sub.item() == 4.0
+
+    seen = []
+
+    class Mode(torch.overrides.TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    with Mode():
+        ampkit.ops.update_scale_(ours, ours_t, found, 2.0, 0.5, 5)
+    assert "ampkit.update_scale_" in seen
+
+    scale, tracker = torch.full((1,), 4.0), torch.zeros(1, dtype=torch.int32)
+    compiled = torch.compile(lambda s, t, f: ampkit.ops.update_scale_(s, t, f, 2.0, 0.5, 1), fullgraph=True,
+                             backend="eager")
+    compiled(scale, tracker, torch.zeros(1))
+    assert scale.item() == 8.0
