@@ -200,8 +200,11 @@ class AliasCheck {
 
   // `read_only`: the list is only read, so its tensors may share memory with each other (never with the others).
   void add(const char* arg, at::TensorList list, bool read_only = false) {
-    ranges_.reserve(ranges_.size() + list.size());
-    entries_.reserve(entries_.size() + list.size());
+    // Room for the list, growing geometrically (an exact reserve per list would copy every earlier record).
+    if (ranges_.capacity() < ranges_.size() + list.size()) {
+      ranges_.reserve(std::max(ranges_.size() + list.size(), 2 * ranges_.capacity()));
+      entries_.reserve(ranges_.capacity());
+    }
     for (size_t i = 0; i < list.size(); ++i) {
       add(arg, list[i], static_cast<int64_t>(i), read_only);
     }

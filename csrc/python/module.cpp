@@ -4,6 +4,9 @@
 #include <torch/csrc/Exceptions.h>
 #include <torch/extension.h>
 
+#include <cstring>
+#include <tuple>
+
 #include "ampkit/ampkit.h"
 #include "../optim/borrowed_tensors.h"
 
@@ -166,6 +169,14 @@ core::GroupConfig group_config(const std::string& kind, const std::string& optim
 core::ParamState state_from_py(const py::dict& d) {
   // One walk over the dict's few entries (no key objects built per parameter: this runs for every parameter of
   // every step).
+  // (name, its length, member) of every entry: compared by length first, no std::string built.
+  static const auto fields = [] {
+    std::vector<std::tuple<const char*, size_t, core::ParamState::Field>> f;
+    for (const auto& [name, field] : core::ParamState::fields()) {
+      f.emplace_back(name, std::strlen(name), field);
+    }
+    return f;
+  }();
   core::ParamState s;
   PyObject* key = nullptr;
   PyObject* value = nullptr;
@@ -174,13 +185,17 @@ core::ParamState state_from_py(const py::dict& d) {
     if (!PyUnicode_Check(key) || !THPVariable_Check(value)) {
       continue;
     }
-    const char* name = PyUnicode_AsUTF8(key);
+    Py_ssize_t size = 0;
+    const char* name = PyUnicode_AsUTF8AndSize(key, &size);
     if (name == nullptr) {
       PyErr_Clear();
       continue;
     }
-    if (at::Tensor* entry = s.entry(name)) {
-      *entry = THPVariable_Unpack(value);
+    for (const auto& [entry, length, field] : fields) {
+      if (static_cast<size_t>(size) == length && std::memcmp(name, entry, length) == 0) {
+        s.*field = THPVariable_Unpack(value);
+        break;
+      }
     }
   }
   return s;
@@ -374,11 +389,13 @@ PYBIND11_MODULE(_C, m) {
     }
   });
   // One group's step with the lists assembled here (NOTE [Group steps from Python]): `state` is the optimizer's
-  // state mapping (a dict: parameter -> dict of entries); states the step creates are added to it.
+  // state mapping (a dict: parameter -> dict of entries); states the step creates are added to it. Returns False,
+  // having done nothing, for a group with DTensor parameters (instances of `dtensor_type`).
   m.def("_optim_step_group", [](const std::string& kind, const std::string& optimizer, const py::dict& group,
                                 const py::dict& state, const std::optional<at::Tensor>& grad_scale,
                                 const std::optional<at::Tensor>& found_inf, bool write_unscaled_grads,
-                                const std::optional<at::Tensor>& grad_norm) {
+                                const std::optional<at::Tensor>& grad_norm, const py::tuple& plain_types,
+                                const py::object& dtensor_type) {
     // NOTE [Group steps from Python]
     // ampkit.optim's step over thousands of small parameters spent a third of its time building Python lists
     // (the parameters with a grad, their states) and converting them. Here the parameters' grads are read from
@@ -394,6 +411,26 @@ PYBIND11_MODULE(_C, m) {
                            std::string(py::str(py::type::of(list))));
     }
     const Py_ssize_t n = PyList_GET_SIZE(list.ptr());
+    // A DTensor parameter (FSDP2): False, nothing done; the caller steps the local shards. A type check against
+    // the plain tensor classes first (isinstance costs several times more per parameter).
+    if (!dtensor_type.is_none()) {
+      for (Py_ssize_t i = 0; i < n; ++i) {
+        PyObject* item = PyList_GET_ITEM(list.ptr(), i);
+        bool plain = false;
+        for (const auto& t : plain_types) {
+          plain = plain || reinterpret_cast<PyObject*>(Py_TYPE(item)) == t.ptr();
+        }
+        if (!plain) {
+          const int is = PyObject_IsInstance(item, dtensor_type.ptr());
+          if (is < 0) {
+            throw py::error_already_set();
+          }
+          if (is == 1) {
+            return false;
+          }
+        }
+      }
+    }
     // NOTE [Borrowed tensor lists]: `keys` holds the parameters' Python objects, which keep their tensors alive
     // (Python references: no atomic count, no GIL round trip).
     ampkit::detail::BorrowedTensors params;
@@ -461,6 +498,7 @@ PYBIND11_MODULE(_C, m) {
         throw py::error_already_set();
       }
     }
+    return true;
   });
   m.def("_optim_global_grad_norm", [](const std::vector<at::Tensor>& grads, const std::optional<at::Tensor>& scale) {
     return guarded([&] { return core::global_grad_norm(grads, scale); });

@@ -167,11 +167,13 @@ class _FusedOptimizer(torch.optim.Optimizer):
         name = type(self).__name__
         grad_norm = self._global_grad_norm(grad_scale)
         get_state = self.state.get  # dict.get: no default entry created (one hash per parameter)
+        dtensor_type = _dtensor._type()
         for group in self.param_groups:
-            if not group["differentiable"] and not _dtensor.any_dtensor(group["params"]):
-                # The lists are assembled in C++ (NOTE [Group steps from Python] in csrc/python/module.cpp).
-                core._optim_step_group(self._kind, name, group, self.state, grad_scale, found_inf,
-                                       self.write_unscaled_grads, grad_norm)
+            # The lists are assembled in C++ (NOTE [Group steps from Python] in csrc/python/module.cpp); False for
+            # a group of DTensors, which steps its local shards below.
+            if not group["differentiable"] and core._optim_step_group(
+                    self._kind, name, group, self.state, grad_scale, found_inf, self.write_unscaled_grads,
+                    grad_norm, _dtensor._PLAIN, dtensor_type):
                 continue
             params = [p for p in group["params"] if p.grad is not None]
             if group["differentiable"]:
