@@ -166,7 +166,9 @@ core::GroupConfig group_config(const std::string& kind, const std::string& optim
 }
 
 // A state dict entry of ampkit.optim (torch.optim's names; None or absent: no entry) to the core's, and back.
-core::ParamState state_from_py(const py::dict& d) {
+// `borrowed` (one flag per ParamState::fields() entry): the plain tensors are borrowed (NOTE [Borrowed states])
+// instead of referenced, and their flags set.
+core::ParamState state_from_py(const py::dict& d, uint8_t* borrowed = nullptr) {
   // One walk over the dict's few entries (no key objects built per parameter: this runs for every parameter of
   // every step).
   // (name, its length, member) of every entry: compared by length first, no std::string built.
@@ -191,9 +193,16 @@ core::ParamState state_from_py(const py::dict& d) {
       PyErr_Clear();
       continue;
     }
-    for (const auto& [entry, length, field] : fields) {
+    for (size_t k = 0; k < fields.size(); ++k) {
+      const auto& [entry, length, field] = fields[k];
       if (static_cast<size_t>(size) == length && std::memcmp(name, entry, length) == 0) {
-        s.*field = THPVariable_Unpack(value);
+        const at::Tensor& t = THPVariable_Unpack(value);
+        if (borrowed != nullptr && Py_TYPE(value) == reinterpret_cast<PyTypeObject*>(THPVariableClass)) {
+          s.*field = c10::MaybeOwnedTraits<at::Tensor>::createBorrow(t);
+          borrowed[k] = 1;
+        } else {
+          s.*field = t;
+        }
         break;
       }
     }
@@ -463,11 +472,39 @@ PYBIND11_MODULE(_C, m) {
     }
     // The entries each state had (their TensorImpls, compared after the step; no reference taken).
     const auto& fields = core::ParamState::fields();
+    // NOTE [Borrowed states]
+    // The states' tensors are borrowed from the state dicts (held by `dicts`) as the parameters are: a reference
+    // to a tensor Python holds costs a GIL round trip each way, three or four per parameter here. A borrowed entry
+    // must never be assigned over (the assignment would drop a reference never taken): the core only fills
+    // entries a state lacks, except when it turns a master into BF16 + remainder, so groups whose
+    // master_weights is "remainder" take references. `Release` gives the borrowed entries back unreferenced on
+    // every exit, and refuses to if one was replaced.
+    const bool borrow = config.master_weights != ampkit::optim::MasterWeights::kRemainder;
     std::vector<core::ParamState> states(params.size());
     std::vector<const c10::TensorImpl*> before(params.size() * fields.size(), nullptr);
+    std::vector<uint8_t> borrowed(params.size() * fields.size(), 0);
+    struct Release {
+      std::vector<core::ParamState>& states;
+      const std::vector<const c10::TensorImpl*>& before;
+      const std::vector<uint8_t>& borrowed;
+      const std::vector<std::pair<const char*, core::ParamState::Field>>& fields;
+      ~Release() {
+        for (size_t i = 0; i < states.size(); ++i) {
+          for (size_t k = 0; k < fields.size(); ++k) {
+            if (borrowed[i * fields.size() + k] != 0) {
+              at::Tensor& t = states[i].*(fields[k].second);
+              TORCH_INTERNAL_ASSERT(t.unsafeGetTensorImpl() == before[i * fields.size() + k],
+                                    "ampkit: a borrowed optimizer state entry was replaced");
+              t.unsafeReleaseTensorImpl();  // unreferenced: borrowed
+            }
+          }
+        }
+      }
+    } release{states, before, borrowed, fields};
     for (size_t i = 0; i < params.size(); ++i) {
       if (dicts[i]) {
-        states[i] = state_from_py(py::reinterpret_borrow<py::dict>(dicts[i]));
+        states[i] = state_from_py(py::reinterpret_borrow<py::dict>(dicts[i]),
+                                  borrow ? &borrowed[i * fields.size()] : nullptr);
         for (size_t k = 0; k < fields.size(); ++k) {
           const at::Tensor& t = states[i].*(fields[k].second);
           before[i * fields.size() + k] = t.defined() ? t.unsafeGetTensorImpl() : nullptr;
