@@ -236,14 +236,14 @@ struct GilFreeDelete {
   using Ptr = std::unique_ptr<T, GilFreeDelete>;
 };
 
-// NOTE [Fast update_scale_ binding]
+// NOTE [update_scale_ by position]
 // ampkit.ops.update_scale_ runs once per iteration, on three one-element tensors: through torch.ops its call costs
 // twice torch._amp_update_scale_'s (the schema-driven argument parsing and boxing of torch.ops). This binding
 // takes the arguments by position (METH_FASTCALL, no keyword parsing), checks their types as torch.ops would
 // (TypeError naming the argument) and calls the op through the dispatcher, unboxed: the same kernel and checks.
 // Tensor subclasses and torch function modes go through torch.ops; under torch.compile the Python wrapper calls
 // torch.ops itself.
-PyObject* fast_update_scale(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
+PyObject* update_scale_by_position(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
   HANDLE_TH_ERRORS
   static const char* const names[] = {"scale", "growth_tracker", "found_inf", "growth_factor", "backoff_factor",
                                       "growth_interval"};
@@ -296,17 +296,18 @@ PyObject* fast_update_scale(PyObject* /*self*/, PyObject* const* args, Py_ssize_
   END_HANDLE_TH_ERRORS
 }
 
-PyMethodDef fast_methods[] = {
-    {"_update_scale_", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(fast_update_scale)), METH_FASTCALL,
+PyMethodDef positional_methods[] = {
+    {"_update_scale_", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(update_scale_by_position)),
+     METH_FASTCALL,
      "update_scale_(scale, growth_tracker, found_inf, growth_factor, backoff_factor, growth_interval): "
-     "torch.ops.ampkit.update_scale_ by position (NOTE [Fast update_scale_ binding])."},
+     "torch.ops.ampkit.update_scale_ by position (NOTE [update_scale_ by position])."},
     {nullptr, nullptr, 0, nullptr}};
 
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "ampkit C++ core";
-  if (PyModule_AddFunctions(m.ptr(), fast_methods) != 0) {
+  if (PyModule_AddFunctions(m.ptr(), positional_methods) != 0) {
     throw py::error_already_set();
   }
   m.def(

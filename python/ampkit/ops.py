@@ -77,7 +77,7 @@ def update_scale_(
         torch.ops.ampkit.update_scale_(scale, growth_tracker, found_inf, growth_factor, backoff_factor,
                                        growth_interval)
         return
-    # The op by position, without torch.ops' argument parsing (NOTE [Fast update_scale_ binding]).
+    # The op by position, without torch.ops' argument parsing (NOTE [update_scale_ by position]).
     _C._update_scale_(scale, growth_tracker, found_inf, growth_factor, backoff_factor, growth_interval)
 
 

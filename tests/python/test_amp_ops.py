@@ -389,8 +389,8 @@ def test_an_overlap_after_calls_that_passed_is_still_refused():
                                      decoupled_weight_decay=True)
 
 
-def test_ampkit_ops_update_scale_takes_the_fast_binding_and_matches_torch():
-    # ampkit.ops.update_scale_ calls the op by position (NOTE [Fast update_scale_ binding]): the same bits as
+def test_ampkit_ops_update_scale_calls_the_op_by_position_and_matches_torch():
+    # ampkit.ops.update_scale_ calls the op by position (NOTE [update_scale_ by position]): the same bits as
     # torch._amp_update_scale_ over a random overflow sequence, TypeErrors naming the argument, the kernel's own
     # checks, and tensor subclasses / torch function modes / torch.compile still reaching the op through torch.ops.
     gen = torch.Generator().manual_seed(5)

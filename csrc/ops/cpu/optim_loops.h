@@ -63,7 +63,10 @@ void optim_span(const OptimTensor& t, int64_t begin, int64_t end, int64_t tail_f
   const VecBody vec_body = vec_body_arg;
   const ScalarBody scalar_body = scalar_body_arg;
   static_assert(at::vec::Vectorized<T>::size() == 2 * VecF::size() || std::is_same_v<T, float>);
-  constexpr int64_t kStep = 2 * VecF::size();
+  // Float vectors per iteration: two for FP16/BF16 parameters (one vector of theirs widens to two), one for FP32
+  // (every stream then loads one vector, as torch's loop does, and a tensor's vector part ends one vector later).
+  constexpr int kVecs = std::is_same_v<T, float> ? 1 : 2;
+  constexpr int64_t kStep = kVecs * VecF::size();
   T* param = static_cast<T*>(t.param);
   T* grad = static_cast<T*>(t.grad);
   float* const master = kMaster ? t.master : nullptr;
@@ -101,45 +104,46 @@ void optim_span(const OptimTensor& t, int64_t begin, int64_t end, int64_t tail_f
   const int64_t vec_end = std::min(end, tail_from);
   int64_t i = begin;
   for (; i + kStep <= vec_end; i += kStep) {
-    VecF w[2], g[2], mv[2], vv[2], vm[2];
+    VecF w[kVecs], g[kVecs], mv[kVecs], vv[kVecs], vm[kVecs];
     if constexpr (kMaster) {
-      load2(master + i, w[0], w[1]);
+      loadn<kVecs>(master + i, w);
     } else {
-      load2(param + i, w[0], w[1]);
+      loadn<kVecs>(param + i, w);
     }
-    load2(grad + i, g[0], g[1]);
+    loadn<kVecs>(grad + i, g);
     if (unscale) {
-      g[0] = g[0] / scale;
-      g[1] = g[1] / scale;
+      for (int h = 0; h < kVecs; ++h) {
+        g[h] = g[h] / scale;
+      }
       if (write_grads) {
-        store2(grad + i, g[0], g[1]);
+        storen<kVecs>(grad + i, g);
       }
     }
     if constexpr (kM) {
-      load2(m + i, mv[0], mv[1]);
+      loadn<kVecs>(m + i, mv);
     }
     if constexpr (kV) {
-      load2(v + i, vv[0], vv[1]);
+      loadn<kVecs>(v + i, vv);
     }
     if constexpr (kVmax) {
-      load2(vmax + i, vm[0], vm[1]);
+      loadn<kVecs>(vmax + i, vm);
     }
-    for (int h = 0; h < 2; ++h) {
+    for (int h = 0; h < kVecs; ++h) {
       vec_body(w[h], g[h], mv[h], vv[h], vmax != nullptr ? &vm[h] : nullptr);
     }
     if constexpr (kM) {
-      store2(m + i, mv[0], mv[1]);
+      storen<kVecs>(m + i, mv);
     }
     if constexpr (kV) {
-      store2(v + i, vv[0], vv[1]);
+      storen<kVecs>(v + i, vv);
     }
     if constexpr (kVmax) {
-      store2(vmax + i, vm[0], vm[1]);
+      storen<kVecs>(vmax + i, vm);
     }
     if constexpr (kMaster) {
-      store2(master + i, w[0], w[1]);
+      storen<kVecs>(master + i, w);
     }
-    store2(param + i, w[0], w[1]);
+    storen<kVecs>(param + i, w);
   }
   for (; i < end; ++i) {
     float w1 = master != nullptr ? master[i] : static_cast<float>(param[i]);

@@ -34,5 +34,26 @@ void store2(T* p, const VecF& lo, const VecF& hi) {
   }
 }
 
+// N float vectors from N * VecF::size() elements of T, and back: N == 2 as load2/store2, N == 1 for float only.
+template <int N, typename T>
+void loadn(const T* p, VecF* v) {
+  if constexpr (N == 1) {
+    static_assert(std::is_same_v<T, float>);
+    v[0] = VecF::loadu(p);
+  } else {
+    load2(p, v[0], v[1]);
+  }
+}
+
+template <int N, typename T>
+void storen(T* p, const VecF* v) {
+  if constexpr (N == 1) {
+    static_assert(std::is_same_v<T, float>);
+    v[0].store(p);
+  } else {
+    store2(p, v[0], v[1]);
+  }
+}
+
 }  // namespace
 }  // namespace ampkit::detail::AMPKIT_CPU_NS
