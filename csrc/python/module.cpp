@@ -479,7 +479,8 @@ PYBIND11_MODULE(_C, m) {
     // must never be assigned over (the assignment would drop a reference never taken): the core only fills
     // entries a state lacks, except when it turns a master into BF16 + remainder, so groups whose
     // master_weights is "remainder" take references. `Release` gives the borrowed entries back unreferenced on
-    // every exit, and refuses to if one was replaced.
+    // every exit; an entry the core replaced would already have lost a reference it never had, so that stops the
+    // process (an internal assert in a destructor) rather than go on with a tensor freed under Python.
     const bool borrow = config.master_weights != ampkit::optim::MasterWeights::kRemainder;
     std::vector<core::ParamState> states(params.size());
     std::vector<const c10::TensorImpl*> before(params.size() * fields.size(), nullptr);
