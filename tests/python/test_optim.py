@@ -411,3 +411,30 @@ def test_group_steps_leave_every_reference_count_as_it_was(master_weights):
         assert sa.keys() == sb.keys()
         for key in sa:
             assert bits_equal(sa[key], sb[key]), key
+
+
+def test_a_group_step_that_raises_after_borrowing_gives_every_state_back_unchanged():
+    # An error raised inside the core's step (here: an FP64 parameter, which takes torch's single-tensor path,
+    # with only some of its Adam state) leaves every borrowed state tensor alive, unchanged and with its reference
+    # counts as they were, and the next step with a whole state works.
+    import gc
+    import sys
+
+    params = make_params("cpu") + [torch.randn(5, dtype=torch.float64, requires_grad=True)]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    opt = ampkit.optim.Adam(params, lr=1e-2)
+    opt.step()
+    opt.state[params[-1]].pop("exp_avg_sq")
+    saved = {id(t): t.clone() for st in opt.state.values() for t in st.values()}
+    counts = [sys.getrefcount(t) for st in opt.state.values() for t in st.values()]
+    with pytest.raises(ValueError, match=r"has only some of step, exp_avg and exp_avg_sq"):
+        opt.step()
+    gc.collect()
+    assert counts == [sys.getrefcount(t) for st in opt.state.values() for t in st.values()]
+    for st in opt.state.values():
+        for t in st.values():
+            assert bits_equal(t, saved[id(t)])
+    opt.state[params[-1]]["exp_avg_sq"] = torch.zeros_like(params[-1])
+    opt.step()
+    assert all(torch.isfinite(p).all() for p in params)
