@@ -82,6 +82,7 @@ def _rank(rank, world, store, steps, name, results):
         if rank == 0:
             results[name] = statistics.median(times[2:]) * 1e3
     finally:
+        model = net = None  # the DDP reducer first (see the finally of examples/python/ddp_train.py)
         dist.destroy_process_group()
 
 

@@ -61,6 +61,11 @@ def rank_main(rank: int, world: int, store: str, steps: int, hook: str) -> None:
         print(f"rank {rank}: first loss {first:.4f}, last loss {last:.4f}, skipped {stats['skipped_steps']} of "
               f"{stats['steps']} steps, weight checksum {checksum:.17g}", flush=True)
     finally:
+        # The DDP reducer holds the process group. Dropped here, before destroy_process_group, it is not the last
+        # holder, so the group is destroyed by destroy_process_group's release (which torch makes without the
+        # GIL), not by the reducer's deallocation under the GIL, where ProcessGroupGloo's destructor can wait
+        # forever for a worker thread that is waiting for the GIL.
+        model = None
         dist.destroy_process_group()
 
 

@@ -50,6 +50,7 @@ def _run(rank, world, store, results, mode, compression, overlap):
         results[rank] = ([p.detach().clone() for p in model.parameters()], skipped,
                          None if sync is None else (sync.bucket_indices(), sync.bytes_reduced()))
     finally:
+        model = net = None  # the DDP reducer first (see the finally of examples/python/ddp_train.py)
         dist.destroy_process_group()
 
 
@@ -93,6 +94,7 @@ def _accumulate(rank, world, store, results):
         sync.synchronize()
         results[rank] = (local, [p.grad.clone() for p in params], sync.bytes_reduced())
     finally:
+        model = net = None  # the DDP reducer first (see the finally of examples/python/ddp_train.py)
         dist.destroy_process_group()
 
 
@@ -136,6 +138,7 @@ def _bad(rank, world, store, results):
             errors.append(str(e))
         results[rank] = errors
     finally:
+        model = net = None  # the DDP reducer first (see the finally of examples/python/ddp_train.py)
         dist.destroy_process_group()
 
 

@@ -66,6 +66,7 @@ def _train_ddp(rank, world, store, results, hook_name, scaler_kind, opt_kind):
         results[rank] = ([p.detach().clone() for p in model.parameters()], scaler.get_scale(),
                          [p.grad.clone() for p in model.parameters()])
     finally:
+        model = ddp = ddp2 = None  # the DDP reducers first (see the finally of examples/python/ddp_train.py)
         dist.destroy_process_group()
 
 
@@ -134,6 +135,7 @@ def _overflow(rank, world, store, results, mode, with_scaler):
             history.append((scaler.get_scale(), moved, bool(finite)))
         results[rank] = (history, scaler.stats()["skipped_steps"])
     finally:
+        model = ddp = ddp2 = None  # the DDP reducers first (see the finally of examples/python/ddp_train.py)
         dist.destroy_process_group()
 
 
@@ -208,6 +210,7 @@ def _o_level(rank, world, store, results, level, ckpt):
         results[rank] = (straight, resumed, masters, masters2, scaler.get_scale(), scaler2.get_scale(),
                          [p.dtype for p in ddp.parameters()])
     finally:
+        model = ddp = ddp2 = None  # the DDP reducers first (see the finally of examples/python/ddp_train.py)
         dist.destroy_process_group()
 
 
@@ -282,6 +285,7 @@ def _twice(rank, world, store, results):
         except RuntimeError as e:
             results[rank] = str(e)
     finally:
+        model = ddp = ddp2 = None  # the DDP reducers first (see the finally of examples/python/ddp_train.py)
         dist.destroy_process_group()
 
 
