@@ -210,13 +210,24 @@ core::ParamState state_from_py(const py::dict& d, uint8_t* borrowed = nullptr) {
   return s;
 }
 
-void state_to_py(const core::ParamState& before, core::ParamState& after, py::dict& d) {
+// The TensorImpl of each entry of `s` (nullptr: absent), in ParamState::fields() order: what a state held before
+// a step, without a reference.
+void entry_impls(const core::ParamState& s, const c10::TensorImpl** out) {
   for (const auto& [name, field] : core::ParamState::fields()) {
-    const at::Tensor& old = before.*field;
+    const at::Tensor& t = s.*field;
+    *out++ = t.defined() ? t.unsafeGetTensorImpl() : nullptr;
+  }
+}
+
+// Writes into `d` the entries of `after` that are new or replaced since `before` (entry_impls), and deletes the
+// entries it no longer has.
+void state_to_py(const c10::TensorImpl* const* before, const core::ParamState& after, py::dict& d) {
+  for (const auto& [name, field] : core::ParamState::fields()) {
+    const c10::TensorImpl* old = *before++;
     const at::Tensor& now = after.*field;
-    if (now.defined() && !(old.defined() && old.unsafeGetTensorImpl() == now.unsafeGetTensorImpl())) {
+    if (now.defined() && now.unsafeGetTensorImpl() != old) {
       d[py::str(name)] = now;
-    } else if (!now.defined() && old.defined()) {
+    } else if (!now.defined() && old != nullptr) {
       PyDict_DelItemString(d.ptr(), name);
     }
   }
@@ -383,19 +394,21 @@ PYBIND11_MODULE(_C, m) {
     if (grad_norm.has_value()) {
       config.grad_norm = *grad_norm;
     }
-    std::vector<core::ParamState> before, after;
-    before.reserve(states.size());
-    for (const auto& d : states) {
-      before.push_back(state_from_py(d));
+    const size_t nf = core::ParamState::fields().size();
+    std::vector<core::ParamState> after;
+    std::vector<const c10::TensorImpl*> before(states.size() * nf);
+    after.reserve(states.size());
+    for (size_t i = 0; i < states.size(); ++i) {
+      after.push_back(state_from_py(states[i]));
+      entry_impls(after[i], &before[i * nf]);
     }
-    after = before;
     std::vector<core::ParamState*> ptrs;
     for (auto& s : after) {
       ptrs.push_back(&s);
     }
     guarded([&] { core::step(config, params, ptrs, grad_scale, found_inf); });
     for (size_t i = 0; i < states.size(); ++i) {
-      state_to_py(before[i], after[i], states[i]);
+      state_to_py(&before[i * nf], after[i], states[i]);
     }
   });
   // One group's step with the lists assembled here (NOTE [Group steps from Python]): `state` is the optimizer's
@@ -507,10 +520,7 @@ PYBIND11_MODULE(_C, m) {
       if (dicts[i]) {
         states[i] = state_from_py(py::reinterpret_borrow<py::dict>(dicts[i]),
                                   borrow ? &borrowed[i * fields.size()] : nullptr);
-        for (size_t k = 0; k < fields.size(); ++k) {
-          const at::Tensor& t = states[i].*(fields[k].second);
-          before[i * fields.size() + k] = t.defined() ? t.unsafeGetTensorImpl() : nullptr;
-        }
+        entry_impls(states[i], &before[i * fields.size()]);
       }
     }
     std::vector<core::ParamState*> ptrs;
@@ -524,15 +534,7 @@ PYBIND11_MODULE(_C, m) {
         continue;  // no state created (an SGD parameter without momentum or master)
       }
       py::dict d = dicts[i] ? py::reinterpret_borrow<py::dict>(dicts[i]) : py::dict();
-      for (size_t k = 0; k < fields.size(); ++k) {
-        const at::Tensor& now = states[i].*(fields[k].second);
-        const c10::TensorImpl* old = before[i * fields.size() + k];
-        if (now.defined() && now.unsafeGetTensorImpl() != old) {
-          d[py::str(fields[k].first)] = now;
-        } else if (!now.defined() && old != nullptr) {
-          PyDict_DelItemString(d.ptr(), fields[k].first);
-        }
-      }
+      state_to_py(&before[i * fields.size()], states[i], d);
       if (!dicts[i] && PyDict_SetItem(state.ptr(), keys[i].ptr(), d.ptr()) != 0) {
         throw py::error_already_set();
       }
@@ -569,10 +571,11 @@ PYBIND11_MODULE(_C, m) {
           guarded([&] { core::check_loaded_state(group_config(kind, optimizer, group, true), where, p, entries); });
         });
   m.def("_optim_init_master", [](const at::Tensor& p, py::dict state) {
-    const core::ParamState before = state_from_py(state);
-    core::ParamState after = before;
-    guarded([&] { core::init_master(p, after); });
-    state_to_py(before, after, state);
+    core::ParamState s = state_from_py(state);
+    std::vector<const c10::TensorImpl*> before(core::ParamState::fields().size());
+    entry_impls(s, before.data());
+    guarded([&] { core::init_master(p, s); });
+    state_to_py(before.data(), s, state);
   });
   m.def("_optim_state_names", [] { return core::ParamState::names(); });
   m.def("_optim_loaded_entry", [](const std::string& name, const at::Tensor& value, const at::Tensor& p) {

@@ -174,12 +174,10 @@ void lamb_step(const kernels::OptimTensor* tensors, int64_t n, const kernels::La
   const bool trust = op.trust_ratio();
   const float divisor = kernels::lamb_grad_divisor(grad_scale, norm, params.max_grad_norm);
   std::vector<int64_t> numel(static_cast<size_t>(n));
-  std::vector<kernels::LambStepFactors> factors(static_cast<size_t>(n));
+  const auto factors = step_factors<kernels::LambStepFactors>(
+      tensors, n, [&](float step) { return kernels::LambStepFactors::at_step(params, step); });
   for (int64_t t = 0; t < n; ++t) {
     numel[t] = tensors[t].numel;
-    const float step = *tensors[t].step + 1.f;
-    factors[t] = t > 0 && *tensors[t - 1].step + 1.f == step ? factors[t - 1]
-                                                              : kernels::LambStepFactors::at_step(params, step);
   }
   auto items = norm_items<2>(n, numel.data());
   // Pass 2: moments, and the lane sums of ||w||^2 and ||u||^2, row by row.

@@ -157,6 +157,18 @@ void optim_span(const OptimTensor& t, int64_t begin, int64_t end, int64_t tail_f
   }
 }
 
+// The per-tensor factors of a step, make(step) for the step number each tensor reaches; a tensor at the step of the
+// tensor before it shares its factors (the tensors of a step mostly do: the pow calls once per run of them).
+template <typename Factors, typename Make>
+std::vector<Factors> step_factors(const OptimTensor* tensors, int64_t n, const Make& make) {
+  std::vector<Factors> factors(static_cast<size_t>(n));
+  for (int64_t t = 0; t < n; ++t) {
+    const float step = *tensors[t].step + 1.f;
+    factors[t] = t > 0 && *tensors[t - 1].step + 1.f == step ? factors[t - 1] : make(step);
+  }
+  return factors;
+}
+
 // Streams an algorithm's tensors may have: Adam (exp_avg and exp_avg_sq always; a master and max_exp_avg_sq
 // optional) or SGD (a master and a momentum buffer optional).
 enum class Streams { kAdam, kSgd };
@@ -208,14 +220,8 @@ void dispatch_span(const OptimTensor& t, int64_t begin, int64_t end, int tail_wi
 
 void adam_step(const OptimTensor* tensors, int64_t n, const kernels::AdamParams& params, float grad_scale) {
   const kernels::AdamOp op{params};
-  std::vector<kernels::AdamStepFactors> factors(n);
-  for (int64_t t = 0; t < n; ++t) {
-    const float step = *tensors[t].step + 1.f;
-    // The tensors of a step mostly share their step number: its factors (two pow calls) once per run of them.
-    factors[t] = t > 0 && *tensors[t - 1].step + 1.f == step
-                     ? factors[t - 1]
-                     : kernels::AdamStepFactors::at_step(params, params.lr, step);
-  }
+  const auto factors = step_factors<kernels::AdamStepFactors>(
+      tensors, n, [&](float step) { return kernels::AdamStepFactors::at_step(params, params.lr, step); });
   // Grads are divided by the scale, as torch's fused kernels do.
   // Optimizer steps do ~20 flops per element: worth threads from a quarter of the unscale's threshold.
   for_all_chunks(n, [&](int64_t t) { return tensors[t].numel; }, kCpuParallelThreshold / 4,
