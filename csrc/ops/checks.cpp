@@ -225,18 +225,25 @@ class AliasCheck {
     // by the allocator, the same memory). The verdict depends only on the ranges and which of them are read-only
     // when every tensor is contiguous (two contiguous tensors share an element iff their ranges overlap), so the
     // last call that passed on this thread is kept: the same ranges in the same order pass again without the sort.
+    // Compared in place; the key is built (before the sort reorders the ranges) only when it differs.
     thread_local std::vector<uintptr_t> passed;
     thread_local const char* passed_op = nullptr;
     std::vector<uintptr_t> key;
     if (all_contiguous_) {
+      bool same = passed_op == op_ && passed.size() == ranges_.size() * 3;
+      for (size_t i = 0; same && i < ranges_.size(); ++i) {
+        const Range& r = ranges_[i];
+        same = passed[3 * i] == r.begin && passed[3 * i + 1] == r.end &&
+               passed[3 * i + 2] == (entries_[r.entry].read_only ? 1u : 0u);
+      }
+      if (same) {
+        return;
+      }
       key.reserve(ranges_.size() * 3);
       for (const Range& r : ranges_) {
         key.push_back(r.begin);
         key.push_back(r.end);
         key.push_back(entries_[r.entry].read_only ? 1 : 0);
-      }
-      if (passed_op == op_ && key == passed) {
-        return;
       }
     }
     std::sort(ranges_.begin(), ranges_.end(), [](const Range& a, const Range& b) { return a.begin < b.begin; });
