@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "descriptors.h"
 #include "op_args.h"
 
 namespace ampkit::detail {
@@ -70,70 +71,6 @@ void check_companion(const char* op, const char* name, size_t i, const at::Tenso
               param.sym_strides(), "), but has ", t.sym_sizes(), ", ", t.sym_strides());
 }
 
-void check_optim_args(const char* op, const OptimLists& l, bool need_exp_avgs, bool need_exp_avg_sqs,
-                      bool need_max_exp_avg_sqs, bool need_steps, const std::optional<at::Tensor>& grad_scale,
-                      const std::optional<at::Tensor>& found_inf, const std::optional<at::Tensor>& lr_tensor) {
-  const size_t n = l.params.size();
-  check_list_length(op, "grads", l.grads, n, true);
-  check_list_length(op, "master_params", l.master_params, n, false);
-  check_list_length(op, "param_remainders", l.param_remainders, n, false);
-  TORCH_CHECK_VALUE(l.master_params.empty() || l.param_remainders.empty(), "ampkit::", op,
-                    ": give master_params or param_remainders, not both");
-  check_list_length(op, need_exp_avg_sqs ? "exp_avgs" : "momentum_buffers", l.exp_avgs, need_exp_avgs ? n : 0, true);
-  check_list_length(op, "exp_avg_sqs", l.exp_avg_sqs, need_exp_avg_sqs ? n : 0, true);
-  check_list_length(op, "max_exp_avg_sqs", l.max_exp_avg_sqs, need_max_exp_avg_sqs ? n : 0, true);
-  check_list_length(op, "state_steps", l.state_steps, n, need_steps);
-  if (n == 0) {
-    return;
-  }
-  const at::Device device = l.params[0].device();
-  for (size_t i = 0; i < n; ++i) {
-    const at::Tensor& p = l.params[i];
-    TORCH_CHECK(p.defined(), "ampkit::", op, ": params[", i, "] is undefined");
-    TORCH_CHECK(p.layout() == at::kStrided, "ampkit::", op, ": params[", i,
-                "] must be a strided (dense) tensor, but got layout ", p.layout());
-    TORCH_CHECK(p.device() == device, "ampkit::", op, ": params[", i, "] must be on ", device,
-                " like params[0], but is on ", p.device());
-    const auto dtype = p.scalar_type();
-    TORCH_CHECK_TYPE(dtype == at::kHalf || dtype == at::kBFloat16 || dtype == at::kFloat, "ampkit::", op,
-                     ": params[", i, "] must be Half, BFloat16 or Float, but got ", dtype);
-    TORCH_CHECK(p.sym_numel() == 0 || p.is_non_overlapping_and_dense(), "ampkit::", op, ": params[", i,
-                "] must be dense (non-overlapping, no gaps)");
-    check_companion(op, "grads", i, l.grads[i], p, dtype);
-    if (!l.master_params.empty()) {
-      check_companion(op, "master_params", i, l.master_params[i], p, at::kFloat);
-    }
-    if (!l.param_remainders.empty()) {
-      TORCH_CHECK_TYPE(dtype == at::kBFloat16, "ampkit::", op, ": params[", i,
-                       "] must be BFloat16 when param_remainders are given, but got ", dtype);
-      check_companion(op, "param_remainders", i, l.param_remainders[i], p, at::kShort);
-    }
-    if (need_exp_avgs) {
-      check_companion(op, need_exp_avg_sqs ? "exp_avgs" : "momentum_buffers", i, l.exp_avgs[i], p, at::kFloat);
-    }
-    if (need_exp_avg_sqs) {
-      check_companion(op, "exp_avg_sqs", i, l.exp_avg_sqs[i], p, at::kFloat);
-    }
-    if (need_max_exp_avg_sqs) {
-      check_companion(op, "max_exp_avg_sqs", i, l.max_exp_avg_sqs[i], p, at::kFloat);
-    }
-    if (!l.state_steps.empty()) {
-      const at::Tensor& s = l.state_steps[i];
-      TORCH_CHECK(s.defined() && s.sym_numel() == 1 && s.scalar_type() == at::kFloat && s.device() == device, "ampkit::",
-                  op, ": state_steps[", i, "] must be a one-element Float tensor on ", device);
-    }
-  }
-  if (grad_scale.has_value()) {
-    check_scalar_tensor(op, "grad_scale", *grad_scale, at::kFloat, device);
-  }
-  if (found_inf.has_value()) {
-    check_scalar_tensor(op, "found_inf", *found_inf, at::kFloat, device);
-  }
-  if (lr_tensor.has_value()) {
-    check_scalar_tensor(op, "lr_tensor", *lr_tensor, at::kFloat, device);
-  }
-}
-
 void check_adam_hparams(const char* op, double lr, double beta1, double beta2, double weight_decay, double eps) {
   TORCH_CHECK_VALUE(lr >= 0.0, "ampkit::", op, ": lr must be >= 0, but got ", lr);
   TORCH_CHECK_VALUE(beta1 >= 0.0 && beta1 < 1.0, "ampkit::", op, ": beta1 must be in [0, 1), but got ", beta1);
@@ -174,9 +111,30 @@ class AliasCheck {
   explicit AliasCheck(const char* op) : op_(op) {}
 
   void add(const char* arg, const at::Tensor& t, int64_t index = -1, bool read_only = false) {
-    if (!t.defined()) {
-      return;
+    if (t.defined()) {
+      add_range(arg, t, index, read_only, nullptr);
     }
+  }
+
+  // add() of a defined tensor that also returns its data pointer when `data` (t.mutable_data_ptr(): its metadata
+  // and storage read once for both; nullptr without `data`).
+  void* add_defined(const char* arg, const at::Tensor& t, int64_t index, bool read_only, bool data) {
+    void* ptr = data ? t.mutable_data_ptr() : nullptr;
+    add_range(arg, t, index, read_only, ptr);
+    return ptr;
+  }
+
+  void reserve(size_t more) {
+    // Growing geometrically (an exact reserve per list would copy every earlier record).
+    if (ranges_.capacity() < ranges_.size() + more) {
+      ranges_.reserve(std::max(ranges_.size() + more, 2 * ranges_.capacity()));
+      entries_.reserve(ranges_.capacity());
+    }
+  }
+
+ private:
+  // `ptr`: t's data pointer when the caller has it.
+  void add_range(const char* arg, const at::Tensor& t, int64_t index, bool read_only, const void* ptr) {
     const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
     if (impl->device_type() == c10::DeviceType::Meta || impl->numel() == 0 || !impl->has_storage()) {
       return;
@@ -192,19 +150,16 @@ class AliasCheck {
         extent += (sizes[d] - 1) * strides[d];
       }
     }
-    const auto begin = reinterpret_cast<uintptr_t>(t.const_data_ptr());
+    const auto begin = reinterpret_cast<uintptr_t>(ptr != nullptr ? ptr : t.const_data_ptr());
     ranges_.push_back({begin, begin + static_cast<uintptr_t>(extent * static_cast<int64_t>(impl->itemsize())),
                        static_cast<uint32_t>(entries_.size())});
     entries_.push_back({arg, index, &t, read_only});
   }
 
+ public:
   // `read_only`: the list is only read, so its tensors may share memory with each other (never with the others).
   void add(const char* arg, at::TensorList list, bool read_only = false) {
-    // Room for the list, growing geometrically (an exact reserve per list would copy every earlier record).
-    if (ranges_.capacity() < ranges_.size() + list.size()) {
-      ranges_.reserve(std::max(ranges_.size() + list.size(), 2 * ranges_.capacity()));
-      entries_.reserve(ranges_.capacity());
-    }
+    reserve(list.size());
     for (size_t i = 0; i < list.size(); ++i) {
       add(arg, list[i], static_cast<int64_t>(i), read_only);
     }
@@ -426,58 +381,145 @@ void check(const UpdateScaleArgs& a) {
 
 namespace {
 
+// What a fused step's lists hold: `exp_avg_name` names exp_avgs (Adam, LAMB) or momentum_buffers (SGD).
+struct StepLists {
+  const char* exp_avg_name;
+  bool need_exp_avgs;
+  bool need_exp_avg_sqs;
+  bool need_max_exp_avg_sqs;
+  bool need_steps;
+  bool grads_read_only;  // LAMB: the grads are only read
+};
+
+// NOTE [One pass per parameter]
+// A step over thousands of small tensors is bound by reading their metadata: every tensor's TensorImpl and storage
+// live in memory of their own, so each pass over the lists misses in the caches about once per tensor. A step's
+// lists are therefore checked, their byte ranges recorded for the alias check and, in a real run (`tensors` given),
+// their kernel descriptors built in one pass per parameter, which reads each tensor's metadata and storage once.
+//
 // Everything a fused step writes or reads, the device scalars included, must be distinct (NOTE [Aliasing]): the
 // grads are read while the rest is written, and stored back when unscaled. A step that only reads its grads
-// (`grads_read_only`: LAMB) lets them, and its device scalars (`grad_norm` among them), share memory with each
-// other, never with what it writes.
-void check_step_aliasing(const char* op, const OptimLists& l, const StepScalars& s, const char* exp_avg_name,
-                         bool grads_read_only = false, const std::optional<at::Tensor>& grad_norm = std::nullopt) {
+// (LAMB) lets them, and its device scalars (`grad_norm` among them), share memory with each other, never with what
+// it writes.
+void check_step(const char* op, const OptimLists& l, const StepLists& spec, const StepScalars& s,
+                const std::optional<at::Tensor>& grad_norm, std::vector<kernels::OptimTensor>* tensors) {
+  const size_t n = l.params.size();
+  check_list_length(op, "grads", l.grads, n, true);
+  check_list_length(op, "master_params", l.master_params, n, false);
+  check_list_length(op, "param_remainders", l.param_remainders, n, false);
+  TORCH_CHECK_VALUE(l.master_params.empty() || l.param_remainders.empty(), "ampkit::", op,
+                    ": give master_params or param_remainders, not both");
+  check_list_length(op, spec.exp_avg_name, l.exp_avgs, spec.need_exp_avgs ? n : 0, true);
+  check_list_length(op, "exp_avg_sqs", l.exp_avg_sqs, spec.need_exp_avg_sqs ? n : 0, true);
+  check_list_length(op, "max_exp_avg_sqs", l.max_exp_avg_sqs, spec.need_max_exp_avg_sqs ? n : 0, true);
+  check_list_length(op, "state_steps", l.state_steps, n, spec.need_steps);
   AliasCheck alias(op);
-  alias.add("params", l.params);
-  alias.add("grads", l.grads, grads_read_only);
-  alias.add("master_params", l.master_params);
-  alias.add("param_remainders", l.param_remainders);
-  alias.add(exp_avg_name, l.exp_avgs);
-  alias.add("exp_avg_sqs", l.exp_avg_sqs);
-  alias.add("max_exp_avg_sqs", l.max_exp_avg_sqs);
-  alias.add("state_steps", l.state_steps);
-  alias.add("grad_scale", s.grad_scale, grads_read_only);
-  alias.add("found_inf", s.found_inf, grads_read_only);
-  alias.add("lr_tensor", s.lr_tensor, grads_read_only);
-  alias.add("grad_norm", grad_norm, grads_read_only);
+  const bool data = tensors != nullptr;
+  if (n > 0) {
+    alias.reserve(n * 8);
+    if (data) {
+      tensors->reserve(n);
+    }
+    const at::Device device = l.params[0].device();
+    for (size_t i = 0; i < n; ++i) {
+      const at::Tensor& p = l.params[i];
+      TORCH_CHECK(p.defined(), "ampkit::", op, ": params[", i, "] is undefined");
+      TORCH_CHECK(p.layout() == at::kStrided, "ampkit::", op, ": params[", i,
+                  "] must be a strided (dense) tensor, but got layout ", p.layout());
+      TORCH_CHECK(p.device() == device, "ampkit::", op, ": params[", i, "] must be on ", device,
+                  " like params[0], but is on ", p.device());
+      const auto dtype = p.scalar_type();
+      TORCH_CHECK_TYPE(dtype == at::kHalf || dtype == at::kBFloat16 || dtype == at::kFloat, "ampkit::", op,
+                       ": params[", i, "] must be Half, BFloat16 or Float, but got ", dtype);
+      TORCH_CHECK(p.sym_numel() == 0 || p.is_non_overlapping_and_dense(), "ampkit::", op, ": params[", i,
+                  "] must be dense (non-overlapping, no gaps)");
+      const auto index = static_cast<int64_t>(i);
+      // Checked, then recorded: (its data pointer in a real run).
+      auto entry = [&](const char* name, const at::Tensor& t, at::ScalarType type, bool read_only = false) {
+        check_companion(op, name, i, t, p, type);
+        return alias.add_defined(name, t, index, read_only, data);
+      };
+      void* param = alias.add_defined("params", p, index, false, data);
+      void* grad = entry("grads", l.grads[i], dtype, spec.grads_read_only);
+      void* master = nullptr;
+      void* remainder = nullptr;
+      void* m = nullptr;
+      void* v = nullptr;
+      void* vmax = nullptr;
+      void* step = nullptr;
+      if (!l.master_params.empty()) {
+        master = entry("master_params", l.master_params[i], at::kFloat);
+      }
+      if (!l.param_remainders.empty()) {
+        TORCH_CHECK_TYPE(dtype == at::kBFloat16, "ampkit::", op, ": params[", i,
+                         "] must be BFloat16 when param_remainders are given, but got ", dtype);
+        remainder = entry("param_remainders", l.param_remainders[i], at::kShort);
+      }
+      if (spec.need_exp_avgs) {
+        m = entry(spec.exp_avg_name, l.exp_avgs[i], at::kFloat);
+      }
+      if (spec.need_exp_avg_sqs) {
+        v = entry("exp_avg_sqs", l.exp_avg_sqs[i], at::kFloat);
+      }
+      if (spec.need_max_exp_avg_sqs) {
+        vmax = entry("max_exp_avg_sqs", l.max_exp_avg_sqs[i], at::kFloat);
+      }
+      if (!l.state_steps.empty()) {
+        const at::Tensor& t = l.state_steps[i];
+        TORCH_CHECK(t.defined() && t.sym_numel() == 1 && t.scalar_type() == at::kFloat && t.device() == device,
+                    "ampkit::", op, ": state_steps[", i, "] must be a one-element Float tensor on ", device);
+        step = alias.add_defined("state_steps", t, index, false, data);
+      }
+      if (data) {
+        tensors->push_back({param, grad, static_cast<float*>(master), static_cast<int16_t*>(remainder),
+                            static_cast<float*>(m), static_cast<float*>(v), static_cast<float*>(vmax),
+                            static_cast<float*>(step), p.numel(), kernel_dtype(dtype)});
+      }
+    }
+    const std::optional<at::Device> on(device);
+    if (s.grad_scale.has_value()) {
+      check_scalar_tensor(op, "grad_scale", *s.grad_scale, at::kFloat, on);
+    }
+    if (s.found_inf.has_value()) {
+      check_scalar_tensor(op, "found_inf", *s.found_inf, at::kFloat, on);
+    }
+    if (s.lr_tensor.has_value()) {
+      check_scalar_tensor(op, "lr_tensor", *s.lr_tensor, at::kFloat, on);
+    }
+  }
+  TORCH_CHECK_VALUE(!spec.grads_read_only || l.max_exp_avg_sqs.empty(), "ampkit::", op,
+                    ": LAMB keeps no max_exp_avg_sqs");
+  if (grad_norm.has_value()) {
+    check_scalar_tensor(op, "grad_norm", *grad_norm, at::kFloat,
+                        n == 0 ? std::nullopt : std::optional<at::Device>(l.params[0].device()));
+  }
+  const bool ro = spec.grads_read_only;
+  alias.add("grad_scale", s.grad_scale, ro);
+  alias.add("found_inf", s.found_inf, ro);
+  alias.add("lr_tensor", s.lr_tensor, ro);
+  alias.add("grad_norm", grad_norm, ro);
   alias.check();
 }
 
 }  // namespace
 
-void check(const AdamStepArgs& a) {
+void check(const AdamStepArgs& a, std::vector<kernels::OptimTensor>* tensors) {
   check_adam_hparams(a.op, a.lr, a.beta1, a.beta2, a.weight_decay, a.eps);
-  check_optim_args(a.op, a.lists, true, true, a.amsgrad, true, a.scalars.grad_scale, a.scalars.found_inf,
-                   a.scalars.lr_tensor);
-  check_step_aliasing(a.op, a.lists, a.scalars, "exp_avgs");
+  check_step(a.op, a.lists, {"exp_avgs", true, true, a.amsgrad, true, false}, a.scalars, std::nullopt, tensors);
 }
 
-void check(const SgdStepArgs& a) {
+void check(const SgdStepArgs& a, std::vector<kernels::OptimTensor>* tensors) {
   check_sgd_hparams(a.op, a.lr, a.momentum, a.dampening, a.weight_decay, a.nesterov);
   const bool momentum = a.momentum != 0.0;
-  check_optim_args(a.op, a.lists, momentum, false, false, momentum, a.scalars.grad_scale, a.scalars.found_inf,
-                   a.scalars.lr_tensor);
-  check_step_aliasing(a.op, a.lists, a.scalars, "momentum_buffers");
+  check_step(a.op, a.lists, {"momentum_buffers", momentum, false, false, momentum, false}, a.scalars, std::nullopt,
+             tensors);
 }
 
-void check(const LambStepArgs& a) {
+void check(const LambStepArgs& a, std::vector<kernels::OptimTensor>* tensors) {
   check_adam_hparams(a.op, a.lr, a.beta1, a.beta2, a.weight_decay, a.eps);
   TORCH_CHECK_VALUE(a.max_grad_norm >= 0.0 && std::isfinite(a.max_grad_norm), "ampkit::", a.op,
                     ": max_grad_norm must be a finite number >= 0 (0: no clipping), but got ", a.max_grad_norm);
-  check_optim_args(a.op, a.lists, true, true, false, true, a.scalars.grad_scale, a.scalars.found_inf,
-                   a.scalars.lr_tensor);
-  TORCH_CHECK_VALUE(a.lists.max_exp_avg_sqs.empty(), "ampkit::", a.op, ": LAMB keeps no max_exp_avg_sqs");
-  if (a.grad_norm.has_value()) {
-    check_scalar_tensor(a.op, "grad_norm", *a.grad_norm, at::kFloat,
-                        a.lists.params.empty() ? std::nullopt : std::optional<at::Device>(a.lists.params[0].device()));
-  }
-  // The grads are only read (the moments pass and the apply pass both need them whole).
-  check_step_aliasing(a.op, a.lists, a.scalars, "exp_avgs", /*grads_read_only=*/true, a.grad_norm);
+  check_step(a.op, a.lists, {"exp_avgs", true, true, false, true, true}, a.scalars, a.grad_norm, tensors);
 }
 
 void check(const GradNormArgs& a) {

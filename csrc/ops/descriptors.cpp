@@ -82,23 +82,6 @@ at::Tensor grad_stats_result(const GradStatsArgs& a) {
                    at::TensorOptions().dtype(at::kDouble).device(device));
 }
 
-std::vector<kernels::OptimTensor> optim_tensors(const OptimLists& l) {
-  std::vector<kernels::OptimTensor> out;
-  out.reserve(l.params.size());
-  // The dtypes were checked with the arguments: the untyped pointers (no second dtype check per tensor).
-  auto ptr = [](at::TensorList list, size_t i) -> float* {
-    return list.empty() ? nullptr : static_cast<float*>(list[i].mutable_data_ptr());
-  };
-  for (size_t i = 0; i < l.params.size(); ++i) {
-    int16_t* remainder =
-        l.param_remainders.empty() ? nullptr : static_cast<int16_t*>(l.param_remainders[i].mutable_data_ptr());
-    out.push_back({l.params[i].data_ptr(), l.grads[i].mutable_data_ptr(), ptr(l.master_params, i), remainder,
-                   ptr(l.exp_avgs, i), ptr(l.exp_avg_sqs, i), ptr(l.max_exp_avg_sqs, i), ptr(l.state_steps, i),
-                   l.params[i].numel(), kernel_dtype(l.params[i].scalar_type())});
-  }
-  return out;
-}
-
 at::Tensor grad_norm_result(const GradNormArgs& a) {
   const at::Device device = !a.grads.empty() ? a.grads[0].device() : a.grad_scale->device();
   return at::empty({}, at::TensorOptions().dtype(at::kFloat).device(device));

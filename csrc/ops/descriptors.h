@@ -46,9 +46,6 @@ class DensePairs {
   std::vector<std::pair<at::Tensor, at::Tensor>> staged_;  // (out, contiguous staging tensor)
 };
 
-// One kernel descriptor per parameter (zero-size params included: their step counts advance).
-std::vector<kernels::OptimTensor> optim_tensors(const OptimLists& lists);
-
 // The data pointer of an optional one-element FP32 tensor, or null.
 inline const float* float_ptr(const std::optional<at::Tensor>& t) {
   return t.has_value() ? t->const_data_ptr<float>() : nullptr;

@@ -7,6 +7,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <optional>
+#include <vector>
 
 #include "../../kernels/amp_functors.h"
 #include "../../kernels/optim_functors.h"
@@ -133,9 +134,11 @@ void check(const UnscaleArgs& a);
 void check(const UpdateScaleArgs& a);
 void check(const CastArgs& a);
 void check(const GradStatsArgs& a);
-void check(const AdamStepArgs& a);
-void check(const SgdStepArgs& a);
-void check(const LambStepArgs& a);
+// The fused steps also fill `tensors`, when given, with one kernel descriptor per parameter (zero-size params
+// included: their step counts advance), built in the same pass as the checks (NOTE [One pass per parameter]).
+void check(const AdamStepArgs& a, std::vector<kernels::OptimTensor>* tensors = nullptr);
+void check(const SgdStepArgs& a, std::vector<kernels::OptimTensor>* tensors = nullptr);
+void check(const LambStepArgs& a, std::vector<kernels::OptimTensor>* tensors = nullptr);
 void check(const GradNormArgs& a);
 
 // The functors' parameters from checked arguments (`lr` replaces the op's lr: the CPU reads lr_tensor on the

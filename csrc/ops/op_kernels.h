@@ -23,6 +23,21 @@ void check_and_run(const Args& args) {
   }
 }
 
+// The fused optimizer steps' backends take the kernel descriptors their check built.
+template <typename Args>
+using StepRunFn = void (*)(const Args&, const std::vector<kernels::OptimTensor>&);
+
+template <typename Args, StepRunFn<Args> Run>
+void check_and_run_step(const Args& args) {
+  if constexpr (Run != nullptr) {
+    std::vector<kernels::OptimTensor> tensors;
+    check(args, &tensors);
+    Run(args, tensors);
+  } else {
+    check(args);
+  }
+}
+
 template <RunFn<UnscaleArgs> Run>
 void unscale_and_check_kernel(at::TensorList grads, const at::Tensor& found_inf, const at::Tensor& inv_scale) {
   check_and_run<UnscaleArgs, Run>({"unscale_and_check_", grads, found_inf, inv_scale});
@@ -72,7 +87,7 @@ void update_scale_hysteresis_kernel(const at::Tensor& scale, const at::Tensor& g
                                        min_scale, max_scale, dynamic});
 }
 
-template <RunFn<AdamStepArgs> Run>
+template <StepRunFn<AdamStepArgs> Run>
 void adamw_step_kernel(at::TensorList params, at::TensorList grads, at::TensorList master_params,
                        at::TensorList param_remainders, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
                        at::TensorList max_exp_avg_sqs, at::TensorList state_steps, double lr, double beta1,
@@ -80,27 +95,27 @@ void adamw_step_kernel(at::TensorList params, at::TensorList grads, at::TensorLi
                        bool decoupled_weight_decay, const std::optional<at::Tensor>& grad_scale,
                        const std::optional<at::Tensor>& found_inf, const std::optional<at::Tensor>& lr_tensor,
                        bool write_unscaled_grads) {
-  check_and_run<AdamStepArgs, Run>(
+  check_and_run_step<AdamStepArgs, Run>(
       {"adamw_step_",
        {params, grads, master_params, param_remainders, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps},
        lr, beta1, beta2, weight_decay, eps, amsgrad, maximize, decoupled_weight_decay,
        {grad_scale, found_inf, lr_tensor}, write_unscaled_grads});
 }
 
-template <RunFn<SgdStepArgs> Run>
+template <StepRunFn<SgdStepArgs> Run>
 void sgd_step_kernel(at::TensorList params, at::TensorList grads, at::TensorList master_params,
                      at::TensorList param_remainders, at::TensorList momentum_buffers, at::TensorList state_steps,
                      double lr, double momentum, double dampening, double weight_decay, bool nesterov, bool maximize,
                      const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf,
                      const std::optional<at::Tensor>& lr_tensor, bool write_unscaled_grads) {
-  check_and_run<SgdStepArgs, Run>({"sgd_step_",
+  check_and_run_step<SgdStepArgs, Run>({"sgd_step_",
                                    {params, grads, master_params, param_remainders, momentum_buffers, {}, {},
                                     state_steps},
                                    lr, momentum, dampening, weight_decay, nesterov, maximize,
                                    {grad_scale, found_inf, lr_tensor}, write_unscaled_grads});
 }
 
-template <RunFn<LambStepArgs> Run>
+template <StepRunFn<LambStepArgs> Run>
 void lamb_step_kernel(at::TensorList params, at::TensorList grads, at::TensorList master_params,
                       at::TensorList param_remainders, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
                       at::TensorList state_steps, double lr, double beta1, double beta2, double weight_decay,
@@ -108,7 +123,7 @@ void lamb_step_kernel(at::TensorList params, at::TensorList grads, at::TensorLis
                       double max_grad_norm, const std::optional<at::Tensor>& grad_norm,
                       const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf,
                       const std::optional<at::Tensor>& lr_tensor) {
-  check_and_run<LambStepArgs, Run>(
+  check_and_run_step<LambStepArgs, Run>(
       {"lamb_step_",
        {params, grads, master_params, param_remainders, exp_avgs, exp_avg_sqs, {}, state_steps},
        lr, beta1, beta2, weight_decay, eps, bias_correction, adam_w_mode, grad_averaging, use_nvlamb, max_grad_norm,

@@ -22,25 +22,27 @@ double lr_of(const StepScalars& s, double lr) {
 
 // Both fused steps: the device-side skip, then the CPU loop `run` with the step's lr.
 template <typename Args, typename MakeParams, typename Run>
-void step_cpu(const Args& a, MakeParams make_params, Run run) {
+void step_cpu(const Args& a, const std::vector<kernels::OptimTensor>& tensors, MakeParams make_params, Run run) {
   if (skipped(a.scalars)) {
     return;
   }
-  const auto tensors = optim_tensors(a.lists);
   // The CPU steps follow torch's CPU kernels up to their scalar tail (NOTE [torch's scalar tail]).
   run(tensors.data(), static_cast<int64_t>(tensors.size()),
       make_params(a, lr_of(a.scalars, a.lr), torch_cpu_float_vector_width()), grad_scale_of(a.scalars));
 }
 
-void adam_step_cpu(const AdamStepArgs& a) { step_cpu(a, adam_params, cpu_loops().adam_step); }
+void adam_step_cpu(const AdamStepArgs& a, const std::vector<kernels::OptimTensor>& tensors) {
+  step_cpu(a, tensors, adam_params, cpu_loops().adam_step);
+}
 
-void sgd_step_cpu(const SgdStepArgs& a) { step_cpu(a, sgd_params, cpu_loops().sgd_step); }
+void sgd_step_cpu(const SgdStepArgs& a, const std::vector<kernels::OptimTensor>& tensors) {
+  step_cpu(a, tensors, sgd_params, cpu_loops().sgd_step);
+}
 
-void lamb_step_cpu(const LambStepArgs& a) {
+void lamb_step_cpu(const LambStepArgs& a, const std::vector<kernels::OptimTensor>& tensors) {
   if (skipped(a.scalars)) {
     return;
   }
-  const auto tensors = optim_tensors(a.lists);
   cpu_loops().lamb_step(tensors.data(), static_cast<int64_t>(tensors.size()),
                         lamb_params(a, lr_of(a.scalars, a.lr)), grad_scale_of(a.scalars), float_ptr(a.grad_norm));
 }

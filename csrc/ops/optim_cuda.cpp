@@ -15,22 +15,26 @@ namespace {
 
 // The launch sequence both fused steps share; `launch` is the kernels/cuda launcher of the step.
 template <typename Args, typename Params, typename Launch>
-void step_cuda(const Args& a, const Params& hparams, Launch launch) {
+void step_cuda(const Args& a, const std::vector<kernels::OptimTensor>& tensors, const Params& hparams,
+               Launch launch) {
   if (a.lists.params.empty()) {
     return;
   }
   const at::Device device = a.lists.params[0].device();
   const c10::cuda::OptionalCUDAGuard guard(device);
   check_cuda_device(a.op, device);
-  const auto tensors = optim_tensors(a.lists);
   const StepScalars& s = a.scalars;
   check_launch(a.op, launch(tensors.data(), static_cast<int64_t>(tensors.size()), hparams, float_ptr(s.grad_scale),
                             float_ptr(s.found_inf), float_ptr(s.lr_tensor), c10::cuda::getCurrentCUDAStream()));
 }
 
-void adam_step_cuda(const AdamStepArgs& a) { step_cuda(a, adam_params(a, a.lr, 0), kernels::launch_adam_step); }
+void adam_step_cuda(const AdamStepArgs& a, const std::vector<kernels::OptimTensor>& tensors) {
+  step_cuda(a, tensors, adam_params(a, a.lr, 0), kernels::launch_adam_step);
+}
 
-void sgd_step_cuda(const SgdStepArgs& a) { step_cuda(a, sgd_params(a, a.lr, 0), kernels::launch_sgd_step); }
+void sgd_step_cuda(const SgdStepArgs& a, const std::vector<kernels::OptimTensor>& tensors) {
+  step_cuda(a, tensors, sgd_params(a, a.lr, 0), kernels::launch_sgd_step);
+}
 
 // Rows of norm scratch (NOTE [LAMB passes]) for tensors of these sizes.
 template <typename Numel>
@@ -42,14 +46,13 @@ int64_t norm_rows(int64_t n, Numel numel) {
   return rows;
 }
 
-void lamb_step_cuda(const LambStepArgs& a) {
+void lamb_step_cuda(const LambStepArgs& a, const std::vector<kernels::OptimTensor>& tensors) {
   if (a.lists.params.empty()) {
     return;
   }
   const at::Device device = a.lists.params[0].device();
   const c10::cuda::OptionalCUDAGuard guard(device);
   check_cuda_device(a.op, device);
-  const auto tensors = optim_tensors(a.lists);
   const int64_t n = static_cast<int64_t>(tensors.size());
   const int64_t rows = norm_rows(n, [&](int64_t i) { return tensors[i].numel; });
   // Scratch from the caching allocator (no sync; capturable in a CUDA graph).
