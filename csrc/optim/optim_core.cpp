@@ -413,29 +413,37 @@ MasterMode master_mode(const GroupConfig& c, const at::Tensor& p) {
   }
 }
 
+namespace {
+
+// check_group's checks of one parameter with a grad, in master mode `mode`.
+void check_param(const GroupConfig& c, const at::Tensor& p, const at::Tensor& g, MasterMode mode) {
+  const bool fused = takes_fused(p, g);
+  TORCH_CHECK_VALUE(c.algorithm != Algorithm::kLamb || fused, c.optimizer, " needs FP16, BF16 or "
+                    "FP32 parameters dense in memory with dense grads (its fused kernels), but a ", p.scalar_type(),
+                    " parameter of shape ", p.sizes(), g.is_sparse() ? " has a sparse grad"
+                    : fused_dtype(p.scalar_type()) ? " has gaps in memory" : "");
+  TORCH_CHECK(c.algorithm == Algorithm::kSGD || !g.is_sparse(), c.optimizer,
+              " does not support sparse gradients, please consider SparseAdam instead");
+  // torch.optim.SGD's own error, raised here before anything is written instead of half-way through a step.
+  TORCH_CHECK(!g.is_sparse() || c.weight_decay == 0, "add(sparse, dense) is not supported. Use add(dense, sparse) "
+              "instead. (", c.optimizer, ": weight_decay on a sparse grad)");
+  TORCH_CHECK_VALUE(fused || mode == MasterMode::kNone || c.master_weights == MasterWeights::kAuto,
+                    c.optimizer, ": ", spelled(c), " needs a parameter dense in memory with a dense grad (the "
+                    "fused kernels), but a ", p.scalar_type(), " parameter of shape ", p.sizes(), " has ",
+                    g.is_sparse() ? "a sparse grad" : "gaps in memory");
+  TORCH_CHECK_VALUE(g.sizes() == p.sizes(), c.optimizer, ": a parameter of shape ", p.sizes(),
+                    " has a grad of shape ", g.sizes());
+}
+
+}  // namespace
+
 void check_group(const GroupConfig& c, at::TensorList params) {
   check_config(c);
   for (const auto& p : params) {
     const at::Tensor& g = p.grad();
-    if (!g.defined()) {
-      continue;
+    if (g.defined()) {
+      check_param(c, p, g, master_mode(c, p));
     }
-    const MasterMode mode = master_mode(c, p);
-    TORCH_CHECK_VALUE(c.algorithm != Algorithm::kLamb || takes_fused(p, g), c.optimizer, " needs FP16, BF16 or "
-                      "FP32 parameters dense in memory with dense grads (its fused kernels), but a ", p.scalar_type(),
-                      " parameter of shape ", p.sizes(), g.is_sparse() ? " has a sparse grad"
-                      : fused_dtype(p.scalar_type()) ? " has gaps in memory" : "");
-    TORCH_CHECK(c.algorithm == Algorithm::kSGD || !g.is_sparse(), c.optimizer,
-                " does not support sparse gradients, please consider SparseAdam instead");
-    // torch.optim.SGD's own error, raised here before anything is written instead of half-way through a step.
-    TORCH_CHECK(!g.is_sparse() || c.weight_decay == 0, "add(sparse, dense) is not supported. Use add(dense, sparse) "
-                "instead. (", c.optimizer, ": weight_decay on a sparse grad)");
-    TORCH_CHECK_VALUE(takes_fused(p, g) || mode == MasterMode::kNone || c.master_weights == MasterWeights::kAuto,
-                      c.optimizer, ": ", spelled(c), " needs a parameter dense in memory with a dense grad (the "
-                      "fused kernels), but a ", p.scalar_type(), " parameter of shape ", p.sizes(), " has ",
-                      g.is_sparse() ? "a sparse grad" : "gaps in memory");
-    TORCH_CHECK_VALUE(g.sizes() == p.sizes(), c.optimizer, ": a parameter of shape ", p.sizes(),
-                      " has a grad of shape ", g.sizes());
   }
 }
 
@@ -443,30 +451,30 @@ void step(const GroupConfig& c, at::TensorList params, const std::vector<ParamSt
           const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
   TORCH_CHECK_VALUE(states.size() == params.size(), c.optimizer, ": ", params.size(), " parameters but ",
                     states.size(), " states");
-  check_group(c, params);
-  // A single-tensor parameter's state (torch.optim's format) must be whole before anything is written.
-  for (size_t i = 0; i < params.size(); ++i) {
-    const at::Tensor& g = params[i].grad();
-    const ParamState& s = *states[i];
-    if (g.defined() && c.algorithm == Algorithm::kAdam && !takes_fused(params[i], g) &&
-        (s.step.defined() || s.exp_avg.defined() || s.exp_avg_sq.defined())) {
-      TORCH_CHECK_VALUE(s.step.defined() && s.exp_avg.defined() && s.exp_avg_sq.defined(), c.optimizer,
-                        ": the state of params[", i, "] has only some of step, exp_avg and exp_avg_sq");
-    }
-  }
+  check_config(c);
   // Fused calls by (device, master mode), in order of first appearance.
   std::vector<std::tuple<at::Device, MasterMode, std::vector<Entry>>> buckets;
   std::vector<Entry> single;
   // (grad, staging copy in the parameter's layout); a deque: entries point into it
   std::deque<std::pair<at::Tensor, at::Tensor>> staged;
+  // One pass over the parameters: each is checked (as check_group does), then bucketed, and its state completed.
+  // Nothing the caller sees is written before every parameter passed: the states are the caller's copies until
+  // the fused calls, and staging copies are new tensors.
   for (size_t i = 0; i < params.size(); ++i) {
     const at::Tensor& p = params[i];
     const at::Tensor* grad = &p.grad();
     if (!grad->defined()) {
       continue;
     }
+    const MasterMode mode = master_mode(c, p);
+    check_param(c, p, *grad, mode);
     ParamState& s = *states[i];
     if (!takes_fused(p, *grad)) {
+      // A single-tensor parameter's state (torch.optim's format) must be whole.
+      if (c.algorithm == Algorithm::kAdam && (s.step.defined() || s.exp_avg.defined() || s.exp_avg_sq.defined())) {
+        TORCH_CHECK_VALUE(s.step.defined() && s.exp_avg.defined() && s.exp_avg_sq.defined(), c.optimizer,
+                          ": the state of params[", i, "] has only some of step, exp_avg and exp_avg_sq");
+      }
       single.push_back({&p, grad, &s});
       continue;
     }
@@ -475,7 +483,6 @@ void step(const GroupConfig& c, at::TensorList params, const std::vector<ParamSt
       staged.emplace_back(*grad, at::empty_like(p).copy_(*grad));
       grad = &staged.back().second;
     }
-    const MasterMode mode = master_mode(c, p);
     const bool stateless = c.algorithm == Algorithm::kSGD && c.momentum == 0 && mode == MasterMode::kNone && s.empty();
     if (!stateless) {
       complete_state(c, p, s, mode);

@@ -434,11 +434,57 @@ PYBIND11_MODULE(_C, m) {
                            std::string(py::str(py::type::of(list))));
     }
     const Py_ssize_t n = PyList_GET_SIZE(list.ptr());
-    // A DTensor parameter (FSDP2): False, nothing done; the caller steps the local shards. A type check against
-    // the plain tensor classes first (isinstance costs several times more per parameter).
-    if (!dtensor_type.is_none()) {
-      for (Py_ssize_t i = 0; i < n; ++i) {
-        PyObject* item = PyList_GET_ITEM(list.ptr(), i);
+    // NOTE [Borrowed tensor lists]: `keys` holds the parameters' Python objects, which keep their tensors alive
+    // (Python references: no atomic count, no GIL round trip).
+    ampkit::detail::BorrowedTensors params;
+    std::vector<py::object> keys;
+    std::vector<py::object> dicts;  // the states (None: none yet)
+    params.reserve(n);
+    keys.reserve(n);
+    dicts.reserve(n);
+    // The entries each state had (their TensorImpls, compared after the step; no reference taken).
+    const auto& fields = core::ParamState::fields();
+    // NOTE [Borrowed states]
+    // The states' tensors are borrowed from the state dicts (held by `dicts`) as the parameters are: a reference
+    // to a tensor Python holds costs a GIL round trip each way, three or four per parameter here. A borrowed entry
+    // must never be assigned over (the assignment would drop a reference never taken): the core only fills
+    // entries a state lacks, except when it turns a master into BF16 + remainder, so groups whose
+    // master_weights is "remainder" take references. `Release` gives the borrowed entries back unreferenced on
+    // every exit; an entry the core replaced would already have lost a reference it never had, so that stops the
+    // process (an internal assert in a destructor) rather than go on with a tensor freed under Python.
+    const bool borrow = config.master_weights != ampkit::optim::MasterWeights::kRemainder;
+    // Room for every parameter: the states never move (Release reads them where they were borrowed into).
+    std::vector<core::ParamState> states;
+    std::vector<const c10::TensorImpl*> before;
+    std::vector<uint8_t> borrowed;
+    states.reserve(n);
+    before.reserve(n * fields.size());
+    borrowed.reserve(n * fields.size());
+    struct Release {
+      std::vector<core::ParamState>& states;
+      const std::vector<const c10::TensorImpl*>& before;
+      const std::vector<uint8_t>& borrowed;
+      const std::vector<std::pair<const char*, core::ParamState::Field>>& fields;
+      ~Release() {
+        for (size_t i = 0; i < states.size(); ++i) {
+          for (size_t k = 0; k < fields.size(); ++k) {
+            if (borrowed[i * fields.size() + k] != 0) {
+              at::Tensor& t = states[i].*(fields[k].second);
+              TORCH_INTERNAL_ASSERT(t.unsafeGetTensorImpl() == before[i * fields.size() + k],
+                                    "ampkit: a borrowed optimizer state entry was replaced");
+              t.unsafeReleaseTensorImpl();  // unreferenced: borrowed
+            }
+          }
+        }
+      }
+    } release{states, before, borrowed, fields};
+    // One pass over the parameters (NOTE [One pass per parameter] in csrc/ops/checks.cpp): the DTensor test, the
+    // grad, the state lookup and the state's entries of each.
+    for (Py_ssize_t i = 0; i < n; ++i) {
+      PyObject* item = PyList_GET_ITEM(list.ptr(), i);
+      // A DTensor parameter (FSDP2): False, nothing done; the caller steps the local shards. A type check against
+      // the plain tensor classes first (isinstance costs several times more per parameter).
+      if (!dtensor_type.is_none()) {
         bool plain = false;
         for (const auto& t : plain_types) {
           plain = plain || reinterpret_cast<PyObject*>(Py_TYPE(item)) == t.ptr();
@@ -453,17 +499,6 @@ PYBIND11_MODULE(_C, m) {
           }
         }
       }
-    }
-    // NOTE [Borrowed tensor lists]: `keys` holds the parameters' Python objects, which keep their tensors alive
-    // (Python references: no atomic count, no GIL round trip).
-    ampkit::detail::BorrowedTensors params;
-    std::vector<py::object> keys;
-    std::vector<py::object> dicts;  // the states (None: none yet)
-    params.reserve(n);
-    keys.reserve(n);
-    dicts.reserve(n);
-    for (Py_ssize_t i = 0; i < n; ++i) {
-      PyObject* item = PyList_GET_ITEM(list.ptr(), i);
       if (!THPVariable_Check(item)) {
         throw py::type_error(optimizer + ".step: params[" + std::to_string(i) + "] is not a tensor but " +
                              std::string(py::str(py::type::of(py::handle(item)))));
@@ -483,45 +518,13 @@ PYBIND11_MODULE(_C, m) {
       params.push_back(p);
       keys.push_back(py::reinterpret_borrow<py::object>(item));
       dicts.push_back(d != nullptr ? py::reinterpret_borrow<py::object>(d) : py::object());
-    }
-    // The entries each state had (their TensorImpls, compared after the step; no reference taken).
-    const auto& fields = core::ParamState::fields();
-    // NOTE [Borrowed states]
-    // The states' tensors are borrowed from the state dicts (held by `dicts`) as the parameters are: a reference
-    // to a tensor Python holds costs a GIL round trip each way, three or four per parameter here. A borrowed entry
-    // must never be assigned over (the assignment would drop a reference never taken): the core only fills
-    // entries a state lacks, except when it turns a master into BF16 + remainder, so groups whose
-    // master_weights is "remainder" take references. `Release` gives the borrowed entries back unreferenced on
-    // every exit; an entry the core replaced would already have lost a reference it never had, so that stops the
-    // process (an internal assert in a destructor) rather than go on with a tensor freed under Python.
-    const bool borrow = config.master_weights != ampkit::optim::MasterWeights::kRemainder;
-    std::vector<core::ParamState> states(params.size());
-    std::vector<const c10::TensorImpl*> before(params.size() * fields.size(), nullptr);
-    std::vector<uint8_t> borrowed(params.size() * fields.size(), 0);
-    struct Release {
-      std::vector<core::ParamState>& states;
-      const std::vector<const c10::TensorImpl*>& before;
-      const std::vector<uint8_t>& borrowed;
-      const std::vector<std::pair<const char*, core::ParamState::Field>>& fields;
-      ~Release() {
-        for (size_t i = 0; i < states.size(); ++i) {
-          for (size_t k = 0; k < fields.size(); ++k) {
-            if (borrowed[i * fields.size() + k] != 0) {
-              at::Tensor& t = states[i].*(fields[k].second);
-              TORCH_INTERNAL_ASSERT(t.unsafeGetTensorImpl() == before[i * fields.size() + k],
-                                    "ampkit: a borrowed optimizer state entry was replaced");
-              t.unsafeReleaseTensorImpl();  // unreferenced: borrowed
-            }
-          }
-        }
-      }
-    } release{states, before, borrowed, fields};
-    for (size_t i = 0; i < params.size(); ++i) {
-      if (dicts[i]) {
-        states[i] = state_from_py(py::reinterpret_borrow<py::dict>(dicts[i]),
-                                  borrow ? &borrowed[i * fields.size()] : nullptr);
-        entry_impls(states[i], &before[i * fields.size()]);
-      }
+      const size_t k = states.size();
+      borrowed.resize(borrowed.size() + fields.size(), 0);
+      before.resize(before.size() + fields.size(), nullptr);
+      states.push_back(d != nullptr ? state_from_py(py::reinterpret_borrow<py::dict>(d),
+                                                    borrow ? &borrowed[k * fields.size()] : nullptr)
+                                    : core::ParamState());
+      entry_impls(states[k], &before[k * fields.size()]);
     }
     std::vector<core::ParamState*> ptrs;
     ptrs.reserve(states.size());

@@ -139,18 +139,21 @@ class _FusedOptimizer(torch.optim.Optimizer):
         with torch.enable_grad():
             return closure()
 
-    def _validate(self) -> None:
+    def _validate(self) -> bool:
         """Checks every group before anything is written (an optimizer step is atomic: a bad group raises before
-        the first group is updated)."""
-        core = _core()
-        name = type(self).__name__
+        the first group is updated). True when the check of the only group is left to step(): the core checks a
+        group of plain tensors before writing anything, and step() checks a DTensor group before its shards."""
         for group in self.param_groups:
             self._check_group(group)
-            if (self._core_checks_first and len(self.param_groups) == 1 and not group.get("differentiable")
-                    and not _dtensor.any_dtensor(group["params"])):
-                continue  # one group the core steps: it checks the group in step() before anything is written
-            with _dtensor.local_grads(group["params"], name) as params:  # DTensors: their local shards
-                core._optim_check(self._kind, name, group, params)
+            if self._core_checks_first and len(self.param_groups) == 1 and not group.get("differentiable"):
+                return True
+            self._check_tensors(group)
+        return False
+
+    def _check_tensors(self, group: dict) -> None:
+        name = type(self).__name__
+        with _dtensor.local_grads(group["params"], name) as params:  # DTensors: their local shards
+            _core()._optim_check(self._kind, name, group, params)
 
     @torch.no_grad()
     def step(self, closure: Optional[Callable[[], float]] = None):
@@ -160,7 +163,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
                 return loss
             # The eager step below, outside the graph (with fullgraph=True, an error that says why).
             torch._dynamo.graph_break(f"{type(self).__name__}.step: {self._graph_break}")
-        self._validate()
+        deferred = self._validate()
         core = _core()
         grad_scale = getattr(self, "grad_scale", None)
         found_inf = getattr(self, "found_inf", None)
@@ -175,6 +178,8 @@ class _FusedOptimizer(torch.optim.Optimizer):
                     self._kind, name, group, self.state, grad_scale, found_inf, self.write_unscaled_grads,
                     grad_norm, _dtensor._PLAIN, dtensor_type):
                 continue
+            if deferred:  # the only group, of DTensors: checked now, before its shards are stepped
+                self._check_tensors(group)
             params = [p for p in group["params"] if p.grad is not None]
             if group["differentiable"]:
                 self._differentiable_step(group, params, grad_scale, found_inf)
@@ -519,8 +524,8 @@ class Adam(_FusedOptimizer):
             _checks.number(None, f"betas[{i}]", beta)
         cls._check_ranges(group)
 
-    def _validate(self) -> None:
-        super()._validate()
+    def _validate(self) -> bool:
+        deferred = super()._validate()
         for group in self.param_groups:
             if group["capturable"] and not torch.compiler.is_compiling():
                 supported = _capturable_devices()
@@ -528,6 +533,7 @@ class Adam(_FusedOptimizer):
                     if p.device.type not in supported:
                         raise AssertionError(f"If capturable=True, params and state_steps must be on supported "
                                              f"devices: {supported}.")
+        return deferred
 
     def _torch_step(self, group: dict, params: list) -> None:
         """torch.optim's own single-tensor Adam (differentiable=True), on torch's state."""
@@ -662,13 +668,14 @@ class LAMB(_FusedOptimizer):
             _checks.number("LAMB", f"betas[{i}]", beta)
         cls._check_ranges(group)
 
-    def _validate(self) -> None:
-        super()._validate()
+    def _validate(self) -> bool:
+        deferred = super()._validate()
         for group in self.param_groups:
             if group["max_grad_norm"] > 0 and _dtensor.any_dtensor(group["params"]):
                 raise NotImplementedError(
                     "LAMB: max_grad_norm > 0 with DTensor parameters (FSDP2) needs a norm over every rank's shards, "
                     "which LAMB does not compute; clip with torch.nn.utils.clip_grad_norm_ and pass max_grad_norm=0")
+        return deferred
 
     def _global_grad_norm(self, grad_scale) -> Optional[torch.Tensor]:
         if not any(group["max_grad_norm"] > 0 for group in self.param_groups):
