@@ -231,6 +231,15 @@ def _case_low_precision_params(rank: int, out_dir: str) -> dict:
                 assert opt.state[p]["param_remainder"].dtype == torch.int16, what
             else:
                 assert opt.state[p]["master_param"].dtype == torch.float32, what
+    # A group the optimizer refuses (FP64 shards, masters asked for) raises before any shard or state changes.
+    model = _model(dtype=torch.float64)
+    opt = ampkit.optim.AdamW(model.parameters(), lr=1e-2, master_weights=True)
+    _loss(model, rank, 0).backward()
+    before = [p.to_local().clone() for p in model.parameters()]
+    with pytest.raises(ValueError, match="master_weights=True needs FP16, BF16 or FP32 parameters"):
+        opt.step()
+    assert all(torch.equal(p.to_local(), b) for p, b in zip(model.parameters(), before))
+    assert len(opt.state) == 0
     return {}
 
 
