@@ -359,6 +359,42 @@ def test_group_steps_read_the_states_and_grads_of_this_step():
         torch.testing.assert_close(ours.state[p]["exp_avg"], ref.state[q]["exp_avg"], rtol=1e-6, atol=1e-7)
 
 
+class _OwnHash(torch.Tensor):
+    """A tensor subclass whose hash is not its address."""
+
+    def __hash__(self):
+        return 12345
+
+
+@pytest.mark.parametrize("patch", ["subclass", "parameter"])
+def test_group_steps_find_states_by_the_hash_python_gives(monkeypatch, patch):
+    # The group step looks plain tensors' states up by their address (NOTE [State lookups by known hash]): a
+    # parameter whose hash is something else (a subclass with its own __hash__, or nn.Parameter.__hash__ replaced)
+    # must still find its state, step after step, as torch.optim does.
+    if patch == "parameter":
+        monkeypatch.setattr(torch.nn.Parameter, "__hash__", lambda self: hash((id(self), "other")))
+    base = make_params("cpu")
+    if patch == "subclass":
+        params = [torch.nn.Parameter(p.detach().clone()) for p in base[:-1]]
+        params.append(torch.Tensor._make_subclass(_OwnHash, base[-1].detach().clone(), True))
+    else:
+        params = [torch.nn.Parameter(p.detach().clone()) for p in base]
+    ref_params = [torch.nn.Parameter(p.detach().clone()) for p in base]
+    ours = ampkit.optim.AdamW(params, lr=1e-2)
+    ref = torch.optim.AdamW(ref_params, lr=1e-2, fused=True)
+    gen = torch.Generator().manual_seed(5)
+    for _ in range(3):
+        for p, q in zip(params, ref_params):
+            g = torch.randn(p.shape, generator=gen)
+            p.grad, q.grad = g.clone(), g.clone()
+        ours.step()
+        ref.step()
+    assert len(ours.state) == len(params)
+    for p, q in zip(params, ref_params):
+        assert ours.state[p]["step"].item() == 3.0
+        assert bits_equal(p.detach().as_subclass(torch.Tensor), q.detach())
+
+
 def test_group_steps_refuse_a_state_that_is_not_a_dict_and_change_nothing():
     params = make_params("cpu")
     for p in params:
