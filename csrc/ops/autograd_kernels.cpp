@@ -54,16 +54,20 @@ struct BelowAutograd;
 
 template <typename R, typename... A, R (*Fn)(A...), const char* Name>
 struct BelowAutograd<Fn, Name> {
-  static R run(A... args) {
+  // Redispatched with the key set the dispatcher computed for this call: a call through Fn would compute it again,
+  // reading every tensor of every list once more.
+  static R run(c10::DispatchKeySet keys, A... args) {
+    static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow(Name, "").typed<R(A...)>();
+    const c10::DispatchKeySet below = keys & c10::after_ADInplaceOrView_keyset;
     if constexpr (std::is_void_v<R>) {
       {
         at::AutoDispatchBelowADInplaceOrView guard;
-        Fn(args...);
+        op.redispatch(below, args...);
       }
       bump_written(std::index_sequence_for<A...>{}, args...);
     } else {
       at::AutoDispatchBelowADInplaceOrView guard;
-      return Fn(args...);
+      return op.redispatch(below, args...);
     }
   }
 
