@@ -17,8 +17,9 @@ namespace {
 // ampkit's ops have no derivatives. Without a kernel for the Autograd key, the dispatcher sends every call through
 // torch's boxed autograd fallback, which turns each tensor of each list into an IValue and back before the
 // backend kernel runs: about a microsecond per tensor for the optimizer steps' five to eight lists, most of a
-// step over thousands of small tensors. These kernels run the op below autograd without boxing; results carry no
-// grad_fn. After the op they bump the version counter of every tensor it writes (the arguments the schema marks
+// step over thousands of small tensors. These kernels run the op below autograd without boxing, redispatching with
+// the key set the dispatcher computed for the call (computing it reads every tensor of every list); results carry
+// no grad_fn. After the op they bump the version counter of every tensor it writes (the arguments the schema marks
 // `(a!)`), as torch's in-place ops and fused optimizers do, so that autograd refuses a backward through tensors an
 // optimizer step changed after they were saved.
 void bump(const at::Tensor& t) {
@@ -54,8 +55,6 @@ struct BelowAutograd;
 
 template <typename R, typename... A, R (*Fn)(A...), const char* Name>
 struct BelowAutograd<Fn, Name> {
-  // Redispatched with the key set the dispatcher computed for this call: a call through Fn would compute it again,
-  // reading every tensor of every list once more.
   static R run(c10::DispatchKeySet keys, A... args) {
     static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow(Name, "").typed<R(A...)>();
     const c10::DispatchKeySet below = keys & c10::after_ADInplaceOrView_keyset;
