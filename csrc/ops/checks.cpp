@@ -396,6 +396,8 @@ struct StepLists {
 // live in memory of their own, so each pass over the lists misses in the caches about once per tensor. A step's
 // lists are therefore checked, their byte ranges recorded for the alias check and, in a real run (`tensors` given),
 // their kernel descriptors built in one pass per parameter, which reads each tensor's metadata and storage once.
+// The descriptors take each tensor's mutable data pointer in that pass, so a copy-on-write storage is materialized
+// there, and the alias check compares the memory the kernel will write.
 //
 // Everything a fused step writes or reads, the device scalars included, must be distinct (NOTE [Aliasing]): the
 // grads are read while the rest is written, and stored back when unscaled. A step that only reads its grads

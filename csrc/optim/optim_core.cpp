@@ -457,24 +457,40 @@ void step(const GroupConfig& c, at::TensorList params, const std::vector<ParamSt
   std::vector<Entry> single;
   // (grad, staging copy in the parameter's layout); a deque: entries point into it
   std::deque<std::pair<at::Tensor, at::Tensor>> staged;
-  // One pass over the parameters: each is checked (as check_group does), then bucketed, and its state completed.
-  // Nothing the caller sees is written before every parameter passed: the states are the caller's copies until
-  // the fused calls, and staging copies are new tensors.
+  // Every parameter is checked (as check_group does) before any state is completed: completing a remainder from
+  // a master rewrites the BF16 weight. The checks record what the second loop needs.
+  struct Checked {
+    size_t index;
+    const at::Tensor* grad;
+    MasterMode mode;
+    bool fused;
+  };
+  std::vector<Checked> checked;
+  checked.reserve(params.size());
   for (size_t i = 0; i < params.size(); ++i) {
     const at::Tensor& p = params[i];
-    const at::Tensor* grad = &p.grad();
-    if (!grad->defined()) {
+    const at::Tensor& grad = p.grad();
+    if (!grad.defined()) {
       continue;
     }
     const MasterMode mode = master_mode(c, p);
-    check_param(c, p, *grad, mode);
-    ParamState& s = *states[i];
-    if (!takes_fused(p, *grad)) {
-      // A single-tensor parameter's state (torch.optim's format) must be whole.
-      if (c.algorithm == Algorithm::kAdam && (s.step.defined() || s.exp_avg.defined() || s.exp_avg_sq.defined())) {
-        TORCH_CHECK_VALUE(s.step.defined() && s.exp_avg.defined() && s.exp_avg_sq.defined(), c.optimizer,
-                          ": the state of params[", i, "] has only some of step, exp_avg and exp_avg_sq");
-      }
+    check_param(c, p, grad, mode);
+    checked.push_back({i, &grad, mode, takes_fused(p, grad)});
+  }
+  // A single-tensor parameter's state (torch.optim's format) must be whole.
+  for (const Checked& k : checked) {
+    const ParamState& s = *states[k.index];
+    if (!k.fused && c.algorithm == Algorithm::kAdam &&
+        (s.step.defined() || s.exp_avg.defined() || s.exp_avg_sq.defined())) {
+      TORCH_CHECK_VALUE(s.step.defined() && s.exp_avg.defined() && s.exp_avg_sq.defined(), c.optimizer,
+                        ": the state of params[", k.index, "] has only some of step, exp_avg and exp_avg_sq");
+    }
+  }
+  for (const Checked& k : checked) {
+    const at::Tensor& p = params[k.index];
+    const at::Tensor* grad = k.grad;
+    ParamState& s = *states[k.index];
+    if (!k.fused) {
       single.push_back({&p, grad, &s});
       continue;
     }
@@ -483,6 +499,7 @@ void step(const GroupConfig& c, at::TensorList params, const std::vector<ParamSt
       staged.emplace_back(*grad, at::empty_like(p).copy_(*grad));
       grad = &staged.back().second;
     }
+    const MasterMode mode = k.mode;
     const bool stateless = c.algorithm == Algorithm::kSGD && c.momentum == 0 && mode == MasterMode::kNone && s.empty();
     if (!stateless) {
       complete_state(c, p, s, mode);

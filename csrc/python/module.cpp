@@ -18,24 +18,30 @@ namespace {
 // torch.Tensor.__hash__ is a Python method (`return id(self)`), so a dict lookup keyed by a parameter calls into
 // the interpreter: about 60 ns, a tenth of a step's time per parameter of a small tensor. The hash of a plain
 // tensor (torch.Tensor, nn.Parameter; subclasses may define their own) is its address, as CPython turns the int
-// __hash__ returns into the hash, so the group step looks states up by that hash, once the first plain parameter
-// of the call has shown that its hash is its address (otherwise, and for other types, by the ordinary lookup).
+// __hash__ returns into the hash, so the group step looks states up by that hash, once the call's first
+// parameter of that class has shown that its hash is its address (otherwise, and for other types, by the
+// ordinary lookup).
 class StateLookup {
  public:
-  explicit StateLookup(PyObject* dict) : dict_(dict) {}
+  StateLookup(PyObject* dict, const py::tuple& plain_types)
+      : dict_(dict), known_(static_cast<size_t>(PyTuple_GET_SIZE(plain_types.ptr())), -1) {}
 
-  // state.get(item) (borrowed; nullptr and no error when absent); `plain`: item's type is a plain tensor class.
-  PyObject* get(PyObject* item, bool plain) {
+  // state.get(item) (borrowed; nullptr and no error when absent); `plain`: the index of item's exact type in
+  // plain_types, -1 for another type.
+  PyObject* get(PyObject* item, int plain) {
 #if PY_VERSION_HEX < 0x030F0000  // _PyDict_GetItem_KnownHash: CPython 3.11-3.14
-    if (plain && known_ < 0) {
-      const Py_hash_t h = PyObject_Hash(item);
-      if (h == -1) {
-        return nullptr;  // the error is set
+    if (plain >= 0) {
+      int& known = known_[static_cast<size_t>(plain)];
+      if (known < 0) {
+        const Py_hash_t h = PyObject_Hash(item);
+        if (h == -1) {
+          return nullptr;  // the error is set
+        }
+        known = h == address_hash(item) ? 1 : 0;
       }
-      known_ = h == address_hash(item) ? 1 : 0;
-    }
-    if (plain && known_ == 1) {
-      return _PyDict_GetItem_KnownHash(dict_, item, address_hash(item));
+      if (known == 1) {
+        return _PyDict_GetItem_KnownHash(dict_, item, address_hash(item));
+      }
     }
 #else
     (void)plain;
@@ -47,8 +53,18 @@ class StateLookup {
   static Py_hash_t address_hash(PyObject* item) { return static_cast<Py_hash_t>(reinterpret_cast<intptr_t>(item)); }
 
   PyObject* dict_;
-  int known_ = -1;  // whether a plain tensor's hash is its address (-1: not known yet)
+  std::vector<int> known_;  // per plain type: whether its hash is the address (-1: not known yet)
 };
+
+// The index of item's exact type in `types` (a tuple of classes), or -1.
+int plain_type(PyObject* item, const py::tuple& types) {
+  for (Py_ssize_t t = 0; t < PyTuple_GET_SIZE(types.ptr()); ++t) {
+    if (reinterpret_cast<PyObject*>(Py_TYPE(item)) == PyTuple_GET_ITEM(types.ptr(), t)) {
+      return static_cast<int>(t);
+    }
+  }
+  return -1;
+}
 
 // A scaler state to a Python dict (plain floats, ints and None, as torch.amp.GradScaler's).
 py::dict to_py(const ampkit::ScalerState& state) {
@@ -489,13 +505,9 @@ PYBIND11_MODULE(_C, m) {
     // every exit; an entry the core replaced would already have lost a reference it never had, so that stops the
     // process (an internal assert in a destructor) rather than go on with a tensor freed under Python.
     const bool borrow = config.master_weights != ampkit::optim::MasterWeights::kRemainder;
-    // Room for every parameter: the states never move (Release reads them where they were borrowed into).
     std::vector<core::ParamState> states;
     std::vector<const c10::TensorImpl*> before;
     std::vector<uint8_t> borrowed;
-    states.reserve(n);
-    before.reserve(n * fields.size());
-    borrowed.reserve(n * fields.size());
     struct Release {
       std::vector<core::ParamState>& states;
       const std::vector<const c10::TensorImpl*>& before;
@@ -514,32 +526,30 @@ PYBIND11_MODULE(_C, m) {
         }
       }
     } release{states, before, borrowed, fields};
-    StateLookup lookup(state.ptr());
-    // One pass over the parameters (NOTE [One pass per parameter] in csrc/ops/checks.cpp): the DTensor test, the
-    // grad, the state lookup and the state's entries of each.
-    for (Py_ssize_t i = 0; i < n; ++i) {
+    StateLookup lookup(state.ptr(), plain_types);
+    // Two passes over the parameters (NOTE [One pass per parameter] in csrc/ops/checks.cpp): the first reads
+    // each one's type, grad and state dict, and is the only one that may run Python code (an isinstance, a
+    // subclass's __hash__); the second borrows the states' entries, so no Python code runs while a borrow is held.
+    // The list's size is read on every iteration: Python code may change it.
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(list.ptr()); ++i) {
       PyObject* item = PyList_GET_ITEM(list.ptr(), i);
-      // A type check against the plain tensor classes first (isinstance costs several times more per parameter).
-      bool plain = false;
-      for (const auto& t : plain_types) {
-        plain = plain || reinterpret_cast<PyObject*>(Py_TYPE(item)) == t.ptr();
-      }
+      // The plain tensor class it is an instance of (-1: none), tested first: isinstance costs several times more.
+      const int plain = plain_type(item, plain_types);
       // A DTensor parameter (FSDP2): False, nothing done; the caller steps the local shards.
-      if (!dtensor_type.is_none()) {
-        if (!plain) {
-          const int is = PyObject_IsInstance(item, dtensor_type.ptr());
-          if (is < 0) {
-            throw py::error_already_set();
-          }
-          if (is == 1) {
-            return false;
-          }
+      if (!dtensor_type.is_none() && plain < 0) {
+        const int is = PyObject_IsInstance(item, dtensor_type.ptr());
+        if (is < 0) {
+          throw py::error_already_set();
+        }
+        if (is == 1) {
+          return false;
         }
       }
       if (!THPVariable_Check(item)) {
         throw py::type_error(optimizer + ".step: params[" + std::to_string(i) + "] is not a tensor but " +
                              std::string(py::str(py::type::of(py::handle(item)))));
       }
+      const py::object key = py::reinterpret_borrow<py::object>(item);  // held while Python code may run
       const at::Tensor& p = THPVariable_Unpack(item);
       if (!p.grad().defined()) {
         continue;
@@ -553,14 +563,17 @@ PYBIND11_MODULE(_C, m) {
                              "] must be a dict, but got " + std::string(py::str(py::type::of(py::handle(d)))));
       }
       params.push_back(p);
-      keys.push_back(py::reinterpret_borrow<py::object>(item));
+      keys.push_back(key);
       dicts.push_back(d != nullptr ? py::reinterpret_borrow<py::object>(d) : py::object());
-      const size_t k = states.size();
-      borrowed.resize(borrowed.size() + fields.size(), 0);
-      before.resize(before.size() + fields.size(), nullptr);
-      states.push_back(d != nullptr ? state_from_py(py::reinterpret_borrow<py::dict>(d),
-                                                    borrow ? &borrowed[k * fields.size()] : nullptr)
-                                    : core::ParamState());
+    }
+    // Room for every state first: they never move (Release reads them where they were borrowed into).
+    states.reserve(params.size());
+    before.assign(params.size() * fields.size(), nullptr);
+    borrowed.assign(params.size() * fields.size(), 0);
+    for (size_t k = 0; k < params.size(); ++k) {
+      states.push_back(dicts[k] ? state_from_py(py::reinterpret_borrow<py::dict>(dicts[k]),
+                                                borrow ? &borrowed[k * fields.size()] : nullptr)
+                                : core::ParamState());
       entry_impls(states[k], &before[k * fields.size()]);
     }
     std::vector<core::ParamState*> ptrs;

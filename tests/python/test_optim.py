@@ -359,6 +359,23 @@ def test_group_steps_read_the_states_and_grads_of_this_step():
         torch.testing.assert_close(ours.state[p]["exp_avg"], ref.state[q]["exp_avg"], rtol=1e-6, atol=1e-7)
 
 
+def test_a_step_that_refuses_a_later_parameter_leaves_earlier_weights_alone():
+    # Completing a remainder from a master rewrites the BF16 weight (a master the weight does not hold is split
+    # anew), so every parameter of the group is checked before any state is completed.
+    params = [torch.nn.Parameter(torch.randn(8, dtype=torch.bfloat16)) for _ in range(2)]
+    params.append(torch.nn.Parameter(torch.randn(8)))  # FP32: master_weights="remainder" refuses it
+    opt = ampkit.optim.AdamW(params, lr=1e-2, master_weights="remainder")
+    for p in params:
+        opt.state[p]["master_param"] = p.detach().float() + 0.37
+        p.grad = torch.randn_like(p)
+    before = [(p.detach().clone(), p._version, opt.state[p]["master_param"].clone()) for p in params]
+    with pytest.raises(ValueError, match="needs BFloat16 parameters"):
+        opt.step()
+    for p, (weight, version, master) in zip(params, before):
+        assert bits_equal(p.detach(), weight) and p._version == version
+        assert set(opt.state[p]) == {"master_param"} and bits_equal(opt.state[p]["master_param"], master)
+
+
 class _OwnHash(torch.Tensor):
     """A tensor subclass whose hash is not its address."""
 
@@ -377,8 +394,9 @@ def test_group_steps_find_states_by_the_hash_python_gives(monkeypatch, patch):
     if patch == "subclass":
         params = [torch.nn.Parameter(p.detach().clone()) for p in base[:-1]]
         params.append(torch.Tensor._make_subclass(_OwnHash, base[-1].detach().clone(), True))
-    else:
-        params = [torch.nn.Parameter(p.detach().clone()) for p in base]
+    else:  # a plain tensor first: its hash is its address, the Parameters' are not
+        params = [base[0].detach().clone().requires_grad_()]
+        params += [torch.nn.Parameter(p.detach().clone()) for p in base[1:]]
     ref_params = [torch.nn.Parameter(p.detach().clone()) for p in base]
     ours = ampkit.optim.AdamW(params, lr=1e-2)
     ref = torch.optim.AdamW(ref_params, lr=1e-2, fused=True)
