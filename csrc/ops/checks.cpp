@@ -489,8 +489,6 @@ void check_step(const char* op, const OptimLists& l, const StepLists& spec, cons
       check_scalar_tensor(op, "lr_tensor", *s.lr_tensor, at::kFloat, on);
     }
   }
-  TORCH_CHECK_VALUE(!spec.grads_read_only || l.max_exp_avg_sqs.empty(), "ampkit::", op,
-                    ": LAMB keeps no max_exp_avg_sqs");
   if (grad_norm.has_value()) {
     check_scalar_tensor(op, "grad_norm", *grad_norm, at::kFloat,
                         n == 0 ? std::nullopt : std::optional<at::Device>(l.params[0].device()));

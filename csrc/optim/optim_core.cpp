@@ -435,48 +435,47 @@ void check_param(const GroupConfig& c, const at::Tensor& p, const at::Tensor& g,
                     " has a grad of shape ", g.sizes());
 }
 
-}  // namespace
+// A parameter with a grad that passed check_param, and what the checks found.
+struct Checked {
+  size_t index;
+  const at::Tensor* grad;
+  MasterMode mode;
+  bool fused;
+};
 
-void check_group(const GroupConfig& c, at::TensorList params) {
+// check_group's checks, recording each parameter that has a grad.
+std::vector<Checked> check_params(const GroupConfig& c, at::TensorList params) {
   check_config(c);
-  for (const auto& p : params) {
-    const at::Tensor& g = p.grad();
-    if (g.defined()) {
-      check_param(c, p, g, master_mode(c, p));
-    }
-  }
-}
-
-void step(const GroupConfig& c, at::TensorList params, const std::vector<ParamState*>& states,
-          const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
-  TORCH_CHECK_VALUE(states.size() == params.size(), c.optimizer, ": ", params.size(), " parameters but ",
-                    states.size(), " states");
-  check_config(c);
-  // Fused calls by (device, master mode), in order of first appearance.
-  std::vector<std::tuple<at::Device, MasterMode, std::vector<Entry>>> buckets;
-  std::vector<Entry> single;
-  // (grad, staging copy in the parameter's layout); a deque: entries point into it
-  std::deque<std::pair<at::Tensor, at::Tensor>> staged;
-  // Every parameter is checked (as check_group does) before any state is completed: completing a remainder from
-  // a master rewrites the BF16 weight. The checks record what the second loop needs.
-  struct Checked {
-    size_t index;
-    const at::Tensor* grad;
-    MasterMode mode;
-    bool fused;
-  };
   std::vector<Checked> checked;
   checked.reserve(params.size());
   for (size_t i = 0; i < params.size(); ++i) {
     const at::Tensor& p = params[i];
     const at::Tensor& grad = p.grad();
-    if (!grad.defined()) {
-      continue;
+    if (grad.defined()) {
+      const MasterMode mode = master_mode(c, p);
+      check_param(c, p, grad, mode);
+      checked.push_back({i, &grad, mode, takes_fused(p, grad)});
     }
-    const MasterMode mode = master_mode(c, p);
-    check_param(c, p, grad, mode);
-    checked.push_back({i, &grad, mode, takes_fused(p, grad)});
   }
+  return checked;
+}
+
+}  // namespace
+
+void check_group(const GroupConfig& c, at::TensorList params) { check_params(c, params); }
+
+void step(const GroupConfig& c, at::TensorList params, const std::vector<ParamState*>& states,
+          const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
+  TORCH_CHECK_VALUE(states.size() == params.size(), c.optimizer, ": ", params.size(), " parameters but ",
+                    states.size(), " states");
+  // Every parameter is checked (as check_group does) before any state is completed: completing a remainder from
+  // a master rewrites the BF16 weight.
+  const std::vector<Checked> checked = check_params(c, params);
+  // Fused calls by (device, master mode), in order of first appearance.
+  std::vector<std::tuple<at::Device, MasterMode, std::vector<Entry>>> buckets;
+  std::vector<Entry> single;
+  // (grad, staging copy in the parameter's layout); a deque: entries point into it
+  std::deque<std::pair<at::Tensor, at::Tensor>> staged;
   // A single-tensor parameter's state (torch.optim's format) must be whole.
   for (const Checked& k : checked) {
     const ParamState& s = *states[k.index];

@@ -366,6 +366,78 @@ PyMethodDef positional_methods[] = {
      "torch.ops.ampkit.update_scale_ by position (NOTE [update_scale_ by position])."},
     {nullptr, nullptr, 0, nullptr}};
 
+// Steps `params` (core::step) with the states `dicts` hold (a null object: none yet), then writes into each dict
+// the entries the step created or replaced; `created(i, d)` is given the dict made for a parameter that had none
+// and has a state now.
+template <typename Created>
+void step_with_states(const core::GroupConfig& config, at::TensorList params, const std::vector<py::object>& dicts,
+                      const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf,
+                      const Created& created) {
+  const auto& fields = core::ParamState::fields();
+  // NOTE [Borrowed states]
+  // The states' tensors are borrowed from the state dicts (which the caller holds) as the parameters are: a
+  // reference to a tensor Python holds costs a GIL round trip each way, three or four per parameter here. A
+  // borrowed entry must never be assigned over (the assignment would drop a reference never taken): the core only
+  // fills entries a state lacks, except when it turns a master into BF16 + remainder, so groups whose
+  // master_weights is "remainder" take references. `Release` gives the borrowed entries back unreferenced on
+  // every exit; an entry the core replaced would already have lost a reference it never had, so that stops the
+  // process (an internal assert in a destructor) rather than go on with a tensor freed under Python. Python code
+  // that could free a state (a key's __hash__) runs only before the borrows are taken or after they are released;
+  // writing back the entries the step created stores str-keyed items into the dicts the caller holds.
+  const bool borrow = config.master_weights != ampkit::optim::MasterWeights::kRemainder;
+  std::vector<std::pair<size_t, py::dict>> made;  // the dicts made for parameters that had no state
+  {
+    // Room for every state first: they never move (Release reads them where they were borrowed into).
+    std::vector<core::ParamState> states;
+    states.reserve(dicts.size());
+    // The entries each state had (their TensorImpls, compared after the step; no reference taken).
+    std::vector<const c10::TensorImpl*> before(dicts.size() * fields.size(), nullptr);
+    std::vector<uint8_t> borrowed(dicts.size() * fields.size(), 0);
+    struct Release {
+      std::vector<core::ParamState>& states;
+      const std::vector<const c10::TensorImpl*>& before;
+      const std::vector<uint8_t>& borrowed;
+      const std::vector<std::pair<const char*, core::ParamState::Field>>& fields;
+      ~Release() {
+        for (size_t i = 0; i < states.size(); ++i) {
+          for (size_t k = 0; k < fields.size(); ++k) {
+            if (borrowed[i * fields.size() + k] != 0) {
+              at::Tensor& t = states[i].*(fields[k].second);
+              TORCH_INTERNAL_ASSERT(t.unsafeGetTensorImpl() == before[i * fields.size() + k],
+                                    "ampkit: a borrowed optimizer state entry was replaced");
+              t.unsafeReleaseTensorImpl();  // unreferenced: borrowed
+            }
+          }
+        }
+      }
+    } release{states, before, borrowed, fields};
+    for (size_t k = 0; k < dicts.size(); ++k) {
+      states.push_back(dicts[k] ? state_from_py(py::reinterpret_borrow<py::dict>(dicts[k]),
+                                                borrow ? &borrowed[k * fields.size()] : nullptr)
+                                : core::ParamState());
+      entry_impls(states[k], &before[k * fields.size()]);
+    }
+    std::vector<core::ParamState*> ptrs;
+    ptrs.reserve(states.size());
+    for (auto& st : states) {
+      ptrs.push_back(&st);
+    }
+    guarded([&] { core::step(config, params, ptrs, grad_scale, found_inf); });
+    for (size_t i = 0; i < states.size(); ++i) {
+      if (dicts[i]) {
+        py::dict d = py::reinterpret_borrow<py::dict>(dicts[i]);
+        state_to_py(&before[i * fields.size()], states[i], d);
+      } else if (!states[i].empty()) {  // (an SGD parameter without momentum or master gets none)
+        made.emplace_back(i, py::dict());
+        state_to_py(&before[i * fields.size()], states[i], made.back().second);
+      }
+    }
+  }
+  for (const auto& [i, d] : made) {
+    created(i, d);  // may run Python code (the key's __hash__): no borrow is held
+  }
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -439,29 +511,15 @@ PYBIND11_MODULE(_C, m) {
     guarded([&] { core::check_config(group_config(kind, optimizer, group, true)); });
   });
   m.def("_optim_step", [](const std::string& kind, const std::string& optimizer, const py::dict& group,
-                          const std::vector<at::Tensor>& params, std::vector<py::dict> states,
+                          const std::vector<at::Tensor>& params, const std::vector<py::dict>& states,
                           const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf,
                           bool write_unscaled_grads, const std::optional<at::Tensor>& grad_norm) {
     core::GroupConfig config = guarded([&] { return group_config(kind, optimizer, group, write_unscaled_grads); });
     if (grad_norm.has_value()) {
       config.grad_norm = *grad_norm;
     }
-    const size_t nf = core::ParamState::fields().size();
-    std::vector<core::ParamState> after;
-    std::vector<const c10::TensorImpl*> before(states.size() * nf);
-    after.reserve(states.size());
-    for (size_t i = 0; i < states.size(); ++i) {
-      after.push_back(state_from_py(states[i]));
-      entry_impls(after[i], &before[i * nf]);
-    }
-    std::vector<core::ParamState*> ptrs;
-    for (auto& s : after) {
-      ptrs.push_back(&s);
-    }
-    guarded([&] { core::step(config, params, ptrs, grad_scale, found_inf); });
-    for (size_t i = 0; i < states.size(); ++i) {
-      state_to_py(&before[i * nf], after[i], states[i]);
-    }
+    const std::vector<py::object> dicts(states.begin(), states.end());
+    step_with_states(config, params, dicts, grad_scale, found_inf, [](size_t, const py::dict&) {});
   });
   // One group's step with the lists assembled here (NOTE [Group steps from Python]): `state` is the optimizer's
   // state mapping (a dict: parameter -> dict of entries); states the step creates are added to it. Returns False,
@@ -494,42 +552,10 @@ PYBIND11_MODULE(_C, m) {
     params.reserve(n);
     keys.reserve(n);
     dicts.reserve(n);
-    // The entries each state had (their TensorImpls, compared after the step; no reference taken).
-    const auto& fields = core::ParamState::fields();
-    // NOTE [Borrowed states]
-    // The states' tensors are borrowed from the state dicts (held by `dicts`) as the parameters are: a reference
-    // to a tensor Python holds costs a GIL round trip each way, three or four per parameter here. A borrowed entry
-    // must never be assigned over (the assignment would drop a reference never taken): the core only fills
-    // entries a state lacks, except when it turns a master into BF16 + remainder, so groups whose
-    // master_weights is "remainder" take references. `Release` gives the borrowed entries back unreferenced on
-    // every exit; an entry the core replaced would already have lost a reference it never had, so that stops the
-    // process (an internal assert in a destructor) rather than go on with a tensor freed under Python.
-    const bool borrow = config.master_weights != ampkit::optim::MasterWeights::kRemainder;
-    std::vector<core::ParamState> states;
-    std::vector<const c10::TensorImpl*> before;
-    std::vector<uint8_t> borrowed;
-    struct Release {
-      std::vector<core::ParamState>& states;
-      const std::vector<const c10::TensorImpl*>& before;
-      const std::vector<uint8_t>& borrowed;
-      const std::vector<std::pair<const char*, core::ParamState::Field>>& fields;
-      ~Release() {
-        for (size_t i = 0; i < states.size(); ++i) {
-          for (size_t k = 0; k < fields.size(); ++k) {
-            if (borrowed[i * fields.size() + k] != 0) {
-              at::Tensor& t = states[i].*(fields[k].second);
-              TORCH_INTERNAL_ASSERT(t.unsafeGetTensorImpl() == before[i * fields.size() + k],
-                                    "ampkit: a borrowed optimizer state entry was replaced");
-              t.unsafeReleaseTensorImpl();  // unreferenced: borrowed
-            }
-          }
-        }
-      }
-    } release{states, before, borrowed, fields};
     StateLookup lookup(state.ptr(), plain_types);
-    // Two passes over the parameters (NOTE [One pass per parameter] in csrc/ops/checks.cpp): the first reads
-    // each one's type, grad and state dict, and is the only one that may run Python code (an isinstance, a
-    // subclass's __hash__); the second borrows the states' entries, so no Python code runs while a borrow is held.
+    // Two passes over the parameters (NOTE [One pass per parameter] in csrc/ops/checks.cpp): this one reads each
+    // one's type, grad and state dict, and is the only one that may run Python code (an isinstance, a subclass's
+    // __hash__); step_with_states then borrows the states' entries (NOTE [Borrowed states]).
     // The list's size is read on every iteration: Python code may change it.
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(list.ptr()); ++i) {
       PyObject* item = PyList_GET_ITEM(list.ptr(), i);
@@ -549,7 +575,7 @@ PYBIND11_MODULE(_C, m) {
         throw py::type_error(optimizer + ".step: params[" + std::to_string(i) + "] is not a tensor but " +
                              std::string(py::str(py::type::of(py::handle(item)))));
       }
-      const py::object key = py::reinterpret_borrow<py::object>(item);  // held while Python code may run
+      py::object key = py::reinterpret_borrow<py::object>(item);  // held while Python code may run
       const at::Tensor& p = THPVariable_Unpack(item);
       if (!p.grad().defined()) {
         continue;
@@ -563,35 +589,14 @@ PYBIND11_MODULE(_C, m) {
                              "] must be a dict, but got " + std::string(py::str(py::type::of(py::handle(d)))));
       }
       params.push_back(p);
-      keys.push_back(key);
+      keys.push_back(std::move(key));
       dicts.push_back(d != nullptr ? py::reinterpret_borrow<py::object>(d) : py::object());
     }
-    // Room for every state first: they never move (Release reads them where they were borrowed into).
-    states.reserve(params.size());
-    before.assign(params.size() * fields.size(), nullptr);
-    borrowed.assign(params.size() * fields.size(), 0);
-    for (size_t k = 0; k < params.size(); ++k) {
-      states.push_back(dicts[k] ? state_from_py(py::reinterpret_borrow<py::dict>(dicts[k]),
-                                                borrow ? &borrowed[k * fields.size()] : nullptr)
-                                : core::ParamState());
-      entry_impls(states[k], &before[k * fields.size()]);
-    }
-    std::vector<core::ParamState*> ptrs;
-    ptrs.reserve(states.size());
-    for (auto& st : states) {
-      ptrs.push_back(&st);
-    }
-    guarded([&] { core::step(config, params, ptrs, grad_scale, found_inf); });
-    for (size_t i = 0; i < params.size(); ++i) {
-      if (!dicts[i] && states[i].empty()) {
-        continue;  // no state created (an SGD parameter without momentum or master)
-      }
-      py::dict d = dicts[i] ? py::reinterpret_borrow<py::dict>(dicts[i]) : py::dict();
-      state_to_py(&before[i * fields.size()], states[i], d);
-      if (!dicts[i] && PyDict_SetItem(state.ptr(), keys[i].ptr(), d.ptr()) != 0) {
+    step_with_states(config, params, dicts, grad_scale, found_inf, [&](size_t i, const py::dict& d) {
+      if (PyDict_SetItem(state.ptr(), keys[i].ptr(), d.ptr()) != 0) {
         throw py::error_already_set();
       }
-    }
+    });
     return true;
   });
   m.def("_optim_global_grad_norm", [](const std::vector<at::Tensor>& grads, const std::optional<at::Tensor>& scale) {
