@@ -17,14 +17,43 @@ struct Stats {
 };
 thread_local Stats* t_stats = nullptr;
 
+std::string floating_dtype(const at::Tensor& t) {
+  return t.defined() && t.is_floating_point() ? std::string(c10::toString(t.scalar_type())) : std::string();
+}
+
+// The dtype of the first floating tensor among the values, tensor lists (split, chunk, unbind) included.
 std::string dtype_of(c10::ArrayRef<c10::IValue> values) {
   for (const auto& v : values) {
-    if (v.isTensor() && v.toTensor().defined() && v.toTensor().is_floating_point()) {
-      return c10::toString(v.toTensor().scalar_type());
+    if (v.isTensor()) {
+      if (auto d = floating_dtype(v.toTensor()); !d.empty()) {
+        return d;
+      }
+    } else if (v.isTensorList()) {
+      for (const at::Tensor& t : v.toTensorList().vec()) {
+        if (auto d = floating_dtype(t); !d.empty()) {
+          return d;
+        }
+      }
+    } else if (v.isList()) {  // Tensor?[] (index, ...)
+      for (const c10::IValue& e : v.toListRef()) {
+        if (e.isTensor()) {
+          if (auto d = floating_dtype(e.toTensor()); !d.empty()) {
+            return d;
+          }
+        }
+      }
     }
   }
   return "";
 }
+
+// NOTE [Inputs at the start]
+// RecordFunction's inputs are valid in the start callback only (the end callback may find them moved from or
+// freed: an op with tensor inputs and no floating output, `torch.arange(8) + 0`, read them there and crashed).
+// The outermost op's input dtype is therefore read at its start and carried to its end in an ObserverContext.
+struct InputDtype : at::ObserverContext {
+  std::string dtype;
+};
 
 // Autograd's backward nodes, and the engine's records around them ("autograd::engine::evaluate_function: ...",
 // FUNCTION scope): not ops themselves; the ops they run are the backward's.
@@ -34,13 +63,22 @@ bool is_backward_record(const at::RecordFunction& fn) {
 }
 
 std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
-  if (t_stats != nullptr) {
-    ++(is_backward_record(fn) ? t_stats->backward_depth : t_stats->depth);
+  if (t_stats == nullptr) {
+    return nullptr;
   }
-  return nullptr;
+  if (is_backward_record(fn)) {
+    ++t_stats->backward_depth;
+    return nullptr;
+  }
+  if (++t_stats->depth != 1) {
+    return nullptr;
+  }
+  auto ctx = std::make_unique<InputDtype>();
+  ctx->dtype = dtype_of(fn.inputs());
+  return ctx;
 }
 
-void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
+void on_end(const at::RecordFunction& fn, at::ObserverContext* ctx) {
   if (t_stats == nullptr) {
     return;
   }
@@ -55,8 +93,8 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
     return;
   }
   std::string dtype = dtype_of(fn.outputs());
-  if (dtype.empty()) {
-    dtype = dtype_of(fn.inputs());
+  if (dtype.empty() && ctx != nullptr) {
+    dtype = static_cast<InputDtype*>(ctx)->dtype;
   }
   t_stats->counts[{fn.name(), dtype.empty() ? "other" : dtype}] += 1;
 }

@@ -162,6 +162,19 @@ TEST_CASE("OpStatsGuard: counts ops per dtype", "[autocast][cpu]") {
   CHECK(counts.at({"aten::linear", "Float"}) == 1);
 }
 
+TEST_CASE("OpStatsGuard: integer ops, tensor-list outputs and boolean outputs", "[autocast][cpu]") {
+  ampkit::OpStatsGuard stats;
+  at::arange(8).add(0);                                   // no floating tensor anywhere: read its inputs at its start
+  torch::randn({6}).split(2);                             // a tensor list out
+  torch::randn({4}, torch::kBFloat16).chunk(2);
+  torch::randn({4}, torch::kHalf).gt(0);                  // a boolean output: the input's dtype
+  const auto counts = stats.counts();
+  CHECK(counts.at({"aten::add", "other"}) == 1);
+  CHECK(counts.at({"aten::split", "Float"}) == 1);
+  CHECK(counts.at({"aten::chunk", "BFloat16"}) == 1);
+  CHECK(counts.at({"aten::gt", "Half"}) == 1);
+}
+
 TEST_CASE("OpStatsGuard: the backward's ops only when asked for", "[autocast][cpu]") {
   const auto x = torch::randn({8, 16});
   const auto w = torch::randn({4, 16}, torch::requires_grad());

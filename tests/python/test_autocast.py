@@ -3,6 +3,8 @@ precision, overloads, nesting, exceptions, two threads), register_autocast for a
 and decorate's O-levels training a model with LayerNorm and BatchNorm."""
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import warnings
 
@@ -11,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 import ampkit
-from conftest import bits_equal
+from conftest import CUDA_ONLY, bits_equal
 
 DT = torch.bfloat16
 
@@ -212,6 +214,27 @@ def test_op_stats_answer_is_my_model_running_in_low_precision():
     assert "aten::linear" in stats.summary()
 
 
+def test_op_stats_on_integer_ops_tensor_lists_and_boolean_outputs():
+    # In a process of its own: reading an op's inputs after it ended crashed the interpreter (GPT-2's forward
+    # runs `torch.arange(n) + 0`).
+    code = (
+        "import torch, ampkit\n"
+        "with ampkit.op_stats() as s:\n"
+        "    torch.arange(8) + 0\n"
+        "    torch.randn(6).split(2)\n"
+        "    torch.randn(4, dtype=torch.bfloat16).chunk(2)\n"
+        "    torch.randn(4, dtype=torch.float16) > 0\n"
+        "for (op, dt), n in sorted(s.counts.items()):\n"
+        "    print(op, dt, n)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = {tuple(line.split()[:2]): int(line.split()[2]) for line in r.stdout.splitlines()}
+    assert rows[("aten::add", "other")] == 1  # integer in, integer out
+    assert rows[("aten::split", "Float")] == 1  # a tensor list out
+    assert rows[("aten::chunk", "BFloat16")] == 1
+    assert rows[("aten::gt", "Half")] == 1  # a boolean output: the input's dtype, read at the op's start
+
+
 def test_op_stats_counts_forward_ops_unless_backward_is_asked_for():
     model = torch.nn.Linear(16, 4)
     x = torch.randn(8, 16)
@@ -297,7 +320,7 @@ def test_decorate_levels_and_bad_arguments():
     assert set(ampkit.LEVELS) == {"O0", "O1", "O2", "O3"}
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@CUDA_ONLY
 def test_cuda_overrides_and_parity():
     a, b = torch.randn(32, 32, device="cuda"), torch.randn(32, 32, device="cuda")
     with torch.autocast("cuda", dtype=torch.float16):
