@@ -5,6 +5,7 @@
 #include <torch/library.h>
 
 #include <optional>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -21,7 +22,10 @@ namespace {
 // the key set the dispatcher computed for the call (computing it reads every tensor of every list); results carry
 // no grad_fn. After the op they bump the version counter of every tensor it writes (the arguments the schema marks
 // `(a!)`), as torch's in-place ops and fused optimizers do, so that autograd refuses a backward through tensors an
-// optimizer step changed after they were saved.
+// optimizer step changed after they were saved. The optimizer steps' grads are the exception: the step writes them
+// only when it stores unscaled grads back (a grad_scale given and write_unscaled_grads), so only then do they get
+// a new version; torch's optimizers leave the grads' versions alone too, and a bump on a grad that autograd saved
+// would make a later backward through it raise.
 void bump(const at::Tensor& t) {
   if (t.defined()) {
     t.unsafeGetTensorImpl()->bump_version();  // torch::autograd::impl::bump_version's body, inlined
@@ -40,14 +44,47 @@ void bump(const std::optional<at::Tensor>& t) {
 template <typename T>
 void bump(const T&) {}  // scalars
 
-// Which arguments the schema of `name` marks as written.
-std::vector<bool> written_arguments(const char* name) {
-  const auto& schema = c10::Dispatcher::singleton().findSchemaOrThrow(name, "").schema();
+// Which arguments the schema of `name` marks as written, and for the optimizer steps that store unscaled grads
+// back, the positions of `grads`, `grad_scale` and `write_unscaled_grads` (else -1).
+struct WrittenArguments {
   std::vector<bool> written;
-  for (const auto& arg : schema.arguments()) {
-    written.push_back(arg.alias_info() != nullptr && arg.alias_info()->isWrite());
+  int grads = -1;
+  int grad_scale = -1;
+  int write_back = -1;
+};
+
+WrittenArguments written_arguments(const char* name) {
+  const auto& schema = c10::Dispatcher::singleton().findSchemaOrThrow(name, "").schema();
+  WrittenArguments w;
+  const auto& args = schema.arguments();
+  for (size_t i = 0; i < args.size(); ++i) {
+    w.written.push_back(args[i].alias_info() != nullptr && args[i].alias_info()->isWrite());
+    const int at = static_cast<int>(i);
+    if (args[i].name() == "grads") {
+      w.grads = at;
+    } else if (args[i].name() == "grad_scale") {
+      w.grad_scale = at;
+    } else if (args[i].name() == "write_unscaled_grads") {
+      w.write_back = at;
+    }
   }
-  return written;
+  if (w.write_back < 0) {
+    w.grads = -1;  // grads written whenever the schema says so (unscale_and_check_) or never (lamb_step_)
+  }
+  return w;
+}
+
+template <size_t I, typename T>
+void note_grads_write(const WrittenArguments& w, const T& arg, bool& scaled, bool& write_back) {
+  if constexpr (std::is_same_v<T, std::optional<at::Tensor>>) {
+    if (static_cast<int>(I) == w.grad_scale) {
+      scaled = arg.has_value();
+    }
+  } else if constexpr (std::is_same_v<T, bool>) {
+    if (static_cast<int>(I) == w.write_back) {
+      write_back = arg;
+    }
+  }
 }
 
 template <auto Fn, const char* Name>
@@ -73,8 +110,16 @@ struct BelowAutograd<Fn, Name> {
  private:
   template <size_t... I>
   static void bump_written(std::index_sequence<I...>, const A&... args) {
-    static const std::vector<bool> written = written_arguments(Name);
-    (void)std::initializer_list<int>{(written.at(I) ? (bump(args), 0) : 0)...};
+    static const WrittenArguments w = written_arguments(Name);
+    bool grads_written = true;
+    if (w.grads >= 0) {
+      bool scaled = false;
+      bool write_back = true;
+      (note_grads_write<I>(w, args, scaled, write_back), ...);
+      grads_written = scaled && write_back;
+    }
+    (void)std::initializer_list<int>{
+        (w.written.at(I) && (static_cast<int>(I) != w.grads || grads_written) ? (bump(args), 0) : 0)...};
   }
 };
 

@@ -355,6 +355,31 @@ def test_every_op_has_an_unboxed_autograd_kernel_that_bumps_what_it_writes():
     assert torch.allclose(norm, torch.linalg.vector_norm(w.detach().double()).float(), rtol=1e-6, atol=0)
 
 
+@pytest.mark.parametrize("op", ["adamw_step_", "sgd_step_"])
+def test_optimizer_steps_bump_the_grads_versions_only_when_they_write_them(op):
+    def call(w, g, **kw):
+        if op == "adamw_step_":
+            torch.ops.ampkit.adamw_step_([w], [g], [], [], [torch.zeros(6)], [torch.zeros(6)], [], [torch.zeros(())],
+                                         lr=0.1, beta1=0.9, beta2=0.999, weight_decay=0.0, eps=1e-8, amsgrad=False,
+                                         maximize=False, decoupled_weight_decay=True, **kw)
+        else:
+            torch.ops.ampkit.sgd_step_([w], [g], [], [], [], [], lr=0.1, momentum=0.0, dampening=0.0,
+                                       weight_decay=0.0, nesterov=False, maximize=False, **kw)
+
+    scale = torch.full((1,), 4.0)
+    for kw, grads_written in [({}, False), ({"grad_scale": scale}, True),
+                              ({"grad_scale": scale, "write_unscaled_grads": False}, False),
+                              ({"write_unscaled_grads": True}, False)]:
+        w = torch.randn(6, requires_grad=True)
+        g = torch.randn(6)
+        g_before = g.clone()
+        wv, gv = w._version, g._version
+        call(w, g, **kw)
+        assert w._version == wv + 1, kw
+        assert g._version == gv + (1 if grads_written else 0), kw
+        assert torch.equal(g, g_before / 4.0 if grads_written else g_before), kw
+
+
 def test_an_overlap_after_calls_that_passed_is_still_refused():
     # The alias check keeps the last call that passed (NOTE [Alias check memo]): the same lists pass again, and
     # any change that makes two tensors share memory (a moment replaced by a view of another, the same tensor

@@ -88,6 +88,29 @@ def test_torch_db_inputs_match_torch_optim_and_resume_its_checkpoints(info, kwar
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("info,kwargs", _inputs())
+def test_torch_db_inputs_never_write_into_the_grads(info, kwargs):
+    # As torch's optimizers (fused ones included): a step without a grad scale leaves every grad and its version
+    # alone; a version bump on a grad autograd saved would make a later backward through it raise.
+    ours_cls = getattr(ampkit.optim, info.optim_cls.__name__)
+    params = _params()
+    try:
+        opt = ours_cls(params, **copy.deepcopy(kwargs))
+    except Exception:
+        return  # an input refused at construction (test above)
+    for step in range(3):
+        grads = _grads(params, step)
+        for p, g in zip(params, grads):
+            p.grad = g.clone()
+        versions = [p.grad._version for p in params]
+        try:
+            opt.step()
+        except Exception:
+            return  # an input refused at the step, as torch refuses it (test above)
+        assert [p.grad._version for p in params] == versions
+        assert all(torch.equal(p.grad, g) for p, g in zip(params, grads))
+
+
 def _error_inputs():
     out = []
     for info in INFOS:
