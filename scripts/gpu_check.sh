@@ -1,76 +1,227 @@
 #!/usr/bin/env bash
-# The GPU check, in one call: on a CUDA host with no internet (the torch, nvcc, cmake, ninja and pytest already
-# installed there), builds ampkit for that GPU, runs every test (the CUDA ones now run instead of skipping) and
-# the benchmarks, writes logs and bench JSON under $OUT (default: out/), and prints a short summary last.
+# The GPU check: the device half of ampkit's tests, planned to fit one short visit to a GPU host (one command of
+# at most 10 minutes there; target: 6 minutes from a cold machine, so a rerun fits in the same visit).
 #
-# What runs: ctest -L cuda (the real kernels bitwise against the CPU kernels: unscale/check over every dtype and
-# a 1,000+-tensor list, adamw_step_ with masters, a CUDA scaler's stats/state_dict/save), ctest -L emulated
-# (the same kernels through the emulated host build against the same CPU kernels: with the cuda label this is
-# the emulated-vs-real comparison), the rest of ctest, pytest (tests/python/test_cuda_paths.py: an O2 step
-# captured in a CUDA graph and replayed 100 times against eager steps, the CUDA scaler's state, ...), the C++
-# examples and demos, bench/run.py (with host-sync counts) and bench/run.py --traffic.
+#   scripts/gpu_check.sh             on the GPU host (carry .deps/, staged by scripts/stage_gpu_deps.sh)
+#   scripts/gpu_check.sh --dry-run   the same plan on a host without a GPU: builds exactly what the device builds,
+#                                    runs every step, and reports each step that needs a device as SKIP
 #
-# Catch2 (header-only) may be missing there: scripts/stage_gpu_deps.sh copies this machine's into .deps/,
-# which the device call carries; this script finds it there.
+# What runs here and what does not: the device builds only what runs on it (libampkit, ampkit._C, the Catch2
+# `cuda` tests, the C++ demo) for one architecture, sanitizers off, every core; then the `cuda` ctest label (the
+# real kernels bitwise against the CPU kernels), pytest's CUDA tests (`-m cuda`: every test that skips without a
+# device, plus the `cuda` parametrizations; see tests/python/conftest.py), the C++ and Python demos on FP16 and
+# bench/run.py --device cuda with host-sync counts. Everything that needs no GPU (the emulated kernels under the
+# sanitizers, the rest of ctest and pytest, the CPU bench rows, --traffic, the CPU examples) runs on the CPU
+# hosts: scripts/test.sh, bench/run.py --device cpu, bench/run.py --traffic.
 #
-# Environment: AMPKIT_CUDA_ARCHS (default 90), PYTHON (default python3), BENCH_ARGS (extra bench/run.py args).
+# Output: each step prints `PASS|FAIL|SKIP name (N s)` the moment it ends (a killed run still shows what it did),
+# and keeps going after a failure; the summary at the end (environment, statuses, failing tests, the bench table)
+# fits in the last 12,000 characters. Under $OUT (default out/) at most 8 files, rewritten after every step:
+# summary.txt, logs.tar.gz (every step's log), bench_cuda.json, history_fp16.csv.
+#
+# Environment: OUT, PYTHON (default python3), AMPKIT_CUDA_ARCHS (default 90), JOBS (default: every core),
+# AMPKIT_BUILD_DIR (default build-gpu/), GPU_CHECK_BUDGET_S (default 540: no step starts a timeout past it),
+# BENCH_ARGS (extra bench/run.py arguments).
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+DRY_RUN=0
+case "${1:-}" in
+  --dry-run) DRY_RUN=1 ;;
+  "") ;;
+  *) echo "usage: scripts/gpu_check.sh [--dry-run]" >&2; exit 2 ;;
+esac
 OUT="${OUT:-$ROOT/out}"
-mkdir -p "$OUT"
+# Logs are written outside $OUT and packed into one tar there after every step (at most 8 files come back).
+LOGS="$(mktemp -d)/logs"
+mkdir -p "$OUT" "$LOGS"
+rm -f "$OUT/summary.txt" "$OUT/logs.tar.gz" "$OUT/bench_cuda.json" "$OUT/history_fp16.csv"
 PY="${PYTHON:-python3}"
+JOBS="${JOBS:-$(nproc)}"
+# The limits are the GPU host's (16 cores). A dry run on fewer cores scales every timeout and the budget by
+# GPU_CHECK_TIME_SCALE (default there: 16 / cores, times 2 for a shared machine), so the plan is checked, not the
+# speed of the host.
+if [ "$DRY_RUN" = 1 ]; then
+  SCALE="${GPU_CHECK_TIME_SCALE:-$(( (16 + $(nproc) - 1) / $(nproc) * 2 ))}"
+else
+  SCALE="${GPU_CHECK_TIME_SCALE:-1}"
+fi
+BUDGET=$(( ${GPU_CHECK_BUDGET_S:-540} * SCALE ))
 export AMPKIT_SKIP_DEPS=1 AMPKIT_CUDA_ARCHS="${AMPKIT_CUDA_ARCHS:-90}" PYTHONUNBUFFERED=1
-export AMPKIT_BUILD_DIR="${AMPKIT_BUILD_DIR:-$ROOT/build-gpu}"
-[ -d "$ROOT/.deps" ] && export CMAKE_PREFIX_PATH="$ROOT/.deps${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}"
-[ -d "$ROOT/.deps/include" ] && export CPLUS_INCLUDE_PATH="$ROOT/.deps/include${CPLUS_INCLUDE_PATH:+:$CPLUS_INCLUDE_PATH}"
+export AMPKIT_BUILD_DIR="${AMPKIT_BUILD_DIR:-$ROOT/build-gpu}" CMAKE_BUILD_PARALLEL_LEVEL="$JOBS"
+DEPS="$ROOT/.deps"
+[ -d "$DEPS" ] && export CMAKE_PREFIX_PATH="$DEPS${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}"
+[ -d "$DEPS/include" ] && export CPLUS_INCLUDE_PATH="$DEPS/include${CPLUS_INCLUDE_PATH:+:$CPLUS_INCLUDE_PATH}"
+# CMake only (no pip there): Python imports the package from python/, the staged pure-Python test dependencies
+# (expecttest) from .deps/python.
+export PYTHONPATH="$ROOT/python${DEPS:+:$DEPS/python}${PYTHONPATH:+:$PYTHONPATH}"
+SUMMARY="$OUT/summary.txt"
+: >"$SUMMARY"
 
+T0=$SECONDS
 status=()
-step() {  # step NAME LOGFILE COMMAND...
-  local name="$1" log="$2"
-  shift 2
-  local t0=$SECONDS
-  echo "=== $name" | tee -a "$OUT/summary.txt"
-  if "$@" >"$OUT/$log" 2>&1; then
-    status+=("PASS  $name ($((SECONDS - t0)) s)")
+failed_tests=()
+
+pack_logs() {  # one tar of every log, rewritten after each step so a killed run leaves what it had
+  tar -czf "$OUT/logs.tar.gz.tmp" -C "$(dirname "$LOGS")" logs 2>/dev/null && mv "$OUT/logs.tar.gz.tmp" "$OUT/logs.tar.gz"
+}
+
+record() {  # record STATUS NAME SECONDS [DETAIL]
+  local line
+  line=$(printf '%-4s %s (%s s)%s' "$1" "$2" "$3" "${4:+: $4}")
+  status+=("$line")
+  echo "$line"
+  echo "$line" >>"$SUMMARY"
+  pack_logs
+}
+
+# step NAME EXPECTED_S TIMEOUT_S NEEDS_DEVICE LOG COMMAND...
+# EXPECTED_S is the time on the GPU host (16 cores), from a dry run here scaled to its cores; TIMEOUT_S bounds
+# the step, and no step runs past the budget. NEEDS_DEVICE=1: in a dry run the command still runs (a plan check
+# that never touches a GPU, see each caller), and the step is reported as SKIP (no device), never as PASS.
+step() {
+  local name="$1" expected="$2" limit="$3" needs_device="$4" log="$LOGS/$5"
+  shift 5
+  limit=$((limit * SCALE))
+  local left=$((BUDGET - (SECONDS - T0)))
+  if [ "$left" -lt 15 ]; then
+    record SKIP "$name" 0 "no time left in the ${BUDGET} s budget"
+    return
+  fi
+  [ "$limit" -gt "$left" ] && limit=$left
+  local t0=$SECONDS rc
+  echo "=== $name (expected ~${expected} s on the GPU host, timeout ${limit} s)"
+  # Commands may be this script's functions (exported below): timeout runs them in a bash of their own, and
+  # signals that bash's whole process group (ninja and the compilers with it) when the limit is reached.
+  timeout --kill-after=10 "$limit" bash -c '"$@"' step "$@" >"$log" 2>&1
+  rc=$?
+  local took=$((SECONDS - t0))
+  if [ "$rc" -eq 0 ]; then
+    if [ "$DRY_RUN" = 1 ] && [ "$needs_device" = 1 ]; then
+      record SKIP "$name" "$took" "no device (plan checked)"
+    else
+      record PASS "$name" "$took"
+    fi
   else
-    status+=("FAIL  $name ($((SECONDS - t0)) s): see $log")
-    tail -n 40 "$OUT/$log"
+    local why="exit $rc"
+    [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ] && why="timed out after ${limit} s"
+    record FAIL "$name" "$took" "$why, log logs/$(basename "$log")"
+    # The failing tests by name (ctest and pytest), then the log's last lines.
+    local names
+    names=$(grep -E '^FAILED |^ERROR |\(Failed\)|\(SEGFAULT\)|\(Subprocess aborted\)|\(Timeout\)|\*\*\*Exception' \
+      "$log" | head -n 20)
+    [ -n "$names" ] && failed_tests+=("$name:" "$names")
+    tail -n 15 "$log"
   fi
 }
 
+has_device() { "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; }
+
+export ROOT OUT LOGS PY JOBS DRY_RUN DEPS
+export -f has_device
+
 {
-  echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"
-  "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'device', torch.cuda.get_device_name() if torch.cuda.is_available() else None)"
-  nvcc --version | tail -n 1
-} >"$OUT/env.txt" 2>&1
-cat "$OUT/env.txt"
-
+  echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)$([ "$DRY_RUN" = 1 ] && echo ', dry run (no device)')"
+  echo "host: $(nproc) cores, $(uname -m); GPU: $(nvidia-smi --query-gpu=name,driver_version,memory.total \
+    --format=csv,noheader 2>/dev/null || echo none)"
+  "$PY" -c "import sys, torch; print('python', sys.version.split()[0], '| torch', torch.__version__, '| cuda', \
+torch.version.cuda, '| device', torch.cuda.get_device_name() if torch.cuda.is_available() else None)" 2>&1
+  echo "nvcc: $(nvcc --version 2>/dev/null | tail -n 1); cmake $(cmake --version | head -n 1 | cut -d' ' -f3)"
+  echo "plan: sm_$AMPKIT_CUDA_ARCHS, -j$JOBS, budget ${BUDGET} s (time scale $SCALE), build dir $AMPKIT_BUILD_DIR"
+} >"$LOGS/env.txt" 2>&1
+cat "$LOGS/env.txt" | tee -a "$SUMMARY"
+if [ "$DRY_RUN" = 0 ] && ! has_device; then
+  echo "gpu_check: torch sees no CUDA device here; run scripts/gpu_check.sh --dry-run on a host without one" >&2
+  exit 2
+fi
+if [ ! -d "$DEPS" ]; then
+  echo "gpu_check: no .deps/ (Catch2, expecttest, the digits data): run scripts/stage_gpu_deps.sh and carry .deps" \
+    | tee -a "$SUMMARY"
+fi
 cd "$ROOT"
-# CMake only (no pip/setuptools needed there); Python imports the package from python/.
-export PYTHONPATH="$ROOT/python${PYTHONPATH:+:$PYTHONPATH}"
-step "build (sm_$AMPKIT_CUDA_ARCHS)" build.log bash -c "source scripts/common.sh && build_ampkit_cmake_only"
-step "ctest -L cuda (real kernels vs CPU)" ctest_cuda.log ctest --test-dir "$AMPKIT_BUILD_DIR" --output-on-failure -L cuda
-step "ctest -L emulated (emulated kernels vs CPU)" ctest_emulated.log ctest --test-dir "$AMPKIT_BUILD_DIR" \
-  --output-on-failure -j 8 -L emulated
-step "ctest (the rest)" ctest.log ctest --test-dir "$AMPKIT_BUILD_DIR" --output-on-failure -j 8 -LE "cuda|emulated"
-step "pytest" pytest.log "$PY" -m pytest -q -rs tests/python
-step "examples/cpp" examples.log bash -c "source scripts/common.sh && build_examples && \"\$AMPKIT_BUILD_DIR/examples/ops_demo/ops_demo\""
-DIGITS="$ROOT/.deps/digits.bin"  # staged by scripts/stage_gpu_deps.sh (no scikit-learn there)
-step "demo (C++, FP16)" demo_cpp.log "$AMPKIT_BUILD_DIR/examples/train_demo/train_demo" "$DIGITS" --epochs 20 \
-  --inject-overflow 300 --history "$OUT/history.csv"
-step "demo (Python, CUDA graph)" demo_py.log "$PY" examples/python/train_demo.py --epochs 10 --data "$DIGITS"
-step "bench" bench.log "$PY" bench/run.py --json "$OUT/bench.json" ${BENCH_ARGS:-}
-step "bench --traffic" traffic.log "$PY" bench/run.py --traffic --json "$OUT/traffic.json"
 
-echo
-[ -f "$OUT/bench.log" ] && grep -A 100 "^name" "$OUT/bench.log"
-[ -f "$OUT/demo_cpp.log" ] && grep -A 4 "^mode" "$OUT/demo_cpp.log"
-[ -f "$OUT/demo_py.log" ] && tail -n 5 "$OUT/demo_py.log"
-echo
-echo "==== gpu_check summary ($(date -u +%Y-%m-%d), $(head -n 3 "$OUT/env.txt" | tail -n 2 | tr '\n' ' '))"
-grep -E "passed|failed" "$OUT/pytest.log" | tail -n 1
-grep -E "tests passed|tests failed" "$OUT/ctest_cuda.log" "$OUT/ctest_emulated.log" "$OUT/ctest.log" 2>/dev/null
-printf '%s\n' "${status[@]}" | tee -a "$OUT/summary.txt"
-printf '%s\n' "${status[@]}" | grep -q FAIL && exit 1
+# 1. Build: what the device runs and nothing else (the emulated, sanitized tests are the CPU hosts' work).
+build() {
+  local gen=()
+  if [ ! -f "$AMPKIT_BUILD_DIR/CMakeCache.txt" ]; then
+    command -v ninja >/dev/null && gen+=(-G Ninja)
+    command -v ccache >/dev/null && gen+=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
+  fi
+  cmake -S "$ROOT" -B "$AMPKIT_BUILD_DIR" "${gen[@]}" -DPython3_EXECUTABLE="$(command -v "$PY")" \
+    -DCMAKE_BUILD_TYPE=Release -DAMPKIT_BUILD_TESTS=ON -DAMPKIT_EMULATED_SANITIZE=OFF \
+    -DAMPKIT_CUDA_ARCHS="$AMPKIT_CUDA_ARCHS" &&
+  cmake --build "$AMPKIT_BUILD_DIR" -j "$JOBS" --target ampkit ampkit_python test_ops_cuda &&
+  cmake --install "$AMPKIT_BUILD_DIR" --prefix "$ROOT/python/ampkit" >/dev/null &&
+  (cd /tmp && "$PY" -c "import ampkit, torch; print('ampkit', ampkit.build_info())")
+}
+export -f build
+step "build (sm_$AMPKIT_CUDA_ARCHS: libampkit, ampkit._C, cuda tests)" 150 330 0 build.log build
+
+# 2. The cuda label: the real kernels against the CPU kernels. A dry run lists the tests (none: an error).
+if [ "$DRY_RUN" = 1 ]; then
+  step "ctest -L cuda" 25 120 1 ctest_cuda.log ctest --test-dir "$AMPKIT_BUILD_DIR" -N -L cuda --no-tests=error
+else
+  step "ctest -L cuda" 25 120 1 ctest_cuda.log ctest --test-dir "$AMPKIT_BUILD_DIR" --output-on-failure -L cuda \
+    --no-tests=error -j 4 --timeout 100
+fi
+
+# 3. pytest's CUDA tests. Without a device they are all skipped: the dry run checks that every module collects
+# with the device's packages and that the selection is not empty.
+pytest_cuda() {
+  "$PY" -m pytest -q -rfEs -m cuda -p no:cacheprovider --junitxml="$LOGS/pytest_cuda.xml" tests/python "$@"
+  local rc=$?
+  [ "$rc" -eq 5 ] && echo "pytest -m cuda selected no test" && return 5
+  return "$rc"
+}
+export -f pytest_cuda
+step "pytest -m cuda" 90 240 1 pytest_cuda.log pytest_cuda
+
+# 4. The demos on FP16 (the C++ one built against the installed package, as a user's program).
+DIGITS="$DEPS/digits.bin"
+export DIGITS BENCH_ARGS="${BENCH_ARGS:-}"
+demo_cpp() {
+  source "$ROOT/scripts/common.sh" && build_examples >/dev/null || return 1
+  [ -f "$DIGITS" ] || { echo "no $DIGITS: run scripts/stage_gpu_deps.sh"; return 1; }
+  [ "$DRY_RUN" = 1 ] && { echo "dry run: built $AMPKIT_BUILD_DIR/examples/train_demo/train_demo, not run"; return 0; }
+  "$AMPKIT_BUILD_DIR/examples/train_demo/train_demo" "$DIGITS" --epochs 20 --inject-overflow 300 \
+    --history "$OUT/history_fp16.csv"
+}
+export -f demo_cpp
+step "demo (C++, CUDA FP16)" 40 150 1 demo_cpp.log demo_cpp
+demo_py() {
+  [ "$DRY_RUN" = 1 ] && { "$PY" examples/python/train_demo.py --help >/dev/null; return; }
+  "$PY" examples/python/train_demo.py --epochs 10 --data "$DIGITS"
+}
+export -f demo_py
+step "demo (Python, CUDA graph)" 30 120 1 demo_py.log demo_py
+
+# 5. The CUDA bench rows with host-sync counts.
+bench_cuda() {
+  [ "$DRY_RUN" = 1 ] && { "$PY" bench/run.py --help >/dev/null; return; }
+  "$PY" bench/run.py --device cuda --json "$OUT/bench_cuda.json" ${BENCH_ARGS:-}
+}
+export -f bench_cuda
+step "bench --device cuda" 90 200 1 bench_cuda.log bench_cuda
+
+{
+  echo
+  echo "==== gpu_check summary ($(date -u +%Y-%m-%d), $((SECONDS - T0)) s$([ "$DRY_RUN" = 1 ] && echo ', dry run'))"
+  head -n 4 "$LOGS/env.txt"
+  grep -hE "^[0-9]+ (passed|failed|skipped)|^=+ .*(passed|failed|skipped|deselected|error)" "$LOGS/pytest_cuda.log" \
+    2>/dev/null | tail -n 1
+  grep -hE "tests passed|tests failed|^Total Tests" "$LOGS/ctest_cuda.log" 2>/dev/null | tail -n 1
+  printf '%s\n' "${status[@]}"
+  if [ "${#failed_tests[@]}" -gt 0 ]; then
+    echo "failing tests:"
+    printf '  %s\n' "${failed_tests[@]}"
+  fi
+  if [ -f "$LOGS/bench_cuda.log" ] && grep -q "^name" "$LOGS/bench_cuda.log"; then
+    grep -A 60 "^name" "$LOGS/bench_cuda.log"
+  fi
+  [ -f "$LOGS/demo_cpp.log" ] && grep -A 4 "^mode" "$LOGS/demo_cpp.log"
+  [ -f "$LOGS/demo_py.log" ] && [ "$DRY_RUN" = 0 ] && tail -n 6 "$LOGS/demo_py.log"
+} | tee -a "$SUMMARY"
+pack_logs
+rm -rf "$(dirname "$LOGS")"
+echo "files: $(cd "$OUT" && ls | tr '\n' ' ')"
+printf '%s\n' "${status[@]}" | grep -q "^FAIL" && exit 1
 exit 0

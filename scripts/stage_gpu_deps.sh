@@ -1,12 +1,22 @@
 #!/usr/bin/env bash
-# Copies the header-only Catch2 of this machine (Debian's catch2) and the demo's dataset into .deps/ (git-ignored)
-# so that a device call can carry them to a GPU host that has neither and no internet: run(carry=[".deps"], ...).
+# Stages in .deps/ (git-ignored) what the GPU host lacks and cannot download (it has no internet), so that a device
+# call carries it: run(carry=[".deps"], command="scripts/gpu_check.sh"). scripts/gpu_check.sh finds each on its own
+# path: Catch2's header and CMake package (Debian's catch2) under .deps/include and .deps/lib/cmake, the pure-Python
+# test dependencies the GPU host lacks (expecttest, which torch.testing._internal imports) under .deps/python, and
+# the demo's dataset (.deps/digits.bin, exported from scikit-learn's copy).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-mkdir -p "$ROOT/.deps/include" "$ROOT/.deps/lib/cmake"
-cp -r /usr/include/catch2 "$ROOT/.deps/include/"
-cp -r /usr/lib/cmake/Catch2 "$ROOT/.deps/lib/cmake/"
-cp /usr/lib/libCatch2WithMain.a "$ROOT/.deps/lib/"
-# The demo's dataset, exported here (the GPU host has no scikit-learn).
-"${PYTHON:-python3}" "$ROOT/examples/python/export_digits.py" "$ROOT/.deps/digits.bin"
-echo "staged Catch2 and the digits dataset in $ROOT/.deps"
+PY="${PYTHON:-python3}"
+DEPS="$ROOT/.deps"
+rm -rf "$DEPS"
+mkdir -p "$DEPS/include" "$DEPS/lib/cmake" "$DEPS/python"
+cp -r /usr/include/catch2 "$DEPS/include/"
+cp -r /usr/lib/cmake/Catch2 "$DEPS/lib/cmake/"
+[ -f /usr/lib/libCatch2WithMain.a ] && cp /usr/lib/libCatch2WithMain.a "$DEPS/lib/"
+# Pure-Python test requirements missing on the GPU host, at the versions requirements.txt pins.
+for pkg in expecttest; do
+  pin=$(grep -E "^$pkg==" "$ROOT/requirements.txt" | cut -d' ' -f1)
+  PIP_ROOT_USER_ACTION=ignore "$PY" -m pip install -q --no-deps --no-compile --target "$DEPS/python" "${pin:-$pkg}"
+done
+"$PY" "$ROOT/examples/python/export_digits.py" "$DEPS/digits.bin" >/dev/null
+echo "staged in $DEPS ($(du -sh "$DEPS" | cut -f1)): Catch2, expecttest, the digits dataset"

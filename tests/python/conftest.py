@@ -7,7 +7,29 @@ import torch
 import ampkit  # noqa: F401  (registers torch.ops.ampkit)
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-CUDA_ONLY = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+CUDA_REASON = "needs a CUDA device"
+CUDA_ONLY = pytest.mark.skipif(not torch.cuda.is_available(), reason=CUDA_REASON)
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "cuda: runs on a CUDA device (set on collection; scripts/gpu_check.sh runs "
+                            "`pytest -m cuda`)")
+
+
+def _runs_on_cuda(item) -> bool:
+    """A test needs a device when it skips without one (CUDA_ONLY) or is a `cuda` parametrization (DEVICES)."""
+    if any(m.kwargs.get("reason") == CUDA_REASON for m in item.iter_markers("skipif")):
+        return True
+    callspec = getattr(item, "callspec", None)
+    values = callspec.params.values() if callspec is not None else ()
+    return any(v == "cuda" or (isinstance(v, torch.device) and v.type == "cuda") for v in values
+               if isinstance(v, (str, torch.device)))
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if _runs_on_cuda(item):
+            item.add_marker(pytest.mark.cuda)
 
 _INT_OF_SIZE = {2: torch.int16, 4: torch.int32, 8: torch.int64}
 
