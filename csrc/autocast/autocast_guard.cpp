@@ -1,10 +1,25 @@
 // AutocastGuard: torch.autocast.__enter__ / __exit__, step for step, in C++ (see <ampkit/autocast.h>).
 #include "ampkit/autocast.h"
 
+#include <ATen/Context.h>
 #include <ATen/autocast_mode.h>
 #include <c10/util/Exception.h>
 
 namespace ampkit {
+namespace {
+
+// As torch.autocast: a CUDA scope where no CUDA device exists runs without autocast, and says so (silently it
+// looks like a working FP16 scope whose ops all run in FP32 on the CPU).
+bool enabled_on(c10::DeviceType device, bool enabled) {
+  if (enabled && device == c10::DeviceType::CUDA && !at::globalContext().hasCUDA()) {
+    TORCH_WARN_ONCE("ampkit::AutocastGuard: device CUDA was asked for, but CUDA is not available here, so autocast "
+                    "is disabled for this scope; for the CPU use AutocastGuard(at::kCPU, at::kBFloat16)");
+    return false;
+  }
+  return enabled;
+}
+
+}  // namespace
 
 AutocastGuard::AutocastGuard(c10::DeviceType device, c10::ScalarType dtype, bool enabled,
                              std::optional<bool> cache_enabled, const AutocastOverrides& overrides)
@@ -19,7 +34,7 @@ AutocastGuard::AutocastGuard(c10::DeviceType device, c10::ScalarType dtype, bool
     push_autocast_overrides(device, overrides);  // validates (and installs) before any state changes
     pushed_overrides_ = true;
   }
-  at::autocast::set_autocast_enabled(device, enabled);
+  at::autocast::set_autocast_enabled(device, enabled_on(device, enabled));
   at::autocast::set_autocast_dtype(device, dtype);
   at::autocast::increment_nesting();
   at::autocast::set_autocast_cache_enabled(cache_enabled.value_or(prev_cache_enabled_));

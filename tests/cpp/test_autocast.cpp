@@ -148,6 +148,31 @@ TEST_CASE("register_autocast: a C++ custom op gets each policy, with no Python i
   }
 }
 
+TEST_CASE("AutocastGuard: CUDA without a CUDA device warns and leaves autocast off", "[autocast][cpu]") {
+  if (at::globalContext().hasCUDA()) {
+    WARN("a CUDA device exists: nothing to check here");
+    return;
+  }
+  struct Collect : c10::WarningHandler {
+    std::vector<std::string> messages;
+    void process(const c10::Warning& w) override { messages.push_back(w.msg()); }
+  } handler;
+  c10::WarningUtils::WarningHandlerGuard use(&handler);
+  {
+    ampkit::AutocastGuard guard(at::kCUDA, at::kHalf);
+    CHECK_FALSE(at::autocast::is_autocast_enabled(at::kCUDA));
+  }
+  CHECK_FALSE(at::autocast::is_autocast_enabled(at::kCUDA));
+  // TORCH_WARN_ONCE: the first such guard of the process warns (no other test makes one; ctest runs each case in
+  // a process of its own).
+  REQUIRE(handler.messages.size() == 1);
+  CHECK(handler.messages[0].find("CUDA is not available") != std::string::npos);
+  {
+    ampkit::AutocastGuard cpu(at::kCPU, at::kBFloat16);  // the CPU is untouched
+    CHECK(at::autocast::is_autocast_enabled(at::kCPU));
+  }
+}
+
 TEST_CASE("OpStatsGuard: counts ops per dtype", "[autocast][cpu]") {
   const auto a = torch::randn({8, 16});
   const auto w = torch::randn({4, 16});

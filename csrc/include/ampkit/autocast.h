@@ -42,7 +42,8 @@ struct AutocastOverrides {
 // restores what it saved. Autocast state is per thread; the cast cache is process-wide.
 //
 // Args:
-//   device: kCPU or kCUDA (any device type ATen's autocast knows).
+//   device: kCPU or kCUDA (any device type ATen's autocast knows). kCUDA where no CUDA device exists warns once
+//           and leaves autocast off in the scope, as torch.autocast does.
 //   dtype: the low-precision type, kHalf or kBFloat16.
 //   enabled: false runs the scope in full precision (a nested guard can switch autocast off).
 //   cache_enabled: keep casts of leaf tensors (weights) for the scope; default: the current setting.
