@@ -186,8 +186,8 @@ void GradientAllReduce::synchronize() {
     }
     const bool fused = cast_pass_dtype(b.grad_dtype) && cast_pass_dtype(b.buffer.scalar_type());
     if (unscale) {
-      // The scaler's unscale and check, done here once for the bucket's grads; the scaler adds the flag into its
-      // own, so the bucket's tensor is free again next round.
+      // The scaler's unscale and check, done here once for the bucket's grads; the scaler copies the flag into a
+      // slot of its own (NOTE [Scaler streams]), so the bucket's tensor is free again at once.
       if (!b.found_inf.defined()) {
         b.found_inf = at::empty({1}, at::TensorOptions().device(b.device).dtype(at::kFloat));
       }

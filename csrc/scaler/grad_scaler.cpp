@@ -12,7 +12,6 @@
 #include <limits>
 #include <sstream>
 
-#include "../../kernels/amp_functors.h"
 #include "ampkit/ops.h"
 
 namespace ampkit {
@@ -100,8 +99,10 @@ void GradScaler::lazy_init(const at::Device& device) {
   growth_tracker_ = at::full({}, init_growth_tracker_, on.dtype(at::kInt));
   hysteresis_tracker_ = at::full({}, init_hysteresis_tracker_, on.dtype(at::kInt));
   stats_ = at::tensor(init_stats_, at::TensorOptions().dtype(at::kLong)).to(device);
-  step_ran_ = at::ones({}, on.dtype(at::kBool));
+  step_ran_flags_ = {at::ones({}, on.dtype(at::kBool))};  // NOTE [Step-ran flags]: true before an update()
+  step_ran_ = 0;
   scale64_ = at::empty({}, on.dtype(at::kDouble));
+  scale_written();
 }
 
 const at::Tensor& GradScaler::check_scale_exists(const char* funcname) const {
@@ -240,7 +241,10 @@ void GradScaler::unscale_params_(int64_t key, const std::vector<at::Tensor>& par
   const Stage s = stage(key);
   TORCH_CHECK(s != Stage::kUnscaled, "unscale_() has already been called on this optimizer since the last update().");
   TORCH_CHECK(s != Stage::kStepped, "unscale_() is being called after step().");
-  if (external_found_inf_.defined()) {  // NOTE [Grads unscaled outside the scaler]
+  if (recorded_count_ > 0) {  // NOTE [Grads unscaled outside the scaler]
+    if (!external_found_inf_.defined()) {
+      external_found_inf_ = consume_recorded_flags();  // once per iteration, on this stream
+    }
     if (options_.process_group() && !external_reduced_) {
       // The recorded flag agrees across the all-reduce's group; the scaler's group may be larger (pipeline or
       // tensor parallel around data parallel): every rank of it must take the same decision.
@@ -257,28 +261,6 @@ void GradScaler::unscale_params_(int64_t key, const std::vector<at::Tensor>& par
     record_checks(key, params, grads, /*unscale=*/true, /*allow_fp16=*/false);
   }
   per_optimizer_[key].stage = Stage::kUnscaled;
-}
-
-void GradScaler::record_unscaled_grads(const at::Tensor& found_inf) {
-  if (!enabled_) {
-    return;
-  }
-  const at::Tensor& scale = check_scale_exists("record_unscaled_grads");
-  TORCH_CHECK_VALUE(found_inf.defined() && found_inf.numel() == 1 && found_inf.scalar_type() == at::kFloat,
-                    "GradScaler.record_unscaled_grads: found_inf must be a one-element float32 tensor, but got ",
-                    found_inf.defined() ? found_inf.toString() : std::string("an undefined tensor"),
-                    found_inf.defined() ? " of " + std::to_string(found_inf.numel()) + " elements" : "");
-  for (const auto& [key, state] : per_optimizer_) {
-    TORCH_CHECK(state.stage == Stage::kReady, "GradScaler.record_unscaled_grads: an optimizer was already unscaled "
-                "or stepped in this iteration; all-reduce (and record) the grads before unscale_() and step()");
-  }
-  TORCH_CHECK(!external_reduced_, "GradScaler.record_unscaled_grads: the recorded flag was already all-reduced over "
-              "the scaler's process group in this iteration; record every bucket before unscale_() and step()");
-  if (!external_found_inf_.defined()) {
-    external_found_inf_ = buffer(0, scale.device(), BufferRole::kExternal);
-    external_found_inf_.zero_();
-  }
-  external_found_inf_.add_(found_inf.reshape({}).to(scale.device(), /*non_blocking=*/true));
 }
 
 at::Tensor GradScaler::unscale_factor(const at::Device& device) {
@@ -317,7 +299,7 @@ std::pair<at::Tensor, at::Tensor> GradScaler::prepare_fused_step(int64_t key, co
                                                                  const std::vector<at::Tensor>& grads) {
   const at::Tensor& scale = check_scale_exists("_check_inf_per_device");
   bool still_scaled = stage(key) == Stage::kReady;
-  if (still_scaled && external_found_inf_.defined()) {  // NOTE [Grads unscaled outside the scaler]
+  if (still_scaled && recorded_count_ > 0) {  // NOTE [Grads unscaled outside the scaler]
     unscale_params_(key, params, grads);
     still_scaled = false;
   } else if (still_scaled) {
@@ -402,12 +384,14 @@ void GradScaler::update() {
       combined.add_(t.to(scale.device(), /*non_blocking=*/true));
     }
   }
+  before_scale_write();
   update_scale_hysteresis_(scale_, growth_tracker_, hysteresis_tracker_, stats_, combined, growth_factor_,
                            backoff_factor_, growth_interval_, options_.hysteresis(), options_.min_scale().value_or(0.0),
                            options_.max_scale().value_or(std::numeric_limits<double>::infinity()),
                            options_.scaling() && options_.dynamic());
-  // A fresh flag per step, so that flags collected step after step without a sync each keep their own value.
-  step_ran_ = combined.eq(0);
+  scale_written();
+  // Into a flag nobody holds (NOTE [Step-ran flags]): flags collected step after step keep their own values.
+  at::logical_not_out(next_step_ran_flag(), combined);
   if (options_.overflow_report()) {
     last_report_.clear();
     for (const auto& [key, state] : per_optimizer_) {
@@ -416,11 +400,9 @@ void GradScaler::update() {
   }
   // The iteration is closed before anything may raise: a raise at min_scale leaves the scaler usable and savable.
   end_iteration();
-  if (options_.min_scale().has_value() && (options_.raise_at_min_scale() || !warned_at_min_)) {
-    // Overflows at min_scale are counted on the device; one read per update() tells the host, on the generic
-    // and the fused path alike, until the warning has been given (every update() with raise_at_min_scale).
-    warn_at_min_scale(stats_[kernels::kStatOverflowsAtMin].item<int64_t>(), /*may_raise=*/true);
-  }
+  // Overflows at min_scale reach the host without a sync (NOTE [Watching min_scale]), on the generic and the
+  // fused path alike, until the warning has been given (every update() with raise_at_min_scale).
+  watch_min_scale();
 }
 
 void GradScaler::check_new_scale_allowed() const {
@@ -440,7 +422,9 @@ void GradScaler::update(double new_scale) {
   check_new_scale_allowed();
   TORCH_CHECK_VALUE(std::isfinite(new_scale) && new_scale > 0.0,
                     "GradScaler update(new_scale): new_scale must be a finite number > 0, but got ", new_scale);
+  before_scale_write();
   scale_.fill_(new_scale);
+  scale_written();
   end_iteration();
 }
 
@@ -470,7 +454,9 @@ void GradScaler::update(const at::Tensor& new_scale) {
   const double value = new_scale.item<double>();
   TORCH_CHECK_VALUE(std::isfinite(value) && value > 0.0,
                     "GradScaler update(new_scale): new_scale must be a finite number > 0, but got ", value);
+  before_scale_write();
   scale_.copy_(new_scale);
+  scale_written();
   end_iteration();
 }
 

@@ -63,7 +63,17 @@ double GradScaler::get_scale() const {
 
 at::Tensor GradScaler::get_scale_async() const { return scale_; }
 
-at::Tensor GradScaler::last_step_ran() const { return step_ran_; }
+at::Tensor GradScaler::last_step_ran() const {
+  if (step_ran_flags_.empty()) {
+    return {};
+  }
+  // A tensor of its own over the flag's storage (NOTE [Step-ran flags]): whoever holds it, or a view of it, holds
+  // the storage. No device memory.
+  const at::Tensor& flag = step_ran_flags_[step_ran_];
+  at::Tensor out = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(flag.storage()), flag.key_set(), flag.dtype());
+  out.unsafeGetTensorImpl()->set_sizes_and_strides(flag.sizes(), flag.strides(), flag.storage_offset());
+  return out;
+}
 
 // The setters validate as the constructor does (a bad value changes nothing).
 void GradScaler::set_growth_factor(double v) {
@@ -285,11 +295,16 @@ void GradScaler::load_state_dict(const ScalerState& state) {
   init_hysteresis_tracker_ = hysteresis_tracker;
   init_stats_ = stats;
   if (scale_.defined()) {
+    before_scale_write();
     scale_.fill_(scale);
+    scale_written();
     growth_tracker_.fill_(tracker);
     hysteresis_tracker_.fill_(hysteresis_tracker);
     stats_.copy_(at::tensor(stats, at::TensorOptions().dtype(at::kLong)));
   }
+  // A copy of the old count still in flight is not the count any more (NOTE [Watching min_scale]).
+  min_watch_.stale = min_watch_.pending;
+  min_watch_.known = stats[3];
 }
 
 void GradScaler::save(torch::serialize::OutputArchive& archive) const {

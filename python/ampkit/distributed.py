@@ -10,7 +10,8 @@
 * all-reduce the 2-byte copy (half the bytes of an FP32 all-reduce);
 * decompress into the bucket, unscale and check it in one pass (``torch.ops.ampkit.cast_unscale_and_check_`` with
   the scaler's ``unscale_factor``: the bits of a copy followed by the scaler's unscale) and record the flag with
-  :meth:`ampkit.GradScaler.record_unscaled_grads`. The
+  :meth:`ampkit.GradScaler.record_unscaled_grads`. torch runs each bucket's callback on a stream of its pool:
+  the scaler keeps each bucket's flag apart and orders the streams itself (its NOTE [Scaler streams]). The
   grads DDP then writes are unscaled; the scaler's ``unscale_``/``step`` take the recorded flag instead of their
   own unscale or check pass over the grads, and every rank skips together, because after the all-reduce every
   rank checked the same values. An FP16 overflow caused by the compression itself (a gradient sum above 65504 at

@@ -57,7 +57,8 @@ class GradScaler:
         hysteresis: the scale backs off at the ``hysteresis``-th overflow since the last growth (1: every
             overflow, as torch); overflows before it only skip the step.
         min_scale, max_scale: bounds of the scale. Overflows that continue at ``min_scale`` warn once
-            (``raise_at_min_scale=True``: raise) instead of driving the scale to 0.
+            (``raise_at_min_scale=True``: raise) from ``update()`` instead of driving the scale to 0. Their count
+            reaches the host without a sync, so on a GPU possibly one ``update()`` late (docs/api.md).
         process_group: a ``torch.distributed`` group over which found_inf is all-reduced (MAX) before the skip
             decision, so every rank skips together.
         scaling: ``False`` fixes the scale at 1 (BF16 runs) while still checking grads and skipping
@@ -67,7 +68,7 @@ class GradScaler:
         overflow_report: record which parameters held Inf/NaN grads; see :meth:`overflow_report`.
 
     ``stats()`` returns steps, skipped_steps, last_overflow_step, scale and the trackers; ``last_step_ran()`` a
-    device bool telling whether the last step's update ran, without a sync.
+    device bool telling whether the last step's update ran, without a sync (it keeps its value while held).
     """
 
     def __init__(
@@ -262,7 +263,9 @@ class GradScaler:
     def record_unscaled_grads(self, found_inf: torch.Tensor) -> None:
         """Record that this iteration's grads were unscaled (by :meth:`unscale_factor`) and checked outside the
         scaler, e.g. by ``ampkit.distributed``'s DDP hooks while decompressing: ``found_inf`` (one float32 element,
-        nonzero when a grad held Inf/NaN) is added to the iteration's flag. Until :meth:`update`, ``unscale_`` and
+        nonzero when a grad held Inf/NaN) is copied on the current stream, and the first ``unscale_``/``step`` sums
+        every recorded flag on its own stream after waiting for each (buckets may record from different streams
+        and threads; ``found_inf`` may be reused at once). Until :meth:`update`, ``unscale_`` and
         ``step`` use that flag for every optimizer instead of unscaling or checking again (fused optimizers get no
         ``grad_scale``), so every parameter they step must have gone through that path."""
         if not self._enabled:
@@ -285,7 +288,8 @@ class GradScaler:
 
     def unscale_factor(self, device: Union[str, torch.device]) -> torch.Tensor:
         """``1 / scale`` on ``device`` as a one-element float32 tensor (the float64 reciprocal rounded once, the
-        factor :meth:`unscale_` multiplies by), without a host sync; valid until the next call."""
+        factor :meth:`unscale_` multiplies by), without a host sync; computed once per scale (a call from another
+        stream waits for that computation) and valid until :meth:`update`."""
         return self._core.unscale_factor(str(torch.device(device)))
 
     def minimize(self, optimizer: torch.optim.Optimizer, scaled_loss: Optional[torch.Tensor] = None):
@@ -359,7 +363,8 @@ class GradScaler:
         return self._enabled
 
     def last_step_ran(self) -> Optional[torch.Tensor]:
-        """A device bool tensor: whether the last :meth:`update`'s step ran (False: skipped). No sync."""
+        """A device bool tensor: whether the last :meth:`update`'s step ran (False: skipped). No sync; it keeps its
+        value while held (:meth:`update` writes into a reused flag that nobody else holds)."""
         return self._core.last_step_ran()
 
     def stats(self) -> dict:

@@ -159,6 +159,67 @@ def test_compression_overflow_is_caught_and_backs_off_on_every_rank(tmp_path):
     assert results[0] == results[1]
 
 
+def _buckets(rank, world, store, results, victim_of_step):
+    _init(rank, world, store)
+    try:
+        model = _model()
+        ddp = DDP(model, bucket_cap_mb=1e-5)  # 10 bytes: one bucket per parameter
+        opt = ampkit.optim.AdamW(ddp.parameters(), lr=1e-2)
+        scaler = ampkit.GradScaler("cpu", init_scale=1024.0, growth_interval=100)
+        recorded = []
+        record = scaler.record_unscaled_grads
+
+        def counting_record(found_inf):
+            recorded.append(float(found_inf))
+            record(found_inf)
+
+        scaler.record_unscaled_grads = counting_record
+        ddp.register_comm_hook(scaler, ampkit.distributed.fp16_compress_hook)
+        params = list(model.parameters())
+        history = []
+        for step in range(len(victim_of_step)):
+            victim = victim_of_step[step]
+            handle = None
+            if victim is not None and rank == 1:  # an Inf in one element of one bucket, on one rank
+                handle = params[victim].register_hook(lambda g: g.flatten().index_fill(0, torch.tensor([0]),
+                                                                                      math.inf).view_as(g))
+            x, y = _batch(step, rank, world)
+            before = [p.detach().clone() for p in params]
+            recorded.clear()
+            opt.zero_grad()
+            scaler.scale(torch.nn.functional.mse_loss(ddp(x), y)).backward()
+            scaler.step(opt)
+            scaler.update()
+            if handle is not None:
+                handle.remove()
+            moved = [not torch.equal(b, p) for b, p in zip(before, params)]
+            history.append((scaler.get_scale(), moved, list(recorded)))
+        results[rank] = (history, scaler.stats()["skipped_steps"], all(torch.isfinite(p).all() for p in params))
+    finally:
+        model = ddp = ddp2 = None  # the DDP reducers first (see the finally of examples/python/ddp_train.py)
+        dist.destroy_process_group()
+
+
+def test_an_inf_in_any_one_of_many_buckets_skips_the_step_on_every_rank(tmp_path):
+    # Four buckets from the second step on (DDP reduces the first step's grads in one bucket, then rebuilds them
+    # by the cap), one flag recorded per bucket and step; the Inf sits in one element of one parameter on one
+    # rank, in the bucket reduced first, in a middle one and in the last one: every rank skips that step and
+    # backs off, the other steps move every parameter.
+    victims = [None, 3, None, 0, 1, None]
+    results = _spawn(_buckets, 2, tmp_path, victims)
+    for rank in (0, 1):
+        history, skipped, finite = results[rank]
+        assert [h[0] for h in history] == [1024.0, 512.0, 512.0, 256.0, 128.0, 128.0]
+        for step, ((scale, moved, recorded), victim) in enumerate(zip(history, victims)):
+            assert len(recorded) == (1 if step == 0 else 4)  # every bucket's flag reached the scaler
+            assert any(recorded) == (victim is not None)
+            assert moved == [victim is None] * 4
+        assert skipped == 3 and finite
+    # The ranks agree, but not on the order in which the buckets' callbacks recorded their flags: that order
+    # is whichever all-reduce completed first.
+    assert [(s, m, sorted(r)) for s, m, r in results[0][0]] == [(s, m, sorted(r)) for s, m, r in results[1][0]]
+
+
 # ---- O1 / O2 with checkpoints ---------------------------------------------------------------------------------
 
 def _o_level(rank, world, store, results, level, ckpt):

@@ -61,6 +61,28 @@ def test_last_step_ran_is_a_fresh_flag_per_step():
     assert [bool(f) for f in flags] == truth
 
 
+def test_last_step_ran_flags_are_reused_while_nobody_holds_them_and_never_while_held():
+    # update() writes into a flag only the scaler references (NOTE [Step-ran flags]): the same one step after
+    # step while none is kept, a different one for each flag kept, and a kept flag is never written again.
+    scaler = ampkit.GradScaler("cpu", init_scale=1024.0)
+    params = [torch.nn.Parameter(torch.ones(4))]
+    opt = ampkit.optim.SGD(params, lr=1e-3)
+    written = set()
+    for i in range(6):
+        _step(scaler, opt, params, overflow=i % 2 == 1)
+        assert bool(scaler.last_step_ran()) == (i % 2 == 0)
+        written.add(scaler.last_step_ran().data_ptr())
+    assert len(written) == 1
+    kept = []
+    for i in range(6):
+        _step(scaler, opt, params, overflow=i % 3 == 0)
+        kept.append((scaler.last_step_ran()[None], i % 3 != 0))  # a view keeps the storage, and so the flag
+    assert len({flag.data_ptr() for flag, _ in kept}) == 6
+    for _ in range(3):
+        _step(scaler, opt, params, overflow=True)
+    assert [bool(flag) for flag, _ in kept] == [ran for _, ran in kept]
+
+
 def test_setters_validate_like_the_constructor_and_change_nothing_on_error():
     scaler = ampkit.GradScaler("cpu", growth_interval=7)
     with pytest.raises(ValueError, match="growth_interval must be in"):

@@ -5,15 +5,19 @@
 #pragma once
 
 #include <ATen/core/ivalue.h>
+#include <c10/core/Event.h>
 #include <torch/arg.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/optim/optimizer.h>
 #include <torch/serialize/archive.h>
 
 #include <cstdint>
+#include <deque>
 #include <optional>
 #include <stdexcept>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -50,7 +54,8 @@ struct AMPKIT_API GradScalerOptions {
   // Bounds of the dynamic scale; none by default (torch's behaviour).
   TORCH_ARG(std::optional<double>, min_scale) = std::nullopt;
   TORCH_ARG(std::optional<double>, max_scale) = std::nullopt;
-  // When overflows continue at min_scale: warn once (false) or raise (true).
+  // When overflows continue at min_scale: warn once (false) or raise (true), from update(); on a GPU an update()
+  // learns of the count without a sync, so possibly one update() late (NOTE [Watching min_scale]).
   TORCH_ARG(bool, raise_at_min_scale) = false;
   // false: the scale is fixed at 1 (BF16 runs); grads are still checked and non-finite steps skipped.
   TORCH_ARG(bool, scaling) = true;
@@ -117,7 +122,9 @@ class AMPKIT_API GradScaler {
   // ---- state ----------------------------------------------------------------------------------------------
   double get_scale() const;  // synchronises; init_scale before the first scale(), 1.0 when disabled
   at::Tensor get_scale_async() const;  // the device tensor (undefined before the first scale())
-  // A one-element bool device tensor: whether the last update()'s step ran (false: it was skipped). No sync.
+  // A 0-dim bool device tensor: whether the last update()'s step ran (false: it was skipped). No sync. A flag
+  // keeps its value as long as it is held: update() writes into one of a few reused flags that nobody else holds
+  // (NOTE [Step-ran flags]), so it allocates nothing unless the caller keeps more flags than it has.
   at::Tensor last_step_ran() const;
   double get_growth_factor() const { return growth_factor_; }
   void set_growth_factor(double v);
@@ -163,7 +170,10 @@ class AMPKIT_API GradScaler {
   // NOTE [Grads unscaled outside the scaler]
   // A gradient all-reduce that decompresses, unscales (by unscale_factor) and checks the grads in one pass
   // (ampkit.distributed's DDP hooks, ampkit::distributed::GradientAllReduce) records its Inf/NaN flag here (one
-  // FP32 element, nonzero: a grad held Inf/NaN; flags of several buckets add up). For the rest of the iteration
+  // FP32 element, nonzero: a grad held Inf/NaN). Each call keeps its own copy of the flag, taken on the current
+  // stream; the first unscale_/step sums them on its own stream after waiting for each (NOTE [Scaler streams]),
+  // so buckets may record from different streams and threads (torch runs each DDP bucket's callback on a stream
+  // of its pool) and no flag is lost. The flag may be reused as soon as this returns. For the rest of the iteration
   // unscale_/step take that flag for every optimizer instead of unscaling or checking again, and fused
   // optimizers get no grad_scale; update() clears it. Every parameter of the stepped optimizers must have gone
   // through that all-reduce. After an all-reduce the flag is the same on every rank of its group, so those ranks
@@ -171,10 +181,13 @@ class AMPKIT_API GradScaler {
   // first unscale_/step.
   void record_unscaled_grads(const at::Tensor& found_inf);
   // 1 / scale on `device` (the FP64 reciprocal rounded once to FP32, as unscale_ multiplies by), a one-element
-  // tensor; needs the scale (after the first scale()). Valid until the next call.
+  // tensor; needs the scale (after the first scale()). Computed once per scale, on the stream of the first call
+  // after it changed; a call from another stream makes that stream wait for it. Valid until the scale changes
+  // (update(), load_state_dict()): work reading it must be ordered before update(), as recording the flag it
+  // computed (record_unscaled_grads) orders it. Safe to call from several threads.
   at::Tensor unscale_factor(const at::Device& device);
   // Whether record_unscaled_grads was called in this iteration.
-  bool grads_unscaled_outside() const { return external_found_inf_.defined(); }
+  bool grads_unscaled_outside() const { return recorded_count_ > 0; }
   // Whether inf checks or steps were recorded since the last update() (an iteration is in progress).
   bool in_iteration() const { return !per_optimizer_.empty(); }
   Stage stage(int64_t key) const;
@@ -200,7 +213,7 @@ class AMPKIT_API GradScaler {
   };
 
   // What a reused device buffer holds (see NOTE [Scaler buffers] in scaler_buffers.cpp).
-  enum class BufferRole : uint8_t { kFoundInf, kCombined, kUpdate, kReportFlag, kInvScale, kExternal };
+  enum class BufferRole : uint8_t { kFoundInf, kCombined, kUpdate, kReportFlag, kExternal };
   struct BufferKey {
     int64_t optimizer;  // the optimizer's key; 0: the scaler's own
     at::DeviceType device_type;
@@ -214,6 +227,32 @@ class AMPKIT_API GradScaler {
     at::Tensor tensor;
     int64_t last_used;  // the iteration (update() count) that last used it
   };
+  // A point in one stream's work that work on other streams can be ordered after (NOTE [Scaler streams]).
+  struct StreamMark {
+    std::optional<c10::Event> event;  // none on the CPU, and before the first record
+    c10::Stream stream = c10::Stream(c10::Stream::DEFAULT, c10::Device(c10::kCPU));
+    uint64_t capture = 0;  // the CUDA graph capture it was recorded in (0: none)
+  };
+  // 1 / scale on one device.
+  struct InvScale {
+    at::Device device = at::kCPU;
+    at::Tensor inv;  // FP32, 0-dim
+    bool valid = false;  // computed from the current scale
+    StreamMark ready;    // after its computation
+  };
+  // One record_unscaled_grads call's copy of its flag; reused iteration after iteration.
+  struct RecordedFlag {
+    at::Tensor flag;  // FP32, 0-dim, on the scale's device
+    StreamMark written;
+  };
+  // The overflows-at-min_scale count on its way to the host (NOTE [Watching min_scale]).
+  struct MinScaleWatch {
+    at::Tensor host;  // int64[1], pinned off the CPU
+    StreamMark copied;
+    bool pending = false;  // a copy is in flight
+    bool stale = false;    // ...of a count that load_state_dict() replaced
+    int64_t known = 0;     // the last count that reached the host
+  };
 
   const at::Tensor& check_scale_exists(const char* funcname) const;
   void lazy_init(const at::Device& device);
@@ -223,6 +262,15 @@ class AMPKIT_API GradScaler {
   // A zeroed-on-creation FP32 scalar on `device`, reused across iterations on the current stream.
   at::Tensor& buffer(int64_t optimizer, const at::Device& device, BufferRole role, int64_t index = 0);
   const at::Tensor& inv_scale_on(const at::Device& device);
+  // The recorded flags' sum on the current stream (NOTE [Scaler streams]); once per iteration.
+  at::Tensor consume_recorded_flags();
+  // The flag the next update() writes: one nobody else holds (NOTE [Step-ran flags]).
+  at::Tensor& next_step_ran_flag();
+  // Around every write of scale_ on the current stream: it waits for the inverse's computation to have read the
+  // old scale; after it, the inverses are recomputed on their next use.
+  void before_scale_write();
+  void scale_written();
+  void watch_min_scale();
   void apply_state(const ScalerState& state);
   void warn_at_min_scale(int64_t overflows_at_min, bool may_raise) const;
   void check_new_scale_allowed() const;
@@ -244,12 +292,21 @@ class AMPKIT_API GradScaler {
   at::Tensor growth_tracker_;      // int32, 0-dim
   at::Tensor hysteresis_tracker_;  // int32, 0-dim
   at::Tensor stats_;               // int64[4]
-  at::Tensor step_ran_;            // bool, 0-dim
+  std::vector<at::Tensor> step_ran_flags_;  // bool, 0-dim each (NOTE [Step-ran flags])
+  size_t step_ran_ = 0;                     // the last update()'s
   at::Tensor scale64_;             // FP64, 0-dim: for the FP64 reciprocal
+  StreamMark scale_mark_;          // after the last write of scale_
+  std::deque<InvScale> inv_scales_;  // per device, kept (stable references)
 
   std::unordered_map<int64_t, PerOptimizer> per_optimizer_;
-  at::Tensor external_found_inf_;  // this iteration's flag from record_unscaled_grads (undefined: none)
+  std::deque<RecordedFlag> recorded_;  // record_unscaled_grads' copies, the first recorded_count_ this iteration's
+  size_t recorded_count_ = 0;
+  StreamMark recorded_read_;       // after the last sum of the recorded flags
+  at::Tensor external_found_inf_;  // that sum, this iteration (undefined: not taken yet)
   bool external_reduced_ = false;  // that flag was all-reduced over the process group
+  // record_unscaled_grads and unscale_factor may be called from several threads (DDP's callbacks).
+  std::unique_ptr<std::mutex> hook_mutex_ = std::make_unique<std::mutex>();
+  MinScaleWatch min_watch_;
   std::map<BufferKey, Buffer> buffers_;  // reused step after step
   int64_t iteration_ = 0;
   struct NamedParam {
