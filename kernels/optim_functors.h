@@ -49,25 +49,79 @@ struct AdamParams {
 // kernel fuses it (its explicit fmadd and the compiler's contraction), so that FP32 steps are bit-identical to
 // torch.optim's fused=True. Torch's kernel runs vectors of Vectorized<float>::size() elements and then a scalar
 // loop on the last numel % size elements, and the two loops contract one multiply-add differently (the second
-// moment of Adam, the momentum buffer of SGD). Under AVX-512 the compiler made vector code of 8 floats of that
-// scalar loop, which rounds as the vector body: there only the last numel % 8 elements take the scalar formulas
-// (tail_width 8, as AVX2's; torch_cpu_float_vector_width in csrc/ops/cpu/cpu_loops.cpp). Every ampkit loop, CPU or CUDA, takes the formula by element
-// index (tail = index >= numel - numel % tail_width), never by its own vector width, so CPU and CUDA agree bit for
-// bit whatever their SIMD width.
+// moment of Adam, the momentum buffer of SGD; from a tensor's second step on, as both start from zero or the
+// grad). Under AVX-512 the compiler made vector code of 8 floats of that scalar loop, which rounds as the vector
+// body: there only the last numel % 8 elements take the scalar formulas (tail_width 8, as AVX2's;
+// torch_cpu_float_vector_width in csrc/ops/cpu/cpu_loops.cpp). Every ampkit loop, CPU or CUDA, takes the
+// formula by element index (tail = index >= numel - numel % tail_width), never by its own SIMD width. The ops
+// pass different widths, and the contract is:
+//   - the CPU ops take torch's tail (tail_width = torch_cpu_float_vector_width()): bit-identical to torch's fused
+//     CPU optimizers (tests/python/test_optim_bitwise_torch.py);
+//   - the CUDA ops take none (tail_width 0, kCudaOptimTailWidth in csrc/ops/optim_cuda_launch.h), as torch's CUDA
+//     fused kernels have no scalar loop: bit-identical to the CPU op on a tensor padded to a multiple of its tail
+//     width (no element of the original extent in the tail), which is how tests/cpp/test_emulated_optim.cpp and
+//     tests/cpp/test_ops_cuda.cpp check them;
+//   - CUDA against CPU op on the same tensors: bit for bit but in the last numel % tail_width elements (at most 7)
+//     of each tensor, where the moments and FP32 weights differ by a few FP32 roundings per step (the tests hold
+//     them to a relative 1e-6 over their few steps) and a 16-bit weight by at most one unit in its last place.
 AMPKIT_HOST_DEVICE AMPKIT_INLINE int64_t tail_start(int64_t numel, int tail_width) {
   return tail_width > 0 ? numel - numel % tail_width : numel;
 }
 
+// NOTE [Bias-correction powers]
+// beta^step is computed by step_power, the same operations on every device, never by the platform's pow: CUDA's
+// pow(double) is within 2 ulp and glibc's within 0.52 ulp, and the two round differently wherever beta^step lies
+// near a midpoint. step_power squares in double-double arithmetic (each product error-free through an explicit
+// fma, each sum renormalised by an exact two-sum: nothing the compiler may contract or reassociate) and rounds once
+// at the end: correctly rounded but for a relative error of about 2^-98, and the same bits on the CPU, in the
+// emulated build and on the GPU, so CPU and CUDA steps agree bit for bit. torch's fused CPU kernels call glibc's
+// pow: in double, the two differ by 1 ulp for about 1 in 2000 (beta, step) pairs (where glibc's pow is not
+// correctly rounded); the FP32 factors the functors use (-lr / (1 - beta^step), sqrt(1 - beta^step), 1 -
+// beta^step) came out identical on all 3.2e7 pairs of a sweep (betas 0.1 ... 0.999999 and 2000 random ones, steps
+// 1 ... 1e6, eight learning rates; tests/cpp/test_functors.cpp keeps a part of it), so the CPU steps stay
+// bit-identical to torch's. Step counts that are not whole numbers (a hand-edited state) take the platform's pow.
+// (a_hi + a_lo) * (b_hi + b_lo) as a renormalised pair: the exact product of the high parts (its error by an
+// fma) plus the cross terms.
+AMPKIT_HOST_DEVICE AMPKIT_INLINE void dd_mul(double a_hi, double a_lo, double b_hi, double b_lo, double* hi,
+                                             double* lo) {
+  const double p = a_hi * b_hi;
+  const double e = fma(a_lo, b_hi, fma(a_hi, b_lo, fma(a_hi, b_hi, -p)));
+  *hi = p + e;
+  *lo = e - (*hi - p);
+}
+
+AMPKIT_HOST_DEVICE AMPKIT_INLINE double step_power(double beta, double step) {
+  if (!(step >= 0.0 && step <= 9007199254740992.0 && floor(step) == step)) {
+    return pow(beta, step);
+  }
+  auto n = static_cast<uint64_t>(step);
+  // (hi, lo): an unevaluated sum, |lo| <= ulp(hi) / 2.
+  double r_hi = 1.0;
+  double r_lo = 0.0;
+  double b_hi = beta;
+  double b_lo = 0.0;
+  while (n != 0) {
+    if ((n & 1u) != 0) {
+      dd_mul(r_hi, r_lo, b_hi, b_lo, &r_hi, &r_lo);
+    }
+    n >>= 1;
+    if (n != 0) {
+      dd_mul(b_hi, b_lo, b_hi, b_lo, &b_hi, &b_lo);
+    }
+  }
+  return r_hi;  // = hi + lo rounded once (the pair is renormalised)
+}
+
 // Per-tensor factors of one Adam step, from the step number the tensor reaches with it and the step's lr
-// (in double, then rounded once, as torch's kernel does).
+// (in double, then rounded once, as torch's kernel does; NOTE [Bias-correction powers]).
 struct AdamStepFactors {
   float neg_step_size;          // -lr / (1 - beta1^step)
   float bias_correction2_sqrt;  // sqrt(1 - beta2^step)
   float decay;                  // AdamW: 1 - lr * weight_decay
 
   AMPKIT_HOST_DEVICE static AdamStepFactors at_step(const AdamParams& p, double lr, float step) {
-    const double bc1 = 1.0 - pow(p.beta1, static_cast<double>(step));
-    const double bc2 = 1.0 - pow(p.beta2, static_cast<double>(step));
+    const double bc1 = 1.0 - step_power(p.beta1, static_cast<double>(step));
+    const double bc2 = 1.0 - step_power(p.beta2, static_cast<double>(step));
     return {static_cast<float>(-(lr / bc1)), static_cast<float>(sqrt(bc2)),
             static_cast<float>(1.0 - lr * p.weight_decay)};
   }
@@ -248,7 +302,8 @@ AMPKIT_HOST_DEVICE AMPKIT_INLINE float lamb_grad_divisor(float grad_scale, const
   return static_cast<float>(static_cast<double>(grad_scale) * clip);
 }
 
-// The bias corrections of a tensor's step (1 without bias correction), in double rounded once.
+// The bias corrections of a tensor's step (1 without bias correction), in double rounded once (NOTE
+// [Bias-correction powers]).
 struct LambStepFactors {
   float bias_correction1;
   float bias_correction2;
@@ -257,8 +312,8 @@ struct LambStepFactors {
     if (!p.bias_correction) {
       return {1.f, 1.f};
     }
-    return {static_cast<float>(1.0 - pow(p.beta1, static_cast<double>(step))),
-            static_cast<float>(1.0 - pow(p.beta2, static_cast<double>(step)))};
+    return {static_cast<float>(1.0 - step_power(p.beta1, static_cast<double>(step))),
+            static_cast<float>(1.0 - step_power(p.beta2, static_cast<double>(step)))};
   }
 };
 

@@ -215,6 +215,58 @@ TEST_CASE("split_remainder / join_remainder: the FP32 master survives exactly, t
   }
 }
 
+TEST_CASE("step_power: correctly rounded beta^step, and FP32 bias-correction factors equal to glibc pow's",
+          "[functors][cpu]") {
+  using ampkit::kernels::step_power;
+  // Pairs where glibc's pow (0.52 ulp) is 1 ulp off and step_power returns the correctly rounded power (checked
+  // against 400-bit arithmetic).
+  struct Case {
+    double beta, step, power;
+  };
+  for (const Case c : {Case{0x1.ff7ced916872bp-1, 2904, 0x1.c04c8a080419dp-5},   // 0.999
+                       Case{0x1.fff2e48e8a71ep-1, 494, 0x1.e75210acd7d48p-1},    // 0.9999
+                       Case{0x1.fffeb074a771dp-1, 75, 0x1.ff9dbb7c2ed5bp-1}}) {  // 0.99999
+    CHECK(step_power(c.beta, c.step) == c.power);
+  }
+  CHECK(step_power(0.0, 1.0) == 0.0);
+  CHECK(step_power(0.9, 0.0) == 1.0);
+  CHECK(step_power(1.0, 123456.0) == 1.0);
+  CHECK(step_power(0.9, 1.0) == 0.9);
+  CHECK(step_power(0.9, 1e7) == 0.0);                       // underflows to zero, as pow does
+  CHECK(step_power(0.9, 2.5) == std::pow(0.9, 2.5));        // not a step count: the platform's pow
+  CHECK(std::isnan(step_power(0.9, std::nan(""))));
+
+  // NOTE [Bias-correction powers]: the factors the functors use, rounded to FP32, equal those from glibc's pow
+  // (torch's CPU kernels'), and the powers themselves are within 1 ulp of it.
+  std::mt19937_64 gen(5);
+  std::uniform_real_distribution<double> unit(0.0, 1.0);
+  std::vector<std::pair<double, int64_t>> sweeps = {{0.9, 200000}, {0.99, 200000}, {0.999, 400000}, {0.9999, 400000}};
+  for (int k = 0; k < 60; ++k) {
+    sweeps.emplace_back(k % 2 ? unit(gen) : 1.0 - 1e-3 * unit(gen), 5000);
+  }
+  int64_t differing_powers = 0;
+  for (const auto& [beta, steps] : sweeps) {
+    for (int64_t s = 1; s <= steps; ++s) {
+      const double ours = step_power(beta, static_cast<double>(s));
+      const double glibc = std::pow(beta, static_cast<double>(s));
+      if (ours == glibc) {
+        continue;
+      }
+      ++differing_powers;
+      INFO("beta " << beta << ", step " << s);
+      REQUIRE((ours == std::nextafter(glibc, 0.0) || ours == std::nextafter(glibc, 1.0)));
+      const double bc_ours = 1.0 - ours;
+      const double bc_glibc = 1.0 - glibc;
+      REQUIRE(static_cast<float>(bc_ours) == static_cast<float>(bc_glibc));
+      REQUIRE(static_cast<float>(std::sqrt(bc_ours)) == static_cast<float>(std::sqrt(bc_glibc)));
+      for (const double lr : {1e-3, 3e-4, 1e-2, 1.0}) {
+        REQUIRE(static_cast<float>(-(lr / bc_ours)) == static_cast<float>(-(lr / bc_glibc)));
+      }
+    }
+  }
+  CHECK(differing_powers > 0);  // the sweep does reach glibc's misrounded cases
+}
+
 #include "csrc/ops/cuda_archs.h"
 
 TEST_CASE("cuda_archs_cover: SASS runs on the same major with a higher minor, PTX on anything newer", "[archs][cpu]") {
