@@ -1,0 +1,126 @@
+// The pieces the fused optimizer kernels share (optim_kernels.cu: Adam and SGD; lamb_kernels.cu: LAMB and the
+// grad norm): the FP32 conversions, the device scalars every step reads, the chunk table of the optimizer
+// streams and the kernel that bumps the step counts. Included by those two files only (file-local definitions).
+#pragma once
+
+#include <type_traits>
+#include <vector>
+
+#include "launch.cuh"
+#include "multi_tensor_apply.cuh"
+#include "optim_launch.h"
+
+namespace ampkit::kernels {
+namespace {
+
+// Streams in the chunk table: 0 param, 1 grad, 2 master, 3 exp_avg, 4 exp_avg_sq, 5 max_exp_avg_sq, 6 step,
+// 7 remainder.
+constexpr int kStreams = 8;
+
+using cuda::global_load;
+using cuda::global_store;
+
+// FP32 values of FP16/BF16/FP32 elements, and back with one rounding to nearest-even.
+__device__ AMPKIT_INLINE float to_float(__half v) { return __half2float(v); }
+__device__ AMPKIT_INLINE float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ AMPKIT_INLINE float to_float(float v) { return v; }
+template <typename T>
+__device__ AMPKIT_INLINE T from_float(float v);
+template <>
+__device__ AMPKIT_INLINE __half from_float<__half>(float v) { return __float2half_rn(v); }
+template <>
+__device__ AMPKIT_INLINE __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+template <>
+__device__ AMPKIT_INLINE float from_float<float>(float v) { return v; }
+
+
+// How the elements of one chunk read their grads: divided by the scale (when `unscale`), stored back unscaled
+// (when `write`); elements from index `tail_from` of the tensor on take the scalar-tail formulas (NOTE [torch's
+// scalar tail]).
+struct GradIn {
+  float scale;
+  bool unscale;
+  bool write;
+  int tail_width;
+};
+
+// What every fused step reads from the device besides the tensors: the skip flag, the grad scale and the lr.
+struct DeviceScalars {
+  const float* grad_scale;
+  const float* found_inf;
+  const float* lr;
+
+  __device__ bool skipped() const { return found_inf != nullptr && *found_inf != 0.f; }
+  // Grads are divided by the scale, as torch's fused kernels do.
+  __device__ GradIn grad_in(bool write, int tail_width) const {
+    return GradIn{grad_scale != nullptr ? *grad_scale : 1.f, grad_scale != nullptr && *grad_scale != 1.f, write,
+                  tail_width};
+  }
+  __device__ double lr_or(double lr_arg) const { return lr != nullptr ? static_cast<double>(*lr) : lr_arg; }
+};
+
+// Step counts live in their own one-element tensors; they are bumped after the update kernel (which reads them).
+constexpr int kMaxStepsPerLaunch = 2000;
+struct StepList {
+  float* step[kMaxStepsPerLaunch];
+  int n;
+};
+
+__global__ void increment_steps_kernel(AMPKIT_GRID_CONSTANT(StepList) list, const float* found_inf) {
+  if (found_inf != nullptr && *found_inf != 0.f) {
+    return;
+  }
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < list.n; i += gridDim.x * blockDim.x) {
+    *list.step[i] += 1.f;
+  }
+}
+
+// One multi-tensor pass of `op` over the optimizer streams of `tensors`.
+template <typename ChunkOp>
+LaunchStatus launch_passes(const OptimTensor* tensors, int64_t n, const ChunkOp& op, cudaStream_t stream) {
+  // The chunk table's stream lists: lists[s * n + i] is stream s of tensor i.
+  std::vector<TensorRef> lists(static_cast<size_t>(kStreams * n));
+  for (int64_t i = 0; i < n; ++i) {
+    const OptimTensor& t = tensors[i];
+    void* streams[kStreams] = {t.param, t.grad, t.master, t.exp_avg, t.exp_avg_sq,
+                               t.max_exp_avg_sq, t.step, t.remainder};
+    for (int s = 0; s < kStreams; ++s) {
+      lists[s * n + i] = TensorRef{streams[s], t.numel, s < 2 ? t.dtype : DType::kFloat32};
+    }
+  }
+  const TensorRef* heads[kStreams];
+  for (int s = 0; s < kStreams; ++s) {
+    heads[s] = lists.data() + s * n;
+  }
+  return cuda::multi_tensor_apply<kStreams>(heads, n, op, stream);
+}
+
+// The pass of `op`, then every step count += 1 (unless *found_inf != 0).
+template <typename ChunkOp>
+LaunchStatus launch_step(const OptimTensor* tensors, int64_t n, const ChunkOp& op, const float* found_inf,
+                         cudaStream_t stream) {
+  LaunchStatus status = launch_passes(tensors, n, op, stream);
+  StepList steps;
+  steps.n = 0;
+  auto flush = [&]() {
+    status.error = cuda::launch_kernel(increment_steps_kernel, dim3((steps.n + 255) / 256), dim3(256), stream, steps,
+                                       found_inf);
+    status.launches += status.ok() ? 1 : 0;
+    steps.n = 0;
+  };
+  for (int64_t i = 0; i < n && status.ok(); ++i) {
+    if (tensors[i].step != nullptr) {
+      steps.step[steps.n++] = tensors[i].step;
+      if (steps.n == kMaxStepsPerLaunch) {
+        flush();
+      }
+    }
+  }
+  if (status.ok() && steps.n > 0) {
+    flush();
+  }
+  return status;
+}
+
+}  // namespace
+}  // namespace ampkit::kernels

@@ -1,0 +1,164 @@
+// The fused Adam/AdamW and SGD steps of kernels/cuda, run on the CPU through the emulated host build of the same
+// sources and through the CUDA op's own host glue (csrc/ops/optim_cuda_launch.h: the tail width and parameters
+// the GPU gets), compared with the CPU op as NOTE [torch's scalar tail] states: bit for bit with the CPU op on
+// copies padded to a multiple of its tail width, and bit for bit with the CPU op itself but in the last
+// numel % tail_width elements of each tensor, which are within a stated tolerance. Built and run as
+// test_emulated.cpp is (two chunk sizes, sanitizers).
+
+#include "catch_torch.h"
+
+#include <vector>
+
+#include "emulated_optim_helpers.h"
+
+namespace kern = ampkit::kernels;
+namespace emu = ampkit::kernels::emulation;
+using ampkit::test::bits_equal;
+using namespace ampkit::test::emulated;
+
+TEST_CASE("emulated adam step: AdamW/Adam, every master mode, skip, grad scale and device lr match the CPU",
+          "[emulated]") {
+  torch::manual_seed(6);
+  const std::vector<int64_t> sizes = {1, 3, 4, 7, 8, 9, 33, kChunk - 1, kChunk + 5, 0};
+  int64_t tail_differences = 0;
+  for (const auto dtype : {at::kFloat, at::kHalf, at::kBFloat16}) {
+    for (const Master master : {Master::kNone, Master::kFp32, Master::kRemainder}) {
+      if ((master == Master::kRemainder && dtype != at::kBFloat16) || (master != Master::kNone && dtype == at::kFloat)) {
+        continue;
+      }
+      for (const bool decoupled : {true, false}) {
+        for (const bool amsgrad : {false, true}) {
+          for (const int64_t offset : {0, 1}) {
+            const bool maximize = amsgrad && decoupled;
+            const Scalars sc{1024.f, 0.f, 2e-3f, true, true, offset == 1};
+            INFO("dtype " << dtype << ", master " << static_cast<int>(master) << ", decoupled " << decoupled
+                          << ", amsgrad " << amsgrad << ", offset " << offset);
+            StepRuns runs(make_params(sizes, dtype, master, true, amsgrad, false, offset));
+            const kern::AdamParams hp{1e-3, 0.9, 0.999, 0.01, 1e-8, amsgrad, maximize, decoupled};
+            for (int step = 0; step < 3; ++step) {
+              runs.adam(hp, sc);
+            }
+            tail_differences += runs.tail_differences;
+          }
+        }
+      }
+    }
+  }
+  // The scalar tail's formula rounds differently: the padded reference is what the CUDA op must equal.
+  CHECK(tail_differences > 0);
+}
+
+TEST_CASE("emulated optimizer steps: one misaligned stream goes element-wise, the others stay vectorized, and "
+          "all match the CPU", "[emulated]") {
+  // NOTE [Optimizer chunk loop]: alignment is decided per stream. Each case moves one stream 1 element off its
+  // 16-byte boundary (a copy of the same values) and compares AdamW (amsgrad) and SGD with momentum to the CPU.
+  torch::manual_seed(11);
+  const std::vector<int64_t> sizes = {3, 9, 4 * 512 * 2 + 7, kChunk + 6};
+  for (const auto dtype : {at::kFloat, at::kHalf, at::kBFloat16}) {
+    for (const Master master : {Master::kNone, Master::kFp32, Master::kRemainder}) {
+      if ((master == Master::kRemainder && dtype != at::kBFloat16) || (master != Master::kNone && dtype == at::kFloat)) {
+        continue;
+      }
+      for (auto field : {&ParamState::param, &ParamState::grad, &ParamState::master, &ParamState::remainder,
+                         &ParamState::exp_avg, &ParamState::exp_avg_sq, &ParamState::max_exp_avg_sq}) {
+        for (const bool adam : {true, false}) {
+          auto initial = make_params(sizes, dtype, master, adam, adam, !adam, 0);
+          if (!(initial[0].*field).defined()) {
+            continue;
+          }
+          for (auto& ps : initial) {
+            ps.*field = at_offset(ps.*field, 1);
+          }
+          INFO("dtype " << dtype << ", master " << static_cast<int>(master) << ", adam " << adam);
+          StepRuns runs(initial);
+          const Scalars sc{256.f, 0.f, 0.f, true, true, false};
+          for (int step = 0; step < 2; ++step) {
+            if (adam) {
+              runs.adam(kern::AdamParams{1e-3, 0.9, 0.999, 0.01, 1e-8, true, false, true}, sc);
+            } else {
+              runs.sgd(kern::SgdParams{0.05, 0.9, 0.0, 1e-4, true, false}, sc);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("emulated sgd step: momentum, nesterov, dampening, masters and remainders match the CPU", "[emulated]") {
+  torch::manual_seed(7);
+  const std::vector<int64_t> sizes = {1, 5, 8, 17, kChunk + 3};
+  struct Config {
+    float momentum, dampening, weight_decay;
+    bool nesterov, maximize;
+  };
+  int64_t tail_differences = 0;
+  for (const Config c : {Config{0.f, 0.f, 0.f, false, false}, Config{0.9f, 0.f, 1e-4f, true, false},
+                         Config{0.9f, 0.1f, 0.f, false, true}}) {
+    for (const auto dtype : {at::kFloat, at::kHalf, at::kBFloat16}) {
+      for (const Master master : {Master::kNone, Master::kFp32, Master::kRemainder}) {
+        if ((master == Master::kRemainder && dtype != at::kBFloat16) ||
+            (master != Master::kNone && dtype == at::kFloat)) {
+          continue;
+        }
+        INFO("momentum " << c.momentum << ", dtype " << dtype << ", master " << static_cast<int>(master));
+        const bool momentum = c.momentum != 0.f;
+        StepRuns runs(make_params(sizes, dtype, master, false, false, momentum, 1));
+        const kern::SgdParams hp{0.05, c.momentum, c.dampening, c.weight_decay, c.nesterov, c.maximize};
+        const Scalars sc{512.f, 0.f, 0.f, true, true, false};
+        for (int step = 0; step < 3; ++step) {
+          runs.sgd(hp, sc);
+        }
+        tail_differences += runs.tail_differences;
+      }
+    }
+  }
+  CHECK(tail_differences > 0);  // the momentum buffer's tail formula rounds differently
+}
+
+TEST_CASE("emulated optimizer steps: found_inf skips every write, step counts included", "[emulated]") {
+  torch::manual_seed(8);
+  for (const Master master : {Master::kFp32, Master::kRemainder}) {
+    auto state = make_params({9, kChunk + 1}, at::kBFloat16, master, true, true, false, 0);
+    std::vector<ParamState> before = clones(state);
+    const kern::AdamParams hp{1e-3f, 0.9f, 0.999f, 0.01f, 1e-8f, true, false, true};
+    emu::reset_traffic();
+    adam_on(adam_cuda(), state, hp, Scalars{65536.f, 1.f, 0.f, true, true, false});
+    CHECK(emu::reset_traffic().written == 0);
+    require_same_state(state, before);
+  }
+}
+
+TEST_CASE("emulated optimizer steps: lists over several launches match the CPU", "[emulated]") {
+  torch::manual_seed(9);
+  using Args = kern::cuda::MultiTensorArgs<8>;  // the largest table any functor leaves room for
+  std::vector<int64_t> sizes;
+  for (int i = 0; i < Args::kMaxTensors + 13; ++i) {
+    sizes.push_back(1 + (i * 53) % 200);
+  }
+#if defined(AMPKIT_MTA_CHUNK_SIZE)
+  sizes.push_back((Args::kMaxBlocks + 2) * kChunk + 3);  // one tensor continues into a further launch
+#endif
+  StepRuns runs(make_params(sizes, at::kHalf, Master::kFp32, true, false, false, 0));
+  const kern::AdamParams hp{1e-3, 0.9, 0.999, 0.0, 1e-8, false, false, true};
+  const Scalars none{1.f, 0.f, 0.f, false, false, false};
+  adam_on(adam_cpu(), runs.cpu, hp, none);
+  adam_on(adam_cpu(), runs.reference.full, hp, none);
+  emu::reset_traffic();
+  adam_on(adam_cuda(), runs.cuda, hp, none);
+  CHECK(emu::reset_traffic().launches >= 3);  // two or more chunk tables, then the step counts
+  runs.check();
+}
+
+TEST_CASE("emulated adamw step: FP16/BF16 params with FP32 masters move 28 bytes per parameter", "[emulated]") {
+  torch::manual_seed(10);
+  for (const auto dtype : {at::kHalf, at::kBFloat16}) {
+    const int64_t n = 2 * kChunk;
+    auto state = make_params({n}, dtype, Master::kFp32, true, false, false, 0);
+    const kern::AdamParams hp{1e-3f, 0.9f, 0.999f, 0.01f, 1e-8f, false, false, true};
+    emu::reset_traffic();
+    adam_on(adam_cuda(), state, hp, Scalars{1024.f, 0.f, 0.f, true, true, false}, /*write_unscaled_grads=*/false);
+    const emu::Traffic t = emu::reset_traffic();
+    CHECK(t.read + t.written == static_cast<uint64_t>(28 * n));
+  }
+}
