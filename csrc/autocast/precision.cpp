@@ -57,7 +57,7 @@ PrecisionSupport precision_support(const c10::Device& device) {
                           "arithmetic; FP32 is as fast.");
   } else if (device.is_cuda()) {
 #if defined(AMPKIT_WITH_CUDA)
-    const detail::CudaDeviceInfo cap = detail::cuda_device_info(device.has_index() ? device.index() : 0);
+    const detail::CudaDeviceInfo cap = detail::cuda_device_info(device.has_index() ? device.index() : -1);
     const int cc = cap.major * 10 + cap.minor;
     s.fp16 = cc >= 53;
     s.fp16_fast = cc >= 70;  // Tensor Cores from Volta

@@ -11,7 +11,8 @@ struct CudaDeviceInfo {
   std::string name;
 };
 
-// Compute capability and name of CUDA device `index`.
+// Compute capability and name of CUDA device `index`; -1: the current device (what torch.device("cuda") and
+// c10::Device(kCUDA) without an index mean).
 CudaDeviceInfo cuda_device_info(int index);
 
 }  // namespace ampkit::detail

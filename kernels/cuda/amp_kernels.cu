@@ -154,6 +154,9 @@ __device__ bool cast_chunk_to(const TS* s, void* o, DType out, int64_t n, const 
 
 // The per-chunk functor of the cast passes: stream 0 is src, stream 1 is out; `inv_scale == nullptr`: divide by
 // `divisor`, no check.
+// NOTE [Kernel parameter budget] states how many tensors one launch of each pass takes.
+static_assert(cuda::MultiTensorArgsFor<1, UnscaleChunkOp>::kMaxTensors == 936, "one-list passes: 936 tensors per launch");
+
 struct CastChunkOp {
   float divisor;
   const float* inv_scale;

@@ -98,3 +98,16 @@ def test_a_thousand_tensor_list_matches_the_cpu():
     assert f_gpu.item() == f_cpu.item() == 1.0
     for a, b in zip(on_gpu, on_cpu):
         assert bits_equal(a.cpu(), b)
+
+
+def test_precision_support_without_an_index_reads_the_current_device():
+    # torch.device("cuda") means the current device; a report of device 0 would name another GPU on a machine of
+    # several (on one GPU every index reads the same device, and the check still runs).
+    for index in range(torch.cuda.device_count()):
+        with torch.cuda.device(index):
+            plain = ampkit.precision_support("cuda")
+        assert plain == ampkit.precision_support(f"cuda:{index}")
+        assert torch.cuda.get_device_name(index) in plain["reason"]
+        major, minor = torch.cuda.get_device_capability(index)
+        assert f"compute capability {major}.{minor}" in plain["reason"]
+
