@@ -486,7 +486,10 @@ void check_step(const char* op, const OptimLists& l, const StepLists& spec, cons
       check_scalar_tensor(op, "found_inf", *s.found_inf, at::kFloat, on);
     }
     if (s.lr_tensor.has_value()) {
-      check_scalar_tensor(op, "lr_tensor", *s.lr_tensor, at::kFloat, on);
+      // On the parameters' device (read by the kernels), or on the CPU (read on the host when the op runs, as
+      // torch's fused CUDA optimizers read a CPU lr: no host-to-device copy).
+      const bool host = s.lr_tensor->defined() && s.lr_tensor->is_cpu();
+      check_scalar_tensor(op, "lr_tensor", *s.lr_tensor, at::kFloat, host ? std::nullopt : on);
     }
   }
   if (grad_norm.has_value()) {

@@ -22,6 +22,14 @@ void step_cuda(const Args& a, const std::vector<kernels::OptimTensor>& tensors, 
   const at::Device device = a.lists.params[0].device();
   const c10::cuda::OptionalCUDAGuard guard(device);
   check_cuda_device(a.op, device);
+  if (a.scalars.lr_tensor.has_value() && a.scalars.lr_tensor->is_cpu()) {
+    // A CPU lr_tensor is read here, on the host (a captured CUDA graph keeps the value read at capture).
+    Args on_host = a;
+    on_host.lr = static_cast<double>(*float_ptr(a.scalars.lr_tensor));
+    on_host.scalars.lr_tensor = std::nullopt;
+    check_launch(a.op, launch(on_host, tensors, c10::cuda::getCurrentCUDAStream()));
+    return;
+  }
   check_launch(a.op, launch(a, tensors, c10::cuda::getCurrentCUDAStream()));
 }
 

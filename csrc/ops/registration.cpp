@@ -30,7 +30,8 @@ TORCH_LIBRARY(ampkit, m) {
   // (and stored back unscaled unless write_unscaled_grads=False),
   // FP32 masters or, for BF16 params, int16 remainders (optional: empty lists) and FP32 states updated, params written once; nothing is written when
   // found_inf is nonzero. Optional lists are empty or one tensor per param. lr_tensor (one FP32 element on the
-  // params' device), when given, is read on the device instead of lr (schedules inside a captured graph).
+  // params' device), when given, is read on the device instead of lr (schedules inside a captured graph); on the
+  // CPU with params elsewhere, it is read on the host when the op runs (no host-to-device copy).
   m.def(
       "adamw_step_(Tensor(a!)[] params, Tensor(h!)[] grads, Tensor(b!)[] master_params, Tensor(g!)[] param_remainders, "
       "Tensor(c!)[] exp_avgs, Tensor(d!)[] exp_avg_sqs, Tensor(e!)[] max_exp_avg_sqs, Tensor(f!)[] state_steps, *, float lr, float beta1, "

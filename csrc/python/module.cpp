@@ -9,6 +9,7 @@
 
 #include "ampkit/ampkit.h"
 #include "../optim/borrowed_tensors.h"
+#include "tensor_hparams.h"
 
 namespace py = pybind11;
 
@@ -151,10 +152,9 @@ decltype(auto) guarded(F&& f) {
   }
 }
 
-
 namespace core = ampkit::optim::core;
 
-double number(const py::handle& v) { return v.cast<double>(); }
+double number(const py::handle& v) { return ampkit::python::hparam_value(v); }  // tensor betas: tensor_hparams.h
 
 // group[key], or `fallback` where the group (a constructor's partial one) has no such key.
 py::object get(const py::dict& group, const char* key, py::object fallback) {

@@ -111,3 +111,25 @@ def test_precision_support_without_an_index_reads_the_current_device():
         major, minor = torch.cuda.get_device_capability(index)
         assert f"compute capability {major}.{minor}" in plain["reason"]
 
+
+def test_fused_steps_with_tensor_betas_and_a_cpu_tensor_lr_make_no_host_sync():
+    # Tensor betas on the GPU are read once (the first step), then only when they change; a CPU tensor lr is read
+    # on the host by the op (no host-to-device copy), on the eager path and on the traced one alike.
+    torch.manual_seed(5)
+    params = [torch.randn(n, device="cuda", requires_grad=True) for n in (7, 1000, 70001)]
+    betas = (torch.tensor(0.9, device="cuda"), torch.tensor(0.999, device="cuda"))
+    eager = ampkit.optim.AdamW(params, lr=torch.tensor(1e-3), betas=betas)
+    traced_params = [p.detach().clone().requires_grad_() for p in params]
+    traced = ampkit.optim.AdamW(traced_params, lr=torch.tensor(1e-3))
+    for p, q in zip(params, traced_params):
+        p.grad = torch.randn_like(p)
+        q.grad = p.grad.clone()
+    eager.step()  # reads the betas: one sync
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(3):
+            eager.step()
+            assert traced._traced_step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")

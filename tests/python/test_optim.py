@@ -208,6 +208,21 @@ def test_opcheck_optimizer_ops(device):
                                maximize=False, grad_scale=gs, found_inf=fi))
 
 
+def test_a_cpu_lr_tensor_is_taken_with_parameters_on_another_device():
+    # The CUDA op reads a CPU lr_tensor on the host (no host-to-device copy per step); the check, shared by every
+    # backend, takes it (here with Meta parameters: the Meta kernel is the check) and still refuses a grad_scale
+    # that is not on the parameters' device.
+    args = _op_args("meta")
+    hp = dict(lr=0.0, beta1=0.9, beta2=0.999, weight_decay=0.0, eps=1e-8, amsgrad=False, maximize=False,
+              decoupled_weight_decay=True)
+    torch.ops.ampkit.adamw_step_(*args, **hp, lr_tensor=torch.full((), 1e-3))
+    params, grads, masters, _, bufs, _, _, steps = args
+    torch.ops.ampkit.sgd_step_(params, grads, masters, [], bufs, steps, lr=0.0, momentum=0.9, dampening=0.0,
+                               weight_decay=0.0, nesterov=False, maximize=False, lr_tensor=torch.full((), 1e-3))
+    with pytest.raises(RuntimeError, match="grad_scale must be on the device of params"):
+        torch.ops.ampkit.adamw_step_(*args, **hp, grad_scale=torch.ones(()))
+
+
 @pytest.mark.parametrize("scaler_cls", [ampkit.GradScaler, torch.amp.GradScaler])
 def test_scalers_drive_the_fused_optimizers_like_unscaled_training(scaler_cls):
     """Power-of-two scales are exact: a scaled run with skipped overflow steps equals an unscaled run."""

@@ -9,6 +9,7 @@ import copy
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import ampkit
 from conftest import bits_equal
@@ -297,6 +298,42 @@ def test_tensor_betas_give_the_float_betas_result():
         oa.step()
         ob.step()
     assert torch.equal(a, b)
+
+
+class _ScalarReads(TorchDispatchMode):
+    """Counts the host reads (aten._local_scalar_dense: .item(), float()) of the given tensors."""
+
+    def __init__(self, watched):
+        super().__init__()
+        self.watched = watched
+        self.reads = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten._local_scalar_dense.default and any(args[0] is t for t in self.watched):
+            self.reads += 1
+        return func(*args, **(kwargs or {}))
+
+
+def test_tensor_betas_are_read_on_the_host_once_per_change():
+    # On a GPU every read of a tensor beta is a host sync: a step reads them only when they changed.
+    a = torch.randn(5, requires_grad=True)
+    b = a.detach().clone().requires_grad_()
+    betas = (torch.tensor(0.9), torch.tensor(0.99))
+    oa = ampkit.optim.Adam([a], betas=betas)
+    ob = ampkit.optim.Adam([b], betas=(0.9, 0.99))
+    reads = []
+    for step in range(6):
+        if step == 3:  # a schedule writes a beta in place: the next step reads it, once
+            betas[1].fill_(0.95)
+            ob.param_groups[0]["betas"] = (0.9, float(torch.tensor(0.95)))
+        g = torch.randn(5)
+        a.grad, b.grad = g.clone(), g.clone()
+        with _ScalarReads(oa.param_groups[0]["betas"]) as mode:
+            oa.step()
+        ob.step()
+        reads.append(mode.reads)
+        assert torch.equal(a, b), step
+    assert reads == [0, 0, 0, 1, 0, 0]  # the constructor's checks read both; then only the one written
 
 
 def test_the_deprecated_grad_scaler_handshake_passes_the_scaler_with_torchs_warning():
