@@ -51,13 +51,16 @@ export AMPKIT_BUILD_DIR="${AMPKIT_BUILD_DIR:-$ROOT/build-gpu}" CMAKE_BUILD_PARAL
 DEPS="$ROOT/.deps"
 [ -d "$DEPS" ] && export CMAKE_PREFIX_PATH="$DEPS${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}"
 [ -d "$DEPS/include" ] && export CPLUS_INCLUDE_PATH="$DEPS/include${CPLUS_INCLUDE_PATH:+:$CPLUS_INCLUDE_PATH}"
-# CMake only (no pip there): Python imports the package from python/, the staged pure-Python test dependencies
-# (expecttest) from .deps/python.
-export PYTHONPATH="$ROOT/python${DEPS:+:$DEPS/python}${PYTHONPATH:+:$PYTHONPATH}"
+# CMake only (no pip there): the package is assembled in the build folder (python/ampkit's modules plus what
+# cmake installs), never in the source tree, so a dry run leaves this tree's own build alone; Python imports it
+# from there and the staged pure-Python test dependencies (expecttest) from .deps/python.
+PKG="$AMPKIT_BUILD_DIR/python"
+export PYTHONPATH="$PKG${DEPS:+:$DEPS/python}${PYTHONPATH:+:$PYTHONPATH}"
 SUMMARY="$OUT/summary.txt"
 : >"$SUMMARY"
 
 T0=$SECONDS
+BUILD_OK=1
 status=()
 failed_tests=()
 
@@ -83,6 +86,10 @@ step() {
   shift 5
   limit=$((limit * SCALE))
   local left=$((BUDGET - (SECONDS - T0)))
+  if [ "$BUILD_OK" = 0 ]; then
+    record SKIP "$name" 0 "the build failed"
+    return
+  fi
   if [ "$left" -lt 15 ]; then
     record SKIP "$name" 0 "no time left in the ${BUDGET} s budget"
     return
@@ -116,7 +123,7 @@ step() {
 
 has_device() { "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; }
 
-export ROOT OUT LOGS PY JOBS DRY_RUN DEPS
+export ROOT OUT LOGS PY JOBS DRY_RUN DEPS PKG
 export -f has_device
 
 {
@@ -150,15 +157,23 @@ build() {
     -DCMAKE_BUILD_TYPE=Release -DAMPKIT_BUILD_TESTS=ON -DAMPKIT_EMULATED_SANITIZE=OFF \
     -DAMPKIT_CUDA_ARCHS="$AMPKIT_CUDA_ARCHS" &&
   cmake --build "$AMPKIT_BUILD_DIR" -j "$JOBS" --target ampkit ampkit_python test_ops_cuda &&
-  cmake --install "$AMPKIT_BUILD_DIR" --prefix "$ROOT/python/ampkit" >/dev/null &&
+  rm -rf "$PKG" && mkdir -p "$PKG" &&
+  tar -C "$ROOT/python" --exclude='ampkit/lib' --exclude='ampkit/include' --exclude='ampkit/share' \
+    --exclude='ampkit/_C*' --exclude='__pycache__' -cf - ampkit | tar -xf - -C "$PKG" &&
+  cmake --install "$AMPKIT_BUILD_DIR" --prefix "$PKG/ampkit" >/dev/null &&
   (cd /tmp && "$PY" -c "import ampkit, torch; print('ampkit', ampkit.build_info())")
 }
 export -f build
 step "build (sm_$AMPKIT_CUDA_ARCHS: libampkit, ampkit._C, cuda tests)" 150 330 0 build.log build
+printf '%s\n' "${status[@]}" | grep -q "^FAIL build" && BUILD_OK=0
 
 # 2. The cuda label: the real kernels against the CPU kernels. A dry run lists the tests (none: an error).
 if [ "$DRY_RUN" = 1 ]; then
-  step "ctest -L cuda" 25 120 1 ctest_cuda.log ctest --test-dir "$AMPKIT_BUILD_DIR" -N -L cuda --no-tests=error
+  ctest_cuda_listed() {  # -N ignores --no-tests: count the selection
+    ctest --test-dir "$AMPKIT_BUILD_DIR" -N -L cuda | tee /dev/stderr | grep -Eq "^Total Tests: [1-9]"
+  }
+  export -f ctest_cuda_listed
+  step "ctest -L cuda" 25 120 1 ctest_cuda.log ctest_cuda_listed
 else
   step "ctest -L cuda" 25 120 1 ctest_cuda.log ctest --test-dir "$AMPKIT_BUILD_DIR" --output-on-failure -L cuda \
     --no-tests=error -j 4 --timeout 100
