@@ -218,6 +218,15 @@ TEST_CASE("GradScaler: torch::save / torch::load round trip, and a failed load c
     scaler.step(opt);
     scaler.update();
   }
+  // By the update rule (UpdateScaleOp): the overflow at step 2 takes one of the two hysteresis steps and keeps
+  // the scale; steps 3-5 are three clean steps, so step 5 grows the scale and refills the hysteresis tracker.
+  // tests/cpp/test_ops_cuda.cpp checks the same on a CUDA scaler.
+  const ampkit::GradScalerStats s = scaler.stats();
+  CHECK(s.steps == 5);
+  CHECK(s.skipped_steps == 1);
+  CHECK(s.last_overflow_step == 2);
+  CHECK(s.hysteresis_tracker == 2);
+  CHECK(scaler.get_scale() == 1024.0);
   const std::string path = "ampkit_test_scaler.pt";
   torch::save(scaler, path);
   GradScaler loaded;

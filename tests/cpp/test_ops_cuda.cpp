@@ -1,5 +1,5 @@
-// The AMP ops on CUDA, compared bit for bit with the CPU kernels (themselves bit-identical to torch's) and with
-// torch's CUDA kernel where it accepts the input. These run only where a device exists (ctest label "cuda");
+// The AMP ops on CUDA, compared bit for bit with the CPU kernels (themselves bit-identical to torch's; the optimizer
+// steps as NOTE [torch's scalar tail] states) and with torch's CUDA kernel where it accepts the input. These run only where a device exists (ctest label "cuda");
 // without one each test fails, so that a run that could not test CUDA never reads as a pass.
 
 #include "catch_torch.h"
@@ -167,7 +167,10 @@ TEST_CASE("GradScaler (CUDA): stats(), state_dict() and torch::save work on a CU
   CHECK(s.steps == 5);
   CHECK(s.skipped_steps == 1);
   CHECK(s.last_overflow_step == 2);
-  CHECK(s.hysteresis_tracker == 1);
+  // The growth at step 5 (three clean steps after the overflow) refills the tracker (UpdateScaleOp; the CPU twin
+  // in tests/cpp/test_grad_scaler.cpp checks the same).
+  CHECK(s.hysteresis_tracker == 2);
+  CHECK(scaler.get_scale() == 1024.0);
   const std::string path = "ampkit_test_cuda_scaler.pt";
   torch::save(scaler, path);
   ampkit::GradScaler loaded;
@@ -177,39 +180,67 @@ TEST_CASE("GradScaler (CUDA): stats(), state_dict() and torch::save work on a CU
   CHECK(loaded.stats().skipped_steps == 1);
 }
 
-TEST_CASE("adamw_step_ / sgd_step_ (CUDA): bitwise equal to the CPU kernels, masters and remainders included",
+TEST_CASE("adamw_step_ (CUDA): bitwise equal to the CPU op without its scalar tail, masters included",
           "[optim][cuda]") {
+  // NOTE [torch's scalar tail] (kernels/optim_functors.h): the CUDA op takes no scalar tail. Its reference is the
+  // CPU op on tensors padded to a multiple of the CPU's tail width (every element of the first n through the
+  // vector formulas): bit for bit. Against the CPU op on the same n elements it is bit for bit but in the last
+  // n % tail_width, which stay within the stated tolerance.
   AMPKIT_REQUIRE_CUDA_DEVICE();
   torch::manual_seed(14);
+  const int64_t width = ampkit::build_info().cpu_optim_tail_width;
+  const int64_t n = 70001;
+  const int64_t padded = (n + width - 1) / width * width;
+  const int64_t body = n - n % width;
+  REQUIRE(body < n);  // the case has a tail
   for (const auto dtype : {at::kFloat, at::kHalf, at::kBFloat16}) {
-    const int64_t n = 70001;
-    const auto w = at::randn({n});
-    auto p_cpu = w.to(dtype);
-    auto g_cpu = (at::randn({n}) * 100).to(dtype);
-    auto master_cpu = w.clone();
-    auto m_cpu = at::zeros({n});
-    auto v_cpu = at::zeros({n});
-    auto step_cpu = at::zeros({1});
-    auto p_gpu = p_cpu.to(kCuda);
-    auto g_gpu = g_cpu.to(kCuda);
-    auto master_gpu = master_cpu.to(kCuda);
-    auto m_gpu = m_cpu.to(kCuda);
-    auto v_gpu = v_cpu.to(kCuda);
-    auto step_gpu = step_cpu.to(kCuda);
+    INFO("dtype " << dtype);
     const bool with_master = dtype != at::kFloat;
+    struct State {
+      at::Tensor p, g, master, m, v, step;
+    };
+    const auto w = at::randn({padded});
+    const auto g = (at::randn({padded}) * 100).to(dtype);
+    auto make = [&](int64_t size, const at::Device& d) {  // copies: every run owns its tensors
+      auto copy = [&](const at::Tensor& t, at::ScalarType type) {
+        return t.narrow(0, 0, size).to(d, type, /*non_blocking=*/false, /*copy=*/true);
+      };
+      return State{copy(w, dtype), copy(g, dtype), copy(w, at::kFloat),
+                   at::zeros({size}, at::TensorOptions().device(d)), at::zeros({size}, at::TensorOptions().device(d)),
+                   at::zeros({1}, at::TensorOptions().device(d))};
+    };
+    State gpu = make(n, kCuda);
+    State cpu = make(n, at::kCPU);
+    State ref = make(padded, at::kCPU);
     for (int i = 0; i < 3; ++i) {
-      ampkit::adamw_step_({p_cpu}, {g_cpu}, with_master ? at::TensorList(master_cpu) : at::TensorList(), {}, {m_cpu},
-                          {v_cpu}, {}, {step_cpu}, 1e-3, 0.9, 0.999, 0.01, 1e-8, false, false, true,
-                          scalar_f32(64.f, at::kCPU), scalar_f32(0.f, at::kCPU), std::nullopt);
-      ampkit::adamw_step_({p_gpu}, {g_gpu}, with_master ? at::TensorList(master_gpu) : at::TensorList(), {}, {m_gpu},
-                          {v_gpu}, {}, {step_gpu}, 1e-3, 0.9, 0.999, 0.01, 1e-8, false, false, true,
-                          scalar_f32(64.f, kCuda), scalar_f32(0.f, kCuda), std::nullopt);
+      for (State* s : {&gpu, &cpu, &ref}) {
+        const at::Device d = s->p.device();
+        ampkit::adamw_step_({s->p}, {s->g}, with_master ? at::TensorList(s->master) : at::TensorList(), {}, {s->m},
+                            {s->v}, {}, {s->step}, 1e-3, 0.9, 0.999, 0.01, 1e-8, false, false, true,
+                            scalar_f32(64.f, d), scalar_f32(0.f, d), std::nullopt);
+      }
     }
-    REQUIRE(bits_equal(p_gpu.cpu(), p_cpu));
-    REQUIRE(bits_equal(m_gpu.cpu(), m_cpu));
-    REQUIRE(bits_equal(v_gpu.cpu(), v_cpu));
-    REQUIRE(bits_equal(master_gpu.cpu(), master_cpu));
-    REQUIRE(step_gpu.item<float>() == 3.f);
+    auto first = [](const at::Tensor& t, int64_t k) { return t.narrow(0, 0, k); };
+    std::vector<std::pair<at::Tensor, at::Tensor>> pairs = {{gpu.p, cpu.p}, {gpu.m, cpu.m}, {gpu.v, cpu.v}};
+    if (with_master) {
+      pairs.emplace_back(gpu.master, cpu.master);
+    }
+    REQUIRE(bits_equal(gpu.p.cpu(), first(ref.p, n)));
+    REQUIRE(bits_equal(gpu.m.cpu(), first(ref.m, n)));
+    REQUIRE(bits_equal(gpu.v.cpu(), first(ref.v, n)));
+    if (with_master) {
+      REQUIRE(bits_equal(gpu.master.cpu(), first(ref.master, n)));
+    }
+    for (const auto& [on_gpu, on_cpu] : pairs) {
+      const at::Tensor a = on_gpu.cpu();
+      REQUIRE(bits_equal(first(a, body), first(on_cpu, body)));
+      const at::Tensor x = a.narrow(0, body, n - body).to(at::kDouble);
+      const at::Tensor y = on_cpu.narrow(0, body, n - body).to(at::kDouble);
+      const at::ScalarType type = on_gpu.scalar_type();
+      const double rtol = type == at::kHalf ? 0x1p-10 : type == at::kBFloat16 ? 0x1p-7 : 1e-6;
+      REQUIRE((x - y).abs().le(at::maximum(x.abs(), y.abs()) * rtol).all().item<bool>());
+    }
+    REQUIRE(gpu.step.item<float>() == 3.f);
   }
 }
 
@@ -217,6 +248,20 @@ TEST_CASE("adamw_step_ / sgd_step_ (CUDA): bitwise equal to the CPU kernels, mas
 #include <ATen/cuda/CUDAEvent.h>
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDAGuard.h>
+
+TEST_CASE("precision_support (CUDA): a device without an index is the current device", "[autocast][cuda]") {
+  AMPKIT_REQUIRE_CUDA_DEVICE();
+  for (int index = 0; index < static_cast<int>(torch::cuda::device_count()); ++index) {
+    const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(index));
+    const ampkit::PrecisionSupport plain = ampkit::precision_support(c10::Device(c10::kCUDA));
+    const ampkit::PrecisionSupport indexed =
+        ampkit::precision_support(c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(index)));
+    INFO("device " << index);
+    CHECK(plain.reason == indexed.reason);
+    CHECK(plain.bf16 == indexed.bf16);
+    CHECK(plain.fp16_fast == indexed.fp16_fast);
+  }
+}
 
 TEST_CASE("O2 step (C++): captured in a CUDA graph and replayed, equal to the same steps run eagerly",
           "[optim][cuda]") {
