@@ -321,10 +321,8 @@ class _FusedOptimizer(torch.optim.Optimizer):
         steps = [st["step"] for st in states] if stateful else []
         lr = group["lr"]
         lr_tensor = None
-        if isinstance(lr, torch.Tensor):
-            # A CPU lr stays on the CPU (the op reads it on the host: no host-to-device copy per step).
-            lr_device = torch.device("cpu") if lr.device.type == "cpu" else device
-            lr_tensor, lr = lr.to(device=lr_device, dtype=torch.float32), 0.0
+        if isinstance(lr, torch.Tensor):  # a CPU lr stays there: the op reads it on the host (no copy per step)
+            lr_tensor, lr = lr.to(device=lr.device if lr.is_cpu else device, dtype=torch.float32), 0.0
         on = {}
         for name, t in (("grad_scale", grad_scale), ("found_inf", found_inf)):
             on[name] = None if t is None else t.to(device)
