@@ -29,10 +29,7 @@
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <c10/util/Exception.h>
 
-#if defined(AMPKIT_WITH_CUDA)
-#include <c10/cuda/CUDAException.h>
-#include <c10/cuda/CUDAStream.h>
-#endif
+#include "capture.h"
 
 #include <tuple>
 
@@ -62,10 +59,7 @@ bool has_streams(const at::Device& device) {
 uint64_t capture_of(const c10::Stream& stream) {
 #if defined(AMPKIT_WITH_CUDA)
   if (stream.device_type() == c10::DeviceType::CUDA) {
-    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-    unsigned long long id = 0;
-    C10_CUDA_CHECK(cudaStreamGetCaptureInfo(c10::cuda::CUDAStream(stream).stream(), &status, &id));
-    return status == cudaStreamCaptureStatusActive ? static_cast<uint64_t>(id) : 0;
+    return detail::cuda_capture_id(stream);
   }
 #endif
   (void)stream;
