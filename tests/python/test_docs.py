@@ -1,5 +1,6 @@
 """docs/ stays complete and current: every public Python name, C++ name and op schema is in docs/api.md, the
-autocast table matches the running torch, and the Python snippets of the docs run."""
+autocast table matches the running torch, the Python snippets of the docs run, every relative link of the docs
+leads somewhere, the README stays a front door, and docs/architecture.md indexes every NOTE of the sources."""
 from __future__ import annotations
 
 import enum
@@ -22,6 +23,13 @@ HEADERS = ROOT / "csrc" / "include" / "ampkit"
 REGISTRATION = ROOT / "csrc" / "ops" / "registration.cpp"
 GENERATOR = ROOT / "scripts" / "gen_autocast_table.py"
 NOT_RUN = "<!-- not run by tests/python/test_docs.py"
+README = ROOT / "README.md"
+README_MAX_LINES = 250
+# Every markdown page of the manual: the front door, docs/ and the two folder indexes it links to.
+MARKDOWN = [README, *sorted(DOCS.glob("*.md")), ROOT / "examples" / "README.md", ROOT / "bench" / "results" / "README.md"]
+# Pages whose Python snippets run, with how many run today: a snippet moved or deleted without its replacement,
+# or marked as not run, fails test_no_run_snippet_is_lost.
+SNIPPETS_RUN = {"docs/autocast_ops.md": 1, "docs/recipes.md": 5}
 
 
 def code_text(markdown: str) -> str:
@@ -290,13 +298,135 @@ def python_blocks(markdown: str) -> list[str]:
     return [m.group(2) for m in blocks if not (m.group(1) or "").startswith(NOT_RUN)]
 
 
-@pytest.mark.parametrize("doc", ["autocast_ops.md", "recipes.md"])
+def _relative(path: Path) -> str:
+    return path.relative_to(ROOT).as_posix()
+
+
+def test_every_page_of_the_manual_exists():
+    assert all(page.is_file() for page in MARKDOWN), [_relative(p) for p in MARKDOWN if not p.is_file()]
+
+
+def test_no_run_snippet_is_lost():
+    """Every Python block of every page runs unless it is marked NOT_RUN; the pages that have runnable blocks, and
+    how many, are pinned in SNIPPETS_RUN, so that a snippet that moves must keep running where it lands."""
+    found = {_relative(p): len(python_blocks(p.read_text())) for p in MARKDOWN if p.is_file()}
+    found = {doc: n for doc, n in found.items() if n}
+    lost = {doc: (found.get(doc, 0), n) for doc, n in SNIPPETS_RUN.items() if found.get(doc, 0) < n}
+    assert not lost, f"run snippets (found, expected) went missing: {lost}"
+    new = {doc: n for doc, n in found.items() if doc not in SNIPPETS_RUN}
+    assert not new, f"pages with runnable snippets that SNIPPETS_RUN does not pin (add them, or mark them): {new}"
+
+
+@pytest.mark.parametrize("doc", sorted(SNIPPETS_RUN))
 def test_documented_python_snippets_run(doc, tmp_path, monkeypatch):
-    blocks = python_blocks((DOCS / doc).read_text())
-    assert blocks
+    blocks = python_blocks((ROOT / doc).read_text())
+    assert len(blocks) >= SNIPPETS_RUN[doc]
     monkeypatch.chdir(tmp_path)  # recipes write checkpoints to the working directory
     for block in blocks:
         exec(compile(block, f"{doc} snippet", "exec"), {"__name__": "__doc_snippet__"})
+
+
+# ---- the README is the front door; links lead somewhere ---------------------------------------------------
+
+
+def test_readme_is_short():
+    lines = README.read_text().count("\n")
+    assert lines <= README_MAX_LINES, f"README.md has {lines} lines; move the detail into docs/ (at most {README_MAX_LINES})"
+
+
+def test_readme_links_every_page_of_the_manual():
+    linked = {(README.parent / target).resolve() for target, _ in markdown_links(README.read_text())}
+    missing = [_relative(p) for p in MARKDOWN[1:] if p.resolve() not in linked]
+    assert not missing, f"README.md's documentation map does not link: {missing}"
+
+
+_LINK = re.compile(r"(?<!!)\[(?:[^\]\n]|\][^(])*?\]\(([^)\s]+)\)|!\[[^\]\n]*\]\(([^)\s]+)\)")
+
+
+def markdown_links(markdown: str) -> list[tuple[str, str]]:
+    """(path, anchor) of every relative link of a markdown text outside code; path "" for an anchor of the page."""
+    text = re.sub(r"```.*?```", " ", markdown, flags=re.S)
+    text = re.sub(r"`[^`\n]*`", " ", text)
+    links = []
+    for m in _LINK.finditer(text):
+        target = m.group(1) or m.group(2)
+        if re.match(r"^[a-z][a-z0-9+.-]*:", target):  # http:, https:, mailto:
+            continue
+        path, _, anchor = target.partition("#")
+        links.append((path, anchor))
+    return links
+
+
+def heading_anchors(markdown: str) -> set[str]:
+    """The anchors GitHub gives the headings of a page: lower case, punctuation dropped, spaces as hyphens, a -N
+    suffix for the N-th repeat."""
+    text = re.sub(r"```.*?```", " ", markdown, flags=re.S)
+    anchors: set[str] = set()
+    for heading in re.findall(r"^#{1,6}\s+(.+?)\s*#*\s*$", text, flags=re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+        anchor, n = slug, 0
+        while anchor in anchors:
+            n += 1
+            anchor = f"{slug}-{n}"
+        anchors.add(anchor)
+    return anchors
+
+
+def test_link_parser_finds_what_it_should():
+    text = ("[a](docs/x.md) [b](../y.md#sec) [c](#here) [d](https://e.org) ![i](img.png) `[e](no.md)`\n"
+            "```\n[f](no.md)\n```\n[`code` text](z.md)")
+    assert markdown_links(text) == [("docs/x.md", ""), ("../y.md", "sec"), ("", "here"), ("img.png", ""),
+                                    ("z.md", "")]
+    assert heading_anchors("# A `b` c\n## Op schemas (`torch.ops.ampkit`)\n### x\n### x\n") == {
+        "a-b-c", "op-schemas-torchopsampkit", "x", "x-1"}
+
+
+def test_every_relative_link_leads_to_a_file_and_heading():
+    broken = []
+    for page in MARKDOWN:
+        for path, anchor in markdown_links(page.read_text()):
+            target = (page.parent / path).resolve() if path else page
+            if not target.exists():
+                broken.append(f"{_relative(page)}: {path} (no such file)")
+            elif anchor and target.suffix == ".md" and anchor not in heading_anchors(target.read_text()):
+                broken.append(f"{_relative(page)}: {path}#{anchor} (no such heading)")
+    assert not broken, "broken links:\n" + "\n".join(broken)
+
+
+# ---- docs/architecture.md indexes the NOTE comments ---------------------------------------------------------
+
+
+_NOTE = re.compile(r"NOTE \[([^\]\n]+)\]")
+_NOTE_DEFINITION = re.compile(r"^\s*(?://|#)?\s*NOTE \[([^\]\n]+)\]\s*$", re.M)
+
+
+def source_notes() -> tuple[set[str], dict[str, set[str]]]:
+    """(every NOTE title the sources name, title -> the files where a comment opens with it alone on its line)."""
+    titles: set[str] = set()
+    defined: dict[str, set[str]] = {}
+    for folder in ("csrc", "kernels", "python"):
+        for path in sorted((ROOT / folder).rglob("*")):
+            if path.suffix not in (".h", ".cpp", ".cu", ".cuh", ".py"):
+                continue
+            text = path.read_text()
+            titles.update(_NOTE.findall(text))
+            for title in _NOTE_DEFINITION.findall(text):
+                defined.setdefault(title, set()).add(_relative(path))
+    return titles, defined
+
+
+def test_architecture_indexes_every_note():
+    titles, defined = source_notes()
+    assert {"Deterministic norm", "Compiled steps", "Scaler streams"} <= titles
+    assert "kernels/amp_functors.h" in defined["Deterministic norm"]
+    rows = {m.group(1): line for line in (DOCS / "architecture.md").read_text().splitlines()
+            if line.startswith("| NOTE [") for m in [_NOTE.search(line)]}
+    missing = sorted(titles - set(rows))
+    assert not missing, f"docs/architecture.md's NOTE index lacks: {missing}"
+    stale = sorted(set(rows) - titles)
+    assert not stale, f"docs/architecture.md indexes NOTEs no source names: {stale}"
+    wrong = {t: sorted(files) for t, files in defined.items() if not any(f"`{f}`" in rows[t] for f in files)}
+    assert not wrong, f"docs/architecture.md names another file than the one defining: {wrong}"
 
 
 # ---- (d) the autocast table --------------------------------------------------------------------------------
