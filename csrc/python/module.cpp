@@ -708,6 +708,12 @@ PYBIND11_MODULE(_C, m) {
       .def("get_growth_interval", &GradScaler::get_growth_interval)
       .def("set_growth_interval", &GradScaler::set_growth_interval)
       .def("get_growth_tracker", [](const GradScaler& s) { return guarded([&] { return s.get_growth_tracker(); }); })
+      .def("init_scale", &GradScaler::init_scale)
+      .def("init_growth_tracker", &GradScaler::init_growth_tracker)
+      .def("get_growth_tracker_async",
+           [](const GradScaler& s) { return optional_tensor(s.get_growth_tracker_async()); })
+      .def("lazy_init_state",
+           [](GradScaler& s, const std::string& device) { guarded([&] { s.lazy_init_state(at::Device(device)); }); })
       .def("is_enabled", &GradScaler::is_enabled)
       .def("stats", [](const GradScaler& s) { return stats_to_py(guarded([&] { return s.stats(); })); })
       .def("overflow_report", [](const GradScaler& s) { return guarded([&] { return s.overflow_report(); }); })

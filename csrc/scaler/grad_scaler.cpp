@@ -105,6 +105,18 @@ void GradScaler::lazy_init(const at::Device& device) {
   scale_written();
 }
 
+void GradScaler::lazy_init_state(const at::Device& device) {
+  if (!enabled_) {
+    return;
+  }
+  if (scale_.defined()) {
+    TORCH_CHECK_VALUE(scale_.device() == device, "GradScaler._lazy_init_scale_growth_tracker: the scaler's state is "
+                      "already on ", scale_.device(), ", but got device ", device);
+    return;
+  }
+  lazy_init(device);
+}
+
 const at::Tensor& GradScaler::check_scale_exists(const char* funcname) const {
   if (!scale_.defined()) {
     throw ScalerAssertionError(std::string("GradScaler::") + funcname + ": the scaler has no scale yet: call " +
@@ -179,9 +191,9 @@ void GradScaler::record_checks(int64_t key, const std::vector<at::Tensor>& param
     }
     it->second.push_back(g);
   }
-  PerOptimizer& state = per_optimizer_[key];
-  state.found_inf.clear();
-  state.report.clear();
+  // The optimizer's entry is made only once the ops have passed their checks: an op that refuses its grads (an
+  // overlapping grad, say) leaves the scaler outside an iteration, as it was.
+  std::vector<std::pair<at::Device, at::Tensor>> found_inf;
   for (auto& [device, list] : per_device) {
     at::Tensor& found = buffer(key, device, BufferRole::kFoundInf);
     found.zero_();
@@ -190,8 +202,11 @@ void GradScaler::record_checks(int64_t key, const std::vector<at::Tensor>& param
     } else {
       check_finite_(list, found);
     }
-    state.found_inf.emplace_back(device, found);
+    found_inf.emplace_back(device, found);
   }
+  PerOptimizer& state = per_optimizer_[key];
+  state.found_inf = std::move(found_inf);
+  state.report.clear();
   if (options_.overflow_report()) {
     for (size_t j = 0; j < grads.size(); ++j) {
       // A flag per parameter, reused across iterations: the report allocates nothing after the first step.

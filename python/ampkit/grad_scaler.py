@@ -49,6 +49,21 @@ def _optimizer(where: str, optimizer: Any) -> torch.optim.Optimizer:
     return optimizer
 
 
+def _unwrapped(optimizer: Any) -> Any:
+    """The optimizer a framework's wrapper holds (Accelerate's AcceleratedOptimizer ``.optimizer``, Lightning's
+    LightningOptimizer ``._optimizer``): a wrapper sharing its ``param_groups`` list with the optimizer inside is the
+    same optimizer to the scaler, so ``unscale_(wrapper)`` and ``step(inner)`` are one optimizer's iteration."""
+    while True:
+        for attr in ("optimizer", "_optimizer"):
+            inner = getattr(optimizer, attr, None)
+            if inner is not None and inner is not optimizer and getattr(inner, "param_groups", None) is getattr(
+                    optimizer, "param_groups", ()):
+                optimizer = inner
+                break
+        else:
+            return optimizer
+
+
 class GradScaler:
     """Dynamic loss scaling, with torch.amp.GradScaler's methods and behaviour (same scales, skipped steps and
     parameters with the default extras), plus:
@@ -167,7 +182,7 @@ class GradScaler:
         """Divide the optimizer's gradients by the scale in place and record Inf/NaN (no host sync)."""
         if not self._enabled:
             return
-        _optimizer("GradScaler.unscale_", optimizer)
+        optimizer = _unwrapped(_optimizer("GradScaler.unscale_", optimizer))
         params = _params(optimizer)
         if self._traced() and not _dtensor.any_dtensor(params):
             with_grads = [p for p in params if p.grad is not None]
@@ -203,14 +218,17 @@ class GradScaler:
         if "closure" in kwargs:
             raise RuntimeError("Closure use is not currently supported if GradScaler is enabled.")
         _optimizer("GradScaler.step", optimizer)
-        key = id(optimizer)
+        # A framework's wrapper is stepped as given; the scaler's bookkeeping and the grad_scale/found_inf
+        # hand-over are the optimizer's inside it, which reads them.
+        inner = _unwrapped(optimizer)
+        key = id(inner)
         if self._traced() and getattr(optimizer, "_ampkit_traced_step", False) and getattr(
                 optimizer, "grad_scale", None) is None:
             params = _params(optimizer)
             if not _dtensor.any_dtensor(params):
                 return self._traced_fused_step(key, optimizer, params, args, kwargs)
         self._core.begin_step(key)
-        if getattr(optimizer, "_step_supports_amp_scaling", False):
+        if getattr(inner, "_step_supports_amp_scaling", False):
             if "grad_scaler" in inspect.signature(optimizer.step).parameters:
                 # The deprecated handshake, as torch's scaler still offers it: the optimizer reads this scaler.
                 warnings.warn(
@@ -223,15 +241,15 @@ class GradScaler:
             grad_scale, found_inf = self._prepare_fused_step(key, _params(optimizer))
             # As torch: None once unscale_ ran (the grads are unscaled), else the scale times any grad_scale the
             # optimizer already carries.
-            user_scale = getattr(optimizer, "grad_scale", None)
-            optimizer.grad_scale = (None if grad_scale is None
-                                    else grad_scale if user_scale is None else grad_scale * user_scale)
-            optimizer.found_inf = found_inf
+            user_scale = getattr(inner, "grad_scale", None)
+            inner.grad_scale = (None if grad_scale is None
+                                else grad_scale if user_scale is None else grad_scale * user_scale)
+            inner.found_inf = found_inf
             try:
                 retval = optimizer.step(*args, **kwargs)
             finally:
-                del optimizer.grad_scale
-                del optimizer.found_inf
+                del inner.grad_scale
+                del inner.found_inf
             self._core.mark_stepped(key)
             return retval
         retval = None
@@ -328,9 +346,6 @@ class GradScaler:
     def _get_scale_async(self) -> Optional[torch.Tensor]:
         return self._core.get_scale_async()
 
-    @property
-    def _scale(self) -> Optional[torch.Tensor]:
-        return self._core.get_scale_async()
 
     def _get_growth_tracker(self) -> int:
         return self._core.get_growth_tracker()
@@ -402,6 +417,10 @@ class GradScaler:
                             f"{type(state_dict).__name__}")
         if not self._enabled:
             return
+        for key, value in state_dict.items():
+            if isinstance(value, int) and not isinstance(value, bool) and not -2**63 <= value < 2**63:
+                raise ValueError(f"GradScaler.load_state_dict: {key!r} is out of range (beyond a 64-bit integer), "
+                                 f"but got {value}")
         self._core.load_state_dict(dict(state_dict))
 
     def save(self, path: str) -> None:
@@ -414,13 +433,40 @@ class GradScaler:
             raise FileNotFoundError(f"GradScaler.load: no checkpoint file at {str(path)!r}")
         self._core.load(str(path))
 
-    # torch.amp.GradScaler internals that other libraries and fused optimizers call.
+    # ---- torch.amp.GradScaler's internals, with torch's meaning (frameworks, user code and torch's tests use them)
+
+    @property
+    def _scale(self) -> Optional[torch.Tensor]:
+        """The scale's 0-dim float32 device tensor; None before the first :meth:`scale` (or when disabled)."""
+        return self._core.get_scale_async() if self._enabled else None
+
+    @property
+    def _growth_tracker(self) -> Optional[torch.Tensor]:
+        """The growth tracker's 0-dim int32 device tensor; None before the first :meth:`scale`."""
+        return self._core.get_growth_tracker_async() if self._enabled else None
+
+    @property
+    def _init_scale(self) -> float:
+        """The scale the device state starts from: ``init_scale``, then the last loaded ``scale``."""
+        return self._core.init_scale()
+
+    @property
+    def _init_growth_tracker(self) -> int:
+        return self._core.init_growth_tracker()
+
+    def _lazy_init_scale_growth_tracker(self, dev: Union[str, torch.device]) -> None:
+        """Creates the device state on ``dev`` before the first :meth:`scale` (Accelerate calls it after
+        ``load_state_dict`` on resume); a no-op when it exists on ``dev``."""
+        if self._enabled:
+            self._core.lazy_init_state(str(torch.device(dev)))
+
     def _check_inf_per_device(self, optimizer: torch.optim.Optimizer) -> dict:
+        optimizer = _unwrapped(_optimizer("GradScaler._check_inf_per_device", optimizer))
         self._prepare_fused_step(id(optimizer), _params(optimizer))
         return self._found_inf_per_device(optimizer)
 
     def _found_inf_per_device(self, optimizer: torch.optim.Optimizer) -> dict:
-        return {t.device: t for t in self._core.found_inf_per_device(id(optimizer))}
+        return {t.device: t for t in self._core.found_inf_per_device(id(_unwrapped(optimizer)))}
 
     def __getstate__(self) -> dict[str, Any]:
         if self._enabled and self._core.in_iteration():

@@ -476,3 +476,92 @@ def test_minimize_is_step_then_update_and_accumulation_equals_one_large_batch():
         s1.minimize("sgd")
     with pytest.raises(TypeError, match="GradScaler.minimize: scaled_loss must be a Tensor or None"):
         s1.minimize(torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1), 1.0)
+
+
+def test_torchs_private_members_have_torchs_meaning():
+    ours, theirs = ampkit.GradScaler("cpu", init_scale=512.0), torch.amp.GradScaler("cpu", init_scale=512.0)
+    for s in (ours, theirs):
+        assert s._scale is None and s._growth_tracker is None
+        assert s._init_scale == 512.0 and s._init_growth_tracker == 0
+    sd = {**theirs.state_dict(), "scale": 8.0, "_growth_tracker": 3}
+    for s in (ours, theirs):
+        s.load_state_dict(sd)
+        assert s._init_scale == 8.0 and s._init_growth_tracker == 3 and s._scale is None
+        # Accelerate's FSDP2 resume: load_state_dict, then the device state created ahead of scale()
+        s._lazy_init_scale_growth_tracker(torch.device("cpu"))
+    for name, dtype in (("_scale", torch.float32), ("_growth_tracker", torch.int32)):
+        a, b = getattr(ours, name), getattr(theirs, name)
+        assert a.dtype == b.dtype == dtype and a.shape == b.shape == () and a.device == b.device
+        assert a.item() == b.item()
+    assert ours._scale.item() == 8.0 and ours._growth_tracker.item() == 3
+    ours._lazy_init_scale_growth_tracker("cpu")  # exists there: a no-op
+    with pytest.raises(ValueError, match=r"_lazy_init_scale_growth_tracker: the scaler's state is already on cpu, "
+                                         r"but got device cuda"):
+        ours._lazy_init_scale_growth_tracker("cuda")
+    assert ours.get_scale() == 8.0
+    # found_inf per device, as torch's, after an unscale with an Inf in the last element of the last grad
+    for s in (ours, theirs):
+        model = torch.nn.Linear(3, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        s.scale(model(torch.randn(4, 3)).sum()).backward()
+        model.bias.grad.view(-1)[-1] = float("inf")
+        s.unscale_(opt)
+        found = s._found_inf_per_device(opt)
+        assert list(found) == [torch.device("cpu")] and found[torch.device("cpu")].item() == 1.0
+    disabled = ampkit.GradScaler("cpu", enabled=False)
+    disabled.scale(torch.ones(()))
+    assert disabled._scale is None and disabled._growth_tracker is None
+
+
+class _Wrapper:
+    """A framework's optimizer wrapper (Accelerate's AcceleratedOptimizer, Lightning's LightningOptimizer): it
+    shares the wrapped optimizer's param_groups and steps it."""
+
+    def __init__(self, optimizer):
+        self.optimizer = optimizer
+
+    @property
+    def param_groups(self):
+        return self.optimizer.param_groups
+
+    def step(self, *args, **kwargs):
+        return self.optimizer.step(*args, **kwargs)
+
+
+@pytest.mark.parametrize("opt_cls", [ampkit.optim.AdamW, torch.optim.SGD], ids=["fused", "torch"])
+def test_a_wrapper_sharing_param_groups_is_the_same_optimizer_to_the_scaler(opt_cls):
+    def run(wrap):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(5, 3)
+        opt = opt_cls(model.parameters(), lr=0.1)
+        scaler = ampkit.GradScaler("cpu", init_scale=64.0)
+        for step in range(3):
+            opt.zero_grad()
+            scaler.scale(model(torch.randn(4, 5)).square().mean()).backward()
+            if step == 1:
+                scaler.unscale_(_Wrapper(opt) if wrap else opt)  # then step(): no second unscale
+            scaler.step(_Wrapper(opt) if wrap else opt)
+            scaler.update()
+        return model, scaler
+
+    wrapped, wscaler = run(True)
+    plain, pscaler = run(False)
+    for a, b in zip(wrapped.parameters(), plain.parameters()):
+        assert torch.equal(a, b)
+    assert wscaler.state_dict() == pscaler.state_dict()
+
+
+def test_an_unscale_refused_for_an_overlapping_grad_leaves_the_scaler_as_it_was():
+    model = torch.nn.Linear(4, 3)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = ampkit.GradScaler("cpu", init_scale=8.0)
+    scaler.scale(model(torch.randn(2, 4)).sum()).backward()
+    good = model.weight.grad.clone()
+    model.weight.grad = torch.ones(1, 4).expand(3, 4)  # every row the same memory
+    with pytest.raises(RuntimeError, match="overlap"):
+        scaler.unscale_(opt)
+    assert not scaler._core.in_iteration()
+    assert torch.equal(model.weight.grad, torch.ones(3, 4))  # nothing written
+    model.weight.grad = good.clone()
+    scaler.unscale_(opt)  # not "already been called"
+    assert torch.equal(model.weight.grad, good / 8.0)

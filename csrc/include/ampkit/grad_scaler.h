@@ -133,6 +133,14 @@ class AMPKIT_API GradScaler {
   int64_t get_growth_interval() const { return growth_interval_; }
   void set_growth_interval(int64_t v);
   int64_t get_growth_tracker() const;
+  // torch.amp.GradScaler's internals with torch's meaning (frameworks call them): the scale and growth tracker the
+  // device state starts from (the options, then the last load_state_dict), the growth tracker's int32 device
+  // tensor (undefined before the first scale()), and the device state created on `device` before the first
+  // scale() (a no-op when it exists there; an error naming both devices when it exists on another).
+  double init_scale() const { return init_scale_; }
+  int64_t init_growth_tracker() const { return init_growth_tracker_; }
+  at::Tensor get_growth_tracker_async() const { return growth_tracker_; }
+  void lazy_init_state(const at::Device& device);
   bool is_enabled() const { return enabled_; }
   const GradScalerOptions& options() const { return options_; }
   GradScalerStats stats() const;
