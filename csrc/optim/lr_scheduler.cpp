@@ -1,5 +1,7 @@
-// ampkit::optim::WarmupDecayLR (see <ampkit/lr_scheduler.h>).
+// ampkit::optim::WarmupDecayLR and SkipAware (see <ampkit/lr_scheduler.h>).
 #include "ampkit/lr_scheduler.h"
+
+#include "ampkit/grad_scaler.h"
 
 #include <c10/util/Exception.h>
 
@@ -56,6 +58,22 @@ std::vector<double> WarmupDecayLR::get_lrs() {
     lrs.push_back(base * f);
   }
   return lrs;
+}
+
+SkipAware::SkipAware(torch::optim::LRScheduler& scheduler, const GradScaler& scaler)
+    : scheduler_(scheduler), scaler_(scaler) {}
+
+bool SkipAware::last_step_applied() const {
+  const at::Tensor ran = scaler_.last_step_ran();
+  return !ran.defined() || ran.item<bool>();
+}
+
+void SkipAware::step() {
+  if (last_step_applied()) {
+    scheduler_.step();
+  } else {
+    ++skipped_steps_;
+  }
 }
 
 }  // namespace ampkit::optim

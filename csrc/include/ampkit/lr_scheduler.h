@@ -1,6 +1,7 @@
-// ampkit::optim::WarmupDecayLR: linear warm-up, then constant, linear or cosine decay, for any LibTorch optimizer
-// (LibTorch ships only StepLR and ReduceLROnPlateau). The schedule of BERT-style pre-training (NVIDIA's LAMB
-// recipe, Hugging Face's get_linear_schedule_with_warmup / get_cosine_schedule_with_warmup).
+// LibTorch learning-rate schedules: ampkit::optim::WarmupDecayLR (linear warm-up, then constant, linear or cosine
+// decay, for any LibTorch optimizer; LibTorch ships only StepLR and ReduceLROnPlateau; the schedule of BERT-style
+// pre-training: NVIDIA's LAMB recipe, Hugging Face's get_linear_schedule_with_warmup / ..._cosine_...), and
+// ampkit::optim::SkipAware, which holds any scheduler on the steps a GradScaler skipped.
 #pragma once
 
 #include <torch/optim/optimizer.h>
@@ -10,6 +11,10 @@
 #include <vector>
 
 #include "ampkit/export.h"
+
+namespace ampkit {
+class GradScaler;
+}
 
 namespace ampkit::optim {
 
@@ -37,6 +42,28 @@ class AMPKIT_API WarmupDecayLR : public torch::optim::LRScheduler {
   Decay decay_;
   double min_lr_ratio_;
   std::vector<double> base_lrs_;
+};
+
+// Steps `scheduler` only when `scaler`'s last step was applied: a step skipped for Inf/NaN grads changes no weight,
+// so a schedule counted in optimizer steps does not count it either (Python: ampkit.optim.lr_scheduler.SkipAware).
+// Call step() once per optimizer step, after scaler.update(); each call reads the scaler's device flag once (a host
+// read; none before the first update() or with a disabled scaler, when every call steps). The scheduler and the
+// scaler must outlive it.
+class AMPKIT_API SkipAware {
+ public:
+  SkipAware(torch::optim::LRScheduler& scheduler, const GradScaler& scaler);
+
+  void step();
+  // Whether the scaler's last step was applied (true before the first update()): one host read.
+  bool last_step_applied() const;
+  // The step() calls that did not step the scheduler.
+  int64_t skipped_steps() const { return skipped_steps_; }
+  torch::optim::LRScheduler& scheduler() { return scheduler_; }
+
+ private:
+  torch::optim::LRScheduler& scheduler_;
+  const GradScaler& scaler_;
+  int64_t skipped_steps_ = 0;
 };
 
 }  // namespace ampkit::optim

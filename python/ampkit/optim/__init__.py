@@ -30,12 +30,12 @@ import torch
 from torch.optim import adam as _torch_adam
 from torch.optim import sgd as _torch_sgd
 
-from . import _checks, _compile, _dtensor
+from .. import _checks, _compile, _dtensor
 
 __all__ = ["Adam", "AdamW", "SGD", "LAMB"]
 
 def _core():
-    from . import _C
+    from .. import _C
     return _C
 
 
@@ -706,3 +706,6 @@ class LAMB(_FusedOptimizer):
     def zero_grad(self, set_to_none: Optional[bool] = None) -> None:
         """torch.optim's zero_grad; ``set_to_none`` defaults to the constructor's ``set_grad_none`` (Apex)."""
         super().zero_grad(self.set_grad_none if set_to_none is None else set_to_none)
+
+
+from . import lr_scheduler  # noqa: E402  (ampkit.optim.lr_scheduler)
