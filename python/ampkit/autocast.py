@@ -70,7 +70,11 @@ def register_autocast(op: str, device_type: str, policy: str) -> None:
     """Autocast behaviour for a custom op (C++ or Python defined) on ``device_type`` ("cpu"/"cuda"): ``policy``
     ``"lowp"`` casts its floating inputs to the autocast dtype, ``"fp32"`` to FP32, ``"promote"`` to the widest
     of them. Implemented in C++: no Python runs when the op is dispatched."""
+    if not isinstance(op, str):
+        raise TypeError(f"register_autocast: op must be an op name such as 'myns::myop', but got {type(op).__name__}")
     _checks.device_type("register_autocast", device_type, "device_type")
+    if policy not in ("lowp", "fp32", "promote"):
+        raise ValueError(f"register_autocast: policy must be 'lowp', 'fp32' or 'promote', but got {policy!r}")
     _C.register_autocast(op, device_type, policy)
 
 
@@ -153,6 +157,8 @@ def decorate(model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = None
     the parameters it owns. Modules kept FP32 (norms in O2, ``excluded`` in O2/O3; names, modules or module types)
     take low-precision inputs: they compute in FP32 and hand their outputs back in ``dtype``. ``dtype=None`` picks
     BF16 for a model on the CPU and FP16 on CUDA. A model is decorated once (before loading checkpoints)."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"decorate: model must be a torch.nn.Module, but got {type(model).__name__}")
     if level not in LEVELS:
         raise ValueError(f"decorate: level must be one of {sorted(LEVELS)}, but got {level!r}")
     if dtype is None:
@@ -193,14 +199,18 @@ def decorate(model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = None
     if optimizer is not None:
         owned = {id(p) for group in optimizer.param_groups for p in group["params"]}
     kept: set[nn.Module] = set()
+
+    def keep_fp32(module: nn.Module) -> None:
+        kept.update(module.modules())
+        module.register_forward_pre_hook(lambda _m, args: _to(args, torch.float32))
+        module.register_forward_hook(lambda _m, _args, out: _to(out, dtype))
+
     for name, module in named.items():
         is_norm = level == "O2" and keep_norm_fp32 and isinstance(module, _NORMS)
         is_excluded = any(e == name if isinstance(e, str) else
                           (isinstance(module, e) if isinstance(e, type) else e is module) for e in excluded)
         if is_norm or is_excluded:
-            kept.update(module.modules())
-            module.register_forward_pre_hook(lambda _m, args: _to(args, torch.float32))
-            module.register_forward_hook(lambda _m, _args, out: _to(out, dtype))
+            keep_fp32(module)
     rounded = []
     seen: set[int] = set()  # a parameter tied between modules (a decoder sharing the embedding) is cast once
     for module in model.modules():

@@ -363,3 +363,32 @@ def test_autocast_options_get_an_error_and_leave_autocast_as_it_was(kwargs, erro
 def test_register_autocast_refuses_a_device_it_has_no_autocast_key_for():
     with pytest.raises(ValueError, match="register_autocast: device_type must be 'cpu' or 'cuda', but got 'tpu'"):
         ampkit.register_autocast("aten::relu", "tpu", "fp32")
+
+
+def test_api_misuse_gets_a_message_naming_the_call_and_changes_nothing():
+    """The API-level cases of the sweep whose messages came from pybind11 or from inside the call."""
+    model = torch.nn.Linear(3, 2)
+    scaler = ampkit.GradScaler("cpu")
+    before = scaler.state_dict()
+    with pytest.raises(ValueError, match=r"GradScaler.load_state_dict: 'growth_interval' is out of range .* but got "
+                                         r"18446744073709551616"):
+        scaler.load_state_dict({**before, "growth_interval": 2**64})
+    assert scaler.state_dict() == before
+    with pytest.raises(ValueError, match="register_autocast: policy must be 'lowp', 'fp32' or 'promote', but got None"):
+        ampkit.register_autocast("aten::mm", "cpu", None)
+    with pytest.raises(TypeError, match="register_autocast: op must be an op name .* but got int"):
+        ampkit.register_autocast(3, "cpu", "fp32")
+    with pytest.raises(TypeError, match="decorate: model must be a torch.nn.Module, but got str"):
+        ampkit.decorate("model")
+    with pytest.raises(ValueError, match="AdamW: lr must be a number or a one-element tensor holding a value, but "
+                                         "got a tensor on the meta device"):
+        ampkit.optim.AdamW(model.parameters(), lr=torch.tensor(1e-3, device="meta"))
+    opt = ampkit.optim.AdamW([model.weight])
+    with pytest.warns(UserWarning, match="duplicate parameters"):  # torch.optim's warning
+        opt.add_param_group({"params": [model.bias, torch.nn.Parameter(torch.ones(2)), model.bias]})
+    model(torch.randn(2, 3)).sum().backward()
+    weights = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(ValueError, match=r"AdamW.step: params\[0\] and params\[2\] of parameter group 1 are the "
+                                         "same tensor; a fused step updates each parameter once"):
+        opt.step()
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), weights)) and not opt.state

@@ -90,8 +90,24 @@ class _FusedOptimizer(torch.optim.Optimizer):
         if isinstance(param_group, dict):
             merged = dict(self.defaults, **{k: v for k, v in param_group.items() if k != "params"})
             self._check_group(merged)
-        super().add_param_group(param_group)
+        super().add_param_group(param_group)  # warns of a parameter listed twice in the group, as torch
+        if len({id(p) for p in self.param_groups[-1]["params"]}) != len(self.param_groups[-1]["params"]):
+            self.__dict__.setdefault("_groups_with_duplicates", []).append(self.param_groups[-1])
         _compile.register(self)  # NOTE [Compiled steps]: read at trace time
+
+    def _refuse_duplicates(self) -> None:
+        """A parameter listed twice in a group: torch.optim steps it twice, a fused step cannot write one tensor
+        from two work items; the step raises, before anything is written, naming both positions."""
+        for index, group in enumerate(self.param_groups):
+            if not any(group is g for g in self._groups_with_duplicates):
+                continue
+            first: dict[int, int] = {}
+            for i, p in enumerate(group["params"]):
+                j = first.setdefault(id(p), i)
+                if j != i:
+                    raise ValueError(f"{type(self).__name__}.step: params[{j}] and params[{i}] of parameter group "
+                                     f"{index} are the same tensor; a fused step updates each parameter once "
+                                     "(list it once)")
 
     @classmethod
     def _check_group(cls, group: dict) -> None:
@@ -104,6 +120,10 @@ class _FusedOptimizer(torch.optim.Optimizer):
             value = group.get(flag, False)
             if not isinstance(value, (bool, int)) or isinstance(value, int) and value not in (0, 1):
                 raise TypeError(f"{name}: {flag} must be True or False, but got {type(value).__name__} {value!r}")
+        lr = group.get("lr")
+        if isinstance(lr, torch.Tensor) and lr.is_meta:
+            raise ValueError(f"{name}: lr must be a number or a one-element tensor holding a value, but got a tensor "
+                             "on the meta device")
         cls._check_values(group)
 
     @classmethod
@@ -163,6 +183,8 @@ class _FusedOptimizer(torch.optim.Optimizer):
                 return loss
             # The eager step below, outside the graph (with fullgraph=True, an error that says why).
             torch._dynamo.graph_break(f"{type(self).__name__}.step: {self._graph_break}")
+        if self.__dict__.get("_groups_with_duplicates"):
+            self._refuse_duplicates()
         deferred = self._validate()
         core = _core()
         grad_scale = getattr(self, "grad_scale", None)
