@@ -6,6 +6,7 @@ from __future__ import annotations
 import enum
 import importlib.util
 import inspect
+import pkgutil
 import re
 import subprocess
 import sys
@@ -29,7 +30,7 @@ README_MAX_LINES = 250
 MARKDOWN = [README, *sorted(DOCS.glob("*.md")), ROOT / "examples" / "README.md", ROOT / "bench" / "results" / "README.md"]
 # Pages whose Python snippets run, with how many run today: a snippet moved or deleted without its replacement,
 # or marked as not run, fails test_no_run_snippet_is_lost.
-SNIPPETS_RUN = {"docs/autocast_ops.md": 1, "docs/recipes.md": 5}
+SNIPPETS_RUN = {"docs/autocast_ops.md": 1, "docs/frameworks.md": 1, "docs/recipes.md": 5}
 
 
 def code_text(markdown: str) -> str:
@@ -64,10 +65,25 @@ def table_check():
 
 
 def _public_modules() -> list[types.ModuleType]:
+    """ampkit and every submodule with an __all__, each imported here (so the list does not depend on what earlier
+    tests imported); an integration whose framework is not installed is left out."""
+    for info in pkgutil.walk_packages(ampkit.__path__, "ampkit."):
+        if not info.name.rsplit(".", 1)[-1].startswith("_"):
+            try:
+                importlib.import_module(info.name)
+            except ImportError:
+                assert info.name.startswith("ampkit.integrations."), info.name
     modules = [ampkit] + [getattr(ampkit, n) for n in ampkit.__all__
                           if isinstance(getattr(ampkit, n), types.ModuleType)]
     modules += [m for name, m in sorted(sys.modules.items()) if name.startswith("ampkit.") and hasattr(m, "__all__")]
     return list({id(m): m for m in modules}.values())
+
+
+def _framework_hook(klass: type, name: str) -> bool:
+    """A method of an ampkit.integrations class that overrides its framework's (a Lightning precision plugin's
+    hooks): the framework's API, documented there."""
+    return klass.__module__.startswith("ampkit.integrations.") and any(
+        name in vars(base) for base in klass.__mro__[1:] if not base.__module__.startswith("ampkit"))
 
 
 def _public_objects() -> dict[str, object]:
@@ -109,7 +125,7 @@ def python_requirements() -> tuple[list[str], list[tuple[str, list[str]]], list[
             for name, value in vars(klass).items():
                 if name == "__init__":
                     params += _signature_words(value)
-                if name.startswith("_"):
+                if name.startswith("_") or _framework_hook(klass, name):
                     continue
                 if isinstance(value, (staticmethod, classmethod)):
                     value = value.__func__

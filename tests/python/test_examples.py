@@ -108,3 +108,27 @@ def test_python_bert_lamb_learns_masked_tokens_with_warmup():
     # a sentence's topic alone gives ~25%, which 60 steps reach (~0.27 on the held-out batch).
     assert acc > max(0.15, 3 * unigram)
     assert 0 < grad_norm < float("inf")
+
+
+def _fields(line: str) -> dict:
+    return dict(item.split("=", 1) for item in line.split())
+
+
+@pytest.mark.parametrize("script,args", [
+    ("lightning_train.py", ["--precision", "16-mixed", "--steps", "12", "--device", "cpu"]),
+    ("lightning_train.py", ["--precision", "bf16-true", "--steps", "8", "--device", "cpu"]),
+    ("accelerate_train.py", ["--mixed-precision", "bf16", "--steps", "10", "--cpu"]),
+    ("hf_trainer_gpt2.py", ["--steps", "6"]),
+])
+def test_framework_examples_hold_the_schedule_on_skipped_steps(script, args):
+    pytest.importorskip({"lightning_train.py": "lightning", "accelerate_train.py": "accelerate",
+                         "hf_trainer_gpt2.py": "transformers"}[script])
+    out = subprocess.run([sys.executable, str(ROOT / "examples/python" / script), *args], capture_output=True,
+                         text=True, timeout=600, env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
+    assert out.returncode == 0, out.stderr[-3000:]
+    fields = _fields(out.stdout.strip().splitlines()[-1])
+    steps, skipped = int(fields["steps"]), int(fields["skipped"])
+    assert int(fields["schedule_steps"]) == steps - skipped
+    if script != "hf_trainer_gpt2.py":  # these two poison one step: it must be skipped, and nothing else NaN
+        assert skipped >= 1
+        assert fields["final_loss"] != "nan"

@@ -1,0 +1,104 @@
+"""The HF Trainer with ampkit's optimizer and scaler through ampkit.integrations.accelerate.attach, on a small
+GPT-2 built from a config with random weights and data made here (nothing downloaded): a skipped step changes no
+weight and does not advance the schedule, clipping and the logged grad_norm see unscaled gradients."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import ampkit
+
+transformers = pytest.importorskip("transformers")
+from ampkit.integrations.accelerate import attach  # noqa: E402
+
+STEPS = 6
+POISONED_STEP = 2
+
+
+class _Tokens(torch.utils.data.Dataset):
+    def __init__(self, n=STEPS * 4, length=16, vocab=64):
+        g = torch.Generator().manual_seed(11)
+        self.ids = torch.randint(0, vocab, (n, length), generator=g)
+
+    def __len__(self):
+        return len(self.ids)
+
+    def __getitem__(self, i):
+        return {"input_ids": self.ids[i], "labels": self.ids[i]}
+
+
+class _PoisonedTrainer(transformers.Trainer):
+    def compute_loss(self, model, inputs, *args, **kwargs):
+        loss = super().compute_loss(model, inputs, *args, **kwargs)
+        return loss * float("inf") if self.state.global_step == POISONED_STEP else loss
+
+
+class _Weights(transformers.TrainerCallback):
+    def __init__(self, model):
+        self.model = model
+        self.after = []
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.after.append([p.detach().clone() for p in self.model.parameters()])
+
+
+@pytest.fixture(autouse=True)
+def _fresh_accelerate_state():
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    yield
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+
+
+def test_trainer_with_ampkit_scaler_and_optimizer_skips_without_advancing_the_schedule(tmp_path):
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=2, n_head=2)
+    model = transformers.GPT2LMHeadModel(config)
+    opt = ampkit.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + s))
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path), max_steps=STEPS, per_device_train_batch_size=4, bf16=True, use_cpu=True,
+        max_grad_norm=1.0, logging_steps=1, report_to=[], save_strategy="no", dataloader_num_workers=0, seed=0,
+        disable_tqdm=True)
+    weights = _Weights(model)
+    trainer = _PoisonedTrainer(model=model, args=args, train_dataset=_Tokens(), optimizers=(opt, sched),
+                               callbacks=[weights])
+    scaler = ampkit.GradScaler("cpu", init_scale=2.0**16)  # dynamic loss scaling on BF16
+    attach(trainer.accelerator, scaler)
+    trainer.train()
+
+    assert trainer.state.global_step == STEPS
+    assert scaler.stats()["skipped_steps"] == 1
+    assert sched.last_epoch == STEPS - 1  # the Trainer held the schedule at the skipped step
+    before, after = weights.after[POISONED_STEP - 1], weights.after[POISONED_STEP]
+    assert all(torch.equal(a, b) for a, b in zip(before, after))
+    assert not all(torch.equal(a, b) for a, b in zip(after, weights.after[POISONED_STEP + 1]))
+    norms = [entry["grad_norm"] for entry in trainer.state.log_history if "grad_norm" in entry]
+    assert len(norms) == STEPS
+    finite = [n for i, n in enumerate(norms) if i != POISONED_STEP]
+    # unscaled: a random-weight GPT-2's gradient norm is O(1), the scaled one 65536 times that
+    assert all(0.01 < n < 100.0 for n in finite), norms
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_save_pretrained_of_an_o2_model_round_trips_as_the_docs_say(tmp_path):
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=1, n_head=2)
+    model = transformers.GPT2LMHeadModel(config)
+    fp32 = {k: v.clone() for k, v in model.state_dict().items()}
+    opt = ampkit.optim.AdamW(model.parameters(), lr=1e-3)
+    ampkit.decorate(model, opt, level="O2", dtype=torch.bfloat16)
+    model.save_pretrained(tmp_path)
+    low = transformers.GPT2LMHeadModel.from_pretrained(tmp_path)
+    assert low.config.dtype == torch.bfloat16
+    assert low.transformer.ln_f.weight.dtype == torch.bfloat16  # O2 kept it FP32; the reload does not
+    again = transformers.GPT2LMHeadModel.from_pretrained(tmp_path, dtype=torch.float32)
+    assert all(p.dtype == torch.float32 for p in again.parameters())
+    wte = again.transformer.wte.weight
+    assert torch.equal(wte, fp32["transformer.wte.weight"].to(torch.bfloat16).float())  # the rounded weights
+    ampkit.decorate(again, ampkit.optim.AdamW(again.parameters(), lr=1e-3), level="O2", dtype=torch.bfloat16)
+    assert again.transformer.wte.weight.dtype == torch.bfloat16 and again.transformer.ln_f.weight.dtype == torch.float32
+
