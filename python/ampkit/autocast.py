@@ -155,7 +155,8 @@ def decorate(model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = None
     ``(model, optimizer)`` when an optimizer is given. For O2/O3 the optimizer must be an ``ampkit.optim`` one:
     its FP32 masters are taken from the FP32 weights before the cast (as Apex O2), not from rounded copies, for
     the parameters it owns. Modules kept FP32 (norms in O2, ``excluded`` in O2/O3; names, modules or module types)
-    take low-precision inputs: they compute in FP32 and hand their outputs back in ``dtype``. ``dtype=None`` picks
+    take low-precision inputs: they compute in FP32 and hand their outputs back in ``dtype``; a module sharing a
+    parameter with a kept one (a decoder tied to an excluded embedding) is kept too. ``dtype=None`` picks
     BF16 for a model on the CPU and FP16 on CUDA. A model is decorated once (before loading checkpoints)."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"decorate: model must be a torch.nn.Module, but got {type(model).__name__}")
@@ -211,6 +212,21 @@ def decorate(model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = None
                           (isinstance(module, e) if isinstance(e, type) else e is module) for e in excluded)
         if is_norm or is_excluded:
             keep_fp32(module)
+    # A parameter shared between modules (a decoder tied to the embedding) has one dtype: when one owner stays FP32,
+    # every owner does, and computes in FP32 like it (until no kept module shares a parameter with a cast one).
+    owners: dict[int, list[nn.Module]] = {}
+    for module in model.modules():
+        for p in module.parameters(recurse=False):
+            owners.setdefault(id(p), []).append(module)
+    changed = True
+    while changed:
+        changed = False
+        for modules in owners.values():
+            if any(m in kept for m in modules):
+                for m in modules:
+                    if m not in kept:
+                        keep_fp32(m)
+                        changed = True
     rounded = []
     seen: set[int] = set()  # a parameter tied between modules (a decoder sharing the embedding) is cast once
     for module in model.modules():

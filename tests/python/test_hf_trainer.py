@@ -102,3 +102,22 @@ def test_save_pretrained_of_an_o2_model_round_trips_as_the_docs_say(tmp_path):
     ampkit.decorate(again, ampkit.optim.AdamW(again.parameters(), lr=1e-3), level="O2", dtype=torch.bfloat16)
     assert again.transformer.wte.weight.dtype == torch.bfloat16 and again.transformer.ln_f.weight.dtype == torch.float32
 
+
+@pytest.mark.parametrize("excluded", [["transformer.wte"], ["lm_head"], ["transformer.wte", "lm_head"]])
+def test_decorate_keeps_every_owner_of_a_tied_weight_fp32(excluded):
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=1, n_head=2)
+    model = transformers.GPT2LMHeadModel(config)
+    assert model.lm_head.weight is model.transformer.wte.weight  # GPT-2 ties them
+    fp32 = model.lm_head.weight.detach().clone()
+    opt = ampkit.optim.AdamW(model.parameters(), lr=1e-3)
+    ampkit.decorate(model, opt, level="O2", dtype=torch.bfloat16, excluded=excluded)
+    assert model.lm_head.weight is model.transformer.wte.weight
+    assert model.lm_head.weight.dtype == torch.float32 and torch.equal(model.lm_head.weight, fp32)
+    assert model.transformer.h[0].attn.c_attn.weight.dtype == torch.bfloat16  # the rest is cast
+    ids = torch.randint(0, 64, (2, 16))
+    out = model(input_ids=ids, labels=ids)  # runs: both owners compute in FP32
+    assert out.logits.dtype == torch.bfloat16 and torch.isfinite(out.loss)
+    out.loss.backward()
+    opt.step()
+    assert model.lm_head.weight.dtype == torch.float32 and not torch.equal(model.lm_head.weight, fp32)
