@@ -89,7 +89,8 @@ TEST_CASE("optim: archives of LibTorch's Adam and AdamW load into ampkit's, and 
   auto tp = make_params(at::kFloat, 1);
   auto op = clone_params(tp, at::kFloat);
   SECTION("Adam") {
-    torch::optim::Adam theirs(tp, torch::optim::AdamOptions(1e-2).betas({0.8, 0.99}).weight_decay(0.05).amsgrad(amsgrad));
+    torch::optim::Adam theirs(tp,
+                              torch::optim::AdamOptions(1e-2).betas({0.8, 0.99}).weight_decay(0.05).amsgrad(amsgrad));
     for (int step = 0; step < 3; ++step) {
       set_grads(tp, step);
       theirs.step();
@@ -107,7 +108,8 @@ TEST_CASE("optim: archives of LibTorch's Adam and AdamW load into ampkit's, and 
     CHECK(!o.write_unscaled_grads());
     CHECK(!o.maximize());
     for (size_t i = 0; i < tp.size(); ++i) {
-      const auto& ts = static_cast<const torch::optim::AdamParamState&>(*theirs.state().at(tp[i].unsafeGetTensorImpl()));
+      const auto& ts =
+          static_cast<const torch::optim::AdamParamState&>(*theirs.state().at(tp[i].unsafeGetTensorImpl()));
       CHECK(ts.step() == 3);
       check_adam_state(ts, *ampkit::optim::state_of<ampkit::optim::AdamParamState>(ours, op[i]), amsgrad);
     }
@@ -127,7 +129,8 @@ TEST_CASE("optim: archives of LibTorch's Adam and AdamW load into ampkit's, and 
     CHECK(o.weight_decay() == 0.1);
     CHECK(o.master_weights() == ampkit::optim::MasterWeights());
     for (size_t i = 0; i < tp.size(); ++i) {
-      const auto& ts = static_cast<const torch::optim::AdamWParamState&>(*theirs.state().at(tp[i].unsafeGetTensorImpl()));
+      const auto& ts =
+          static_cast<const torch::optim::AdamWParamState&>(*theirs.state().at(tp[i].unsafeGetTensorImpl()));
       CHECK(ts.step() == 4);
       check_adam_state(ts, *ampkit::optim::state_of<ampkit::optim::AdamParamState>(ours, op[i]), amsgrad);
     }
@@ -328,7 +331,8 @@ TEST_CASE("optim: archives that are not of this optimizer's kind are refused, na
   std::ostringstream out;
   old_format.save_to(out);
   REQUIRE_THROWS_WITH(load_from(adam, out.str()),
-                      Catch::Contains("ampkit::optim::Adam::load: the archive must hold 'pytorch_version' = \"1.5.0\"") &&
+                      Catch::Contains("ampkit::optim::Adam::load: the archive must hold 'pytorch_version' = "
+                                      "\"1.5.0\"") &&
                           Catch::Contains("but it has none"));
   expect_unchanged();
 
