@@ -1,13 +1,19 @@
-// ampkit::decorate: the O-level presets for LibTorch modules (see <ampkit/autocast.h>).
+// ampkit::decorate: the O-level presets for LibTorch modules (see <ampkit/autocast.h>), with the FP32 masters of
+// an ampkit optimizer taken before the cast, and a registry of the modules decorated at O2/O3.
+#include <c10/util/Exception.h>
 #include <torch/nn/module.h>
 #include <torch/nn/modules/batchnorm.h>
 #include <torch/nn/modules/instancenorm.h>
 #include <torch/nn/modules/normalization.h>
 
 #include <algorithm>
+#include <memory>
+#include <mutex>
+#include <typeinfo>
 #include <unordered_set>
 
 #include "ampkit/autocast.h"
+#include "ampkit/optim.h"
 
 namespace ampkit {
 namespace {
@@ -18,10 +24,82 @@ bool is_norm(const torch::nn::Module& m) {
          m.as<torch::nn::InstanceNorm2d>() || m.as<torch::nn::InstanceNorm3d>();
 }
 
-}  // namespace
+const char* level_name(OptLevel level) {
+  static const char* const names[] = {"O0", "O1", "O2", "O3"};
+  return names[static_cast<int>(level)];
+}
 
-void decorate(torch::nn::Module& module, OptLevel level, std::optional<c10::ScalarType> dtype_arg,
-              bool keep_norm_fp32, const std::vector<std::string>& excluded) {
+// NOTE [Decorated modules]
+// ampkit.decorate marks a model decorated at O2/O3 with an attribute and refuses to decorate it again (that would
+// take the optimizer's masters from rounded weights). A LibTorch module has no room for a mark, so the modules are
+// kept here by address with a weak reference: decorate walks the module through named_modules(include_self), which
+// needs it owned by a shared_ptr (TORCH_MODULE holders, std::make_shared), so every decorated module has one. An
+// entry whose module is gone is dropped: a new module at a freed module's address is never taken for it.
+struct Decorated {
+  const torch::nn::Module* module;
+  std::weak_ptr<torch::nn::Module> owner;
+  OptLevel level;
+};
+
+std::mutex& registry_mutex() {
+  static std::mutex m;
+  return m;
+}
+
+std::vector<Decorated>& registry() {
+  static std::vector<Decorated> r;
+  return r;
+}
+
+// The level `module` was decorated at (O2/O3), if it was; drops the entries of modules that are gone.
+std::optional<OptLevel> decorated_level(const torch::nn::Module& module) {
+  const std::lock_guard<std::mutex> lock(registry_mutex());
+  auto& r = registry();
+  r.erase(std::remove_if(r.begin(), r.end(), [](const Decorated& d) { return d.owner.expired(); }), r.end());
+  for (const auto& d : r) {
+    if (d.module == &module) {
+      return d.level;
+    }
+  }
+  return std::nullopt;
+}
+
+void mark_decorated(torch::nn::Module& module, OptLevel level) {
+  std::weak_ptr<torch::nn::Module> owner = module.weak_from_this();
+  if (owner.expired()) {
+    return;  // not reached: named_modules(include_self) has refused a module no shared_ptr owns
+  }
+  const std::lock_guard<std::mutex> lock(registry_mutex());
+  registry().push_back({&module, std::move(owner), level});
+}
+
+// Gives parameter p an FP32 master copied from its current value in `optimizer`'s state (creating the state).
+template <typename State>
+void set_master(torch::optim::Optimizer& optimizer, const at::Tensor& p) {
+  auto& slot = optimizer.state()[p.unsafeGetTensorImpl()];
+  if (!slot) {
+    slot = std::make_unique<State>();
+  }
+  static_cast<State&>(*slot).master_param(p.detach().to(at::kFloat, /*non_blocking=*/false, /*copy=*/true));
+}
+
+using SetMaster = void (*)(torch::optim::Optimizer&, const at::Tensor&);
+
+// How `optimizer` keeps masters: its state type's set_master; throws for an optimizer that keeps none.
+SetMaster master_setter(torch::optim::Optimizer& optimizer) {
+  if (dynamic_cast<optim::Adam*>(&optimizer) != nullptr || dynamic_cast<optim::AdamW*>(&optimizer) != nullptr ||
+      dynamic_cast<optim::LAMB*>(&optimizer) != nullptr) {
+    return &set_master<optim::AdamParamState>;
+  }
+  TORCH_CHECK_TYPE(dynamic_cast<optim::SGD*>(&optimizer) != nullptr, "ampkit::decorate: optimizer must be an "
+                   "ampkit::optim optimizer (Adam, AdamW, SGD or LAMB) at O2/O3, which keep the FP32 masters, but got ",
+                   c10::demangle(typeid(optimizer).name()));
+  return &set_master<optim::SGDParamState>;
+}
+
+void decorate_impl(torch::nn::Module& module, torch::optim::Optimizer* optimizer, OptLevel level,
+                   std::optional<c10::ScalarType> dtype_arg, bool keep_norm_fp32,
+                   const std::vector<std::string>& excluded) {
   c10::ScalarType dtype = c10::kBFloat16;
   if (dtype_arg.has_value()) {
     dtype = *dtype_arg;
@@ -39,6 +117,12 @@ void decorate(torch::nn::Module& module, OptLevel level, std::optional<c10::Scal
   if (level == OptLevel::kO0 || level == OptLevel::kO1) {
     return;
   }
+  // Everything is checked before the first cast or master: a decorate that throws changes nothing.
+  const SetMaster set_master_of = optimizer != nullptr ? master_setter(*optimizer) : nullptr;
+  const std::optional<OptLevel> before = decorated_level(module);
+  TORCH_CHECK(!before.has_value(), "ampkit::decorate: module must not be decorated yet, but it was decorated at ",
+              before.has_value() ? level_name(*before) : "", " already; decorating it again would take the "
+              "optimizer's masters from rounded weights (decorate a module once, before loading checkpoints)");
   const auto named = module.named_modules("", /*include_self=*/true);
   for (const auto& name : excluded) {
     TORCH_CHECK_VALUE(named.contains(name), "ampkit::decorate: excluded module '", name, "' is not in the model");
@@ -54,15 +138,33 @@ void decorate(torch::nn::Module& module, OptLevel level, std::optional<c10::Scal
       }
     }
   }
+  std::unordered_set<const c10::TensorImpl*> owned;  // the optimizer's parameters
+  if (optimizer != nullptr) {
+    for (const auto& group : optimizer->param_groups()) {
+      for (const auto& p : group.params()) {
+        owned.insert(p.unsafeGetTensorImpl());
+      }
+    }
+  }
   const torch::NoGradGuard no_grad;
+  std::unordered_set<const c10::TensorImpl*> seen;  // a parameter tied between modules is cast once
+  int64_t rounded = 0;
   for (const auto& item : named) {
     if (kept.count(item.value().get()) != 0) {
       continue;
     }
     for (auto& p : item.value()->named_parameters(/*recurse=*/false)) {
-      if (p.value().is_floating_point()) {
-        p.value().set_data(p.value().to(dtype));
+      at::Tensor& param = p.value();
+      if (!seen.insert(param.unsafeGetTensorImpl()).second || !param.is_floating_point()) {
+        continue;
       }
+      if (owned.count(param.unsafeGetTensorImpl()) != 0) {
+        if (param.scalar_type() == c10::kHalf || param.scalar_type() == c10::kBFloat16) {
+          ++rounded;
+        }
+        set_master_of(*optimizer, param);  // from the weight before its cast (Apex O2)
+      }
+      param.set_data(param.to(dtype));
     }
     for (auto& b : item.value()->named_buffers(/*recurse=*/false)) {
       if (b.value().is_floating_point()) {
@@ -70,6 +172,23 @@ void decorate(torch::nn::Module& module, OptLevel level, std::optional<c10::Scal
       }
     }
   }
+  if (rounded > 0) {
+    TORCH_WARN("ampkit::decorate: ", rounded, " parameter(s) were already FP16/BF16, so their FP32 masters are "
+               "copies of rounded weights; decorate the FP32 model to keep the unrounded values");
+  }
+  mark_decorated(module, level);
+}
+
+}  // namespace
+
+void decorate(torch::nn::Module& module, OptLevel level, std::optional<c10::ScalarType> dtype, bool keep_norm_fp32,
+              const std::vector<std::string>& excluded) {
+  decorate_impl(module, nullptr, level, dtype, keep_norm_fp32, excluded);
+}
+
+void decorate(torch::nn::Module& module, torch::optim::Optimizer& optimizer, OptLevel level,
+              std::optional<c10::ScalarType> dtype, bool keep_norm_fp32, const std::vector<std::string>& excluded) {
+  decorate_impl(module, &optimizer, level, dtype, keep_norm_fp32, excluded);
 }
 
 }  // namespace ampkit

@@ -6,6 +6,8 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <cmath>
+#include <optional>
 #include <string>
 #include <tuple>
 
@@ -62,6 +64,118 @@ void read_optional_flag(torch::serialize::InputArchive& archive, const char* key
                       ivalue.tagKind());
     value = ivalue.toBool();
   }
+}
+
+// NOTE [LibTorch archives]
+// torch::optim::{Adam,AdamW,SGD} and these classes write torch::optim::serialize's layout, and each reads only the
+// keys it knows. LibTorch writes a state's step as an int64 and has no maximize, master_weights,
+// write_unscaled_grads or lr_tensor option. So that LibTorch reads ampkit's archives, ampkit writes steps as int64
+// too (a tensor only for a value no int64 holds exactly, which no count of steps is). Reading, a step is an int
+// (LibTorch's, and ampkit's) or a one-element tensor (ampkit's archives before); a param group whose options have
+// no master_weights (ampkit writes it always) is LibTorch's, and the options LibTorch lacks take this optimizer's
+// defaults, as ampkit.optim's load_state_dict of a torch.optim state dict does; a parameter whose state has no
+// master_param gets its master from the weight at its next step (init_master_params() after the load, while the
+// weights are FP32, takes it from the FP32 weights). What LibTorch does not take from ampkit's archives: it
+// ignores master_param, param_remainder and the options above (an O2 archive continues from the rounded
+// weights), and its reader asserts on a state that has a master but no step (init_master_params() before the
+// first step). SGD::save leaves out states that equal no state (see there).
+
+// A required option of `options` ("AdamOptions") in the archive, with a message that names the key.
+c10::IValue read_required(torch::serialize::InputArchive& archive, const char* options, const char* key) {
+  c10::IValue ivalue;
+  TORCH_CHECK_VALUE(archive.try_read(key, ivalue), "ampkit::optim::", options, "::serialize: the options in the "
+                    "archive must hold '", key, "', but they do not (an archive of another optimizer?)");
+  return ivalue;
+}
+
+double read_double(torch::serialize::InputArchive& archive, const char* options, const char* key) {
+  const c10::IValue ivalue = read_required(archive, options, key);
+  TORCH_CHECK_VALUE(ivalue.isDouble(), "ampkit::optim::", options, "::serialize: option '", key, "' in the archive "
+                    "must be a float, but got ", ivalue.tagKind());
+  return ivalue.toDouble();
+}
+
+bool read_bool(torch::serialize::InputArchive& archive, const char* options, const char* key) {
+  const c10::IValue ivalue = read_required(archive, options, key);
+  TORCH_CHECK_VALUE(ivalue.isBool(), "ampkit::optim::", options, "::serialize: option '", key, "' in the archive "
+                    "must be a bool, but got ", ivalue.tagKind());
+  return ivalue.toBool();
+}
+
+std::tuple<double, double> read_betas(torch::serialize::InputArchive& archive, const char* options) {
+  const c10::IValue ivalue = read_required(archive, options, "betas");
+  const bool pair = ivalue.isTuple() && ivalue.toTupleRef().elements().size() == 2 &&
+                    ivalue.toTupleRef().elements()[0].isDouble() && ivalue.toTupleRef().elements()[1].isDouble();
+  TORCH_CHECK_VALUE(pair, "ampkit::optim::", options, "::serialize: option 'betas' in the archive must be a tuple "
+                    "of two floats, but got ", ivalue.tagKind());
+  return {ivalue.toTupleRef().elements()[0].toDouble(), ivalue.toTupleRef().elements()[1].toDouble()};
+}
+
+// A state's step (NOTE [LibTorch archives]): an int64 (LibTorch's, ampkit's) becomes the one-element FP32 tensor
+// ampkit keeps (on the CPU here; the load moves a fused parameter's to its device); a tensor is taken as it is.
+at::Tensor read_step(torch::serialize::InputArchive& archive, const char* state) {
+  c10::IValue ivalue;
+  if (!archive.try_read("step", ivalue)) {
+    return {};
+  }
+  if (ivalue.isInt()) {
+    TORCH_CHECK_VALUE(ivalue.toInt() >= 0, "ampkit::optim::", state, "::serialize: 'step' in the archive must be "
+                      ">= 0, but got ", ivalue.toInt());
+    return at::scalar_tensor(static_cast<double>(ivalue.toInt()), at::TensorOptions().dtype(at::kFloat));
+  }
+  TORCH_CHECK_VALUE(ivalue.isTensor(), "ampkit::optim::", state, "::serialize: 'step' in the archive must be an "
+                    "int (LibTorch's format) or a tensor (ampkit's), but got ", ivalue.tagKind());
+  return ivalue.toTensor();
+}
+
+// Writes a state's step as an int64 where it holds a count (every step does), else as the tensor; returns its
+// value (nullopt: no step). Reads the step on the host: one sync per state, at save time only.
+std::optional<double> write_step(torch::serialize::OutputArchive& archive, const at::Tensor& step) {
+  if (!step.defined()) {
+    return std::nullopt;
+  }
+  const double value = step.item<double>();
+  if (value >= 0 && value == std::floor(value) && value <= 9007199254740992.0) {  // 2^53
+    archive.write("step", c10::IValue(static_cast<int64_t>(value)));
+  } else {
+    archive.write("step", step);
+  }
+  return value;
+}
+
+// Which param groups of the archive LibTorch wrote (NOTE [LibTorch archives]): those whose options have no
+// master_weights. Called after torch::optim::serialize has read the same archive, so its layout is known good.
+std::vector<bool> groups_written_by_libtorch(torch::serialize::InputArchive& archive) {
+  torch::serialize::InputArchive groups;
+  archive.read("param_groups", groups);
+  at::Tensor size;
+  groups.read("param_groups/size", size);
+  std::vector<bool> out;
+  for (int64_t i = 0; i < size.item<int64_t>(); ++i) {
+    torch::serialize::InputArchive group;
+    groups.read("param_groups/" + std::to_string(i), group);
+    torch::serialize::InputArchive options;
+    group.read("options", options);
+    c10::IValue ivalue;
+    out.push_back(!options.try_read("master_weights", ivalue));
+  }
+  return out;
+}
+
+// The options a LibTorch archive lacks, from this optimizer's defaults.
+template <bool kDecoupled>
+void take_defaults_libtorch_lacks(AdamOptionsT<kDecoupled>& o, const AdamOptionsT<kDecoupled>& d) {
+  o.maximize(d.maximize()).master_weights(d.master_weights()).write_unscaled_grads(d.write_unscaled_grads());
+  o.lr_tensor(d.lr_tensor());
+}
+
+void take_defaults_libtorch_lacks(SGDOptions& o, const SGDOptions& d) {
+  o.maximize(d.maximize()).master_weights(d.master_weights()).write_unscaled_grads(d.write_unscaled_grads());
+  o.lr_tensor(d.lr_tensor());
+}
+
+void take_defaults_libtorch_lacks(LAMBOptions& o, const LAMBOptions& d) {
+  o.master_weights(d.master_weights()).lr_tensor(d.lr_tensor());
 }
 
 // Writes a master_weights option: a bool or none (as archives before remainder mode), or "remainder".
@@ -199,7 +313,7 @@ void core_step(std::vector<torch::optim::OptimizerParamGroup>& groups, StateMap&
 // states of fused params kept FP32 (torch::optim::serialize restores them as saved); on any error the optimizer's
 // options and states are put back.
 template <typename State, typename Options, typename ConfigOf>
-void checked_load(torch::optim::Optimizer& optimizer, torch::serialize::InputArchive& archive,
+void checked_load(const char* name, torch::optim::Optimizer& optimizer, torch::serialize::InputArchive& archive,
                   const ConfigOf& config_of) {
   auto& groups = optimizer.param_groups();
   auto& states = optimizer.state();
@@ -212,7 +326,20 @@ void checked_load(torch::optim::Optimizer& optimizer, torch::serialize::InputArc
     saved_states[key] = value->clone();
   }
   try {
+    c10::IValue version;
+    const bool has_version = archive.try_read("pytorch_version", version);
+    TORCH_CHECK_VALUE(has_version && version.isString() && version.toStringRef() == "1.5.0", "ampkit::optim::", name,
+                      "::load: the archive must hold 'pytorch_version' = \"1.5.0\" (torch::optim::serialize's "
+                      "format, which LibTorch 1.5 and later and ampkit write), but ",
+                      has_version ? "it holds " + version.tagKind() + " " + c10::str(version) : "it has none");
     torch::optim::serialize<State, Options>(archive, optimizer);
+    const std::vector<bool> libtorch = groups_written_by_libtorch(archive);
+    for (size_t i = 0; i < groups.size() && i < libtorch.size(); ++i) {
+      if (libtorch[i]) {
+        take_defaults_libtorch_lacks(static_cast<Options&>(groups[i].options()),
+                                     static_cast<const Options&>(optimizer.defaults()));
+      }
+    }
     size_t index = 0;
     for (const auto& group : groups) {
       const core::GroupConfig config = config_of(static_cast<const Options&>(group.options()));
@@ -299,19 +426,21 @@ void AdamOptionsT<kDecoupled>::serialize(torch::serialize::OutputArchive& archiv
 
 template <bool kDecoupled>
 void AdamOptionsT<kDecoupled>::serialize(torch::serialize::InputArchive& archive) {
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, lr);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(betas_t, betas);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, eps);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, weight_decay);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, amsgrad);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, maximize);
+  // LibTorch's options (NOTE [LibTorch archives]), then ampkit's.
+  const char* const name = kDecoupled ? "AdamWOptions" : "AdamOptions";
+  lr(read_double(archive, name, "lr"));
+  betas(read_betas(archive, name));
+  eps(read_double(archive, name, "eps"));
+  weight_decay(read_double(archive, name, "weight_decay"));
+  amsgrad(read_bool(archive, name, "amsgrad"));
+  read_optional_flag(archive, "maximize", maximize_);
   read_master_weights(archive, master_weights_);
   read_optional_flag(archive, "write_unscaled_grads", write_unscaled_grads_);
   read_lr_tensor(archive, lr_tensor_);
 }
 
 void AdamParamState::serialize(torch::serialize::OutputArchive& archive) const {
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(step);
+  write_step(archive, step());  // an int64, as LibTorch's (NOTE [LibTorch archives])
   _TORCH_OPTIM_SERIALIZE_TORCH_ARG(exp_avg);
   _TORCH_OPTIM_SERIALIZE_TORCH_ARG(exp_avg_sq);
   _TORCH_OPTIM_SERIALIZE_TORCH_ARG(max_exp_avg_sq);
@@ -320,7 +449,7 @@ void AdamParamState::serialize(torch::serialize::OutputArchive& archive) const {
 }
 
 void AdamParamState::serialize(torch::serialize::InputArchive& archive) {
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, step);
+  step(read_step(archive, "AdamParamState"));
   _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, exp_avg);
   _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, exp_avg_sq);
   _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, max_exp_avg_sq);
@@ -378,7 +507,7 @@ void AdamT<kDecoupled>::save(torch::serialize::OutputArchive& archive) const {
 
 template <bool kDecoupled>
 void AdamT<kDecoupled>::load(torch::serialize::InputArchive& archive) {
-  checked_load<AdamParamState, Options>(*this, archive, &AdamT::config);
+  checked_load<AdamParamState, Options>(kDecoupled ? "AdamW" : "Adam", *this, archive, &AdamT::config);
 }
 
 template struct AdamOptionsT<false>;
@@ -401,26 +530,27 @@ void SGDOptions::serialize(torch::serialize::OutputArchive& archive) const {
 }
 
 void SGDOptions::serialize(torch::serialize::InputArchive& archive) {
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, lr);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, momentum);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, dampening);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, weight_decay);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, nesterov);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, maximize);
+  // LibTorch's options (NOTE [LibTorch archives]), then ampkit's.
+  lr(read_double(archive, "SGDOptions", "lr"));
+  momentum(read_double(archive, "SGDOptions", "momentum"));
+  dampening(read_double(archive, "SGDOptions", "dampening"));
+  weight_decay(read_double(archive, "SGDOptions", "weight_decay"));
+  nesterov(read_bool(archive, "SGDOptions", "nesterov"));
+  read_optional_flag(archive, "maximize", maximize_);
   read_master_weights(archive, master_weights_);
   read_optional_flag(archive, "write_unscaled_grads", write_unscaled_grads_);
   read_lr_tensor(archive, lr_tensor_);
 }
 
 void SGDParamState::serialize(torch::serialize::OutputArchive& archive) const {
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(step);
+  write_step(archive, step());  // an int64, as LibTorch's (NOTE [LibTorch archives])
   _TORCH_OPTIM_SERIALIZE_TORCH_ARG(momentum_buffer);
   _TORCH_OPTIM_SERIALIZE_TORCH_ARG(master_param);
   _TORCH_OPTIM_SERIALIZE_TORCH_ARG(param_remainder);
 }
 
 void SGDParamState::serialize(torch::serialize::InputArchive& archive) {
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, step);
+  step(read_step(archive, "SGDParamState"));
   _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, momentum_buffer);
   _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, master_param);
   _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, param_remainder);
@@ -462,11 +592,29 @@ at::Tensor SGD::step(LossClosure closure) {
 void SGD::init_master_params() { init_masters<SGDParamState>(param_groups_, state_); }
 
 void SGD::save(torch::serialize::OutputArchive& archive) const {
-  torch::optim::serialize<SGDParamState, SGDOptions>(archive, *this);
+  // torch::optim::serialize's layout, without the states that equal no state: a momentum buffer that no step has
+  // filled (step 0: the first step was skipped on an overflow) and no master. LibTorch takes any buffer it finds as
+  // filled; with none it starts the buffer from the grad, as ampkit does at step 0 (NOTE [LibTorch archives]).
+  StateMap kept;
+  for (const auto& [key, value] : state_) {
+    const auto& s = static_cast<const SGDParamState&>(*value);
+    const bool unfilled = s.step().defined() && s.step().item<double>() == 0.0 && !s.master_param().defined() &&
+                          !s.param_remainder().defined();
+    if (!unfilled) {
+      kept[key] = value->clone();
+    }
+  }
+  archive.write("pytorch_version", c10::IValue("1.5.0"));
+  torch::serialize::OutputArchive state_archive(archive.compilation_unit());
+  torch::optim::detail::serialize<SGDParamState>(state_archive, kept);
+  archive.write("state", state_archive);
+  torch::serialize::OutputArchive groups_archive(archive.compilation_unit());
+  torch::optim::detail::serialize<SGDOptions>(groups_archive, param_groups_);
+  archive.write("param_groups", groups_archive);
 }
 
 void SGD::load(torch::serialize::InputArchive& archive) {
-  checked_load<SGDParamState, SGDOptions>(*this, archive, &SGD::config);
+  checked_load<SGDParamState, SGDOptions>("SGD", *this, archive, &SGD::config);
 }
 
 // ---- LAMB -----------------------------------------------------------------------------------------------------
@@ -486,15 +634,15 @@ void LAMBOptions::serialize(torch::serialize::OutputArchive& archive) const {
 }
 
 void LAMBOptions::serialize(torch::serialize::InputArchive& archive) {
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, lr);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(betas_t, betas);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, eps);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, weight_decay);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, bias_correction);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, adam_w_mode);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, grad_averaging);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, max_grad_norm);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, use_nvlamb);
+  lr(read_double(archive, "LAMBOptions", "lr"));
+  betas(read_betas(archive, "LAMBOptions"));
+  eps(read_double(archive, "LAMBOptions", "eps"));
+  weight_decay(read_double(archive, "LAMBOptions", "weight_decay"));
+  bias_correction(read_bool(archive, "LAMBOptions", "bias_correction"));
+  adam_w_mode(read_bool(archive, "LAMBOptions", "adam_w_mode"));
+  grad_averaging(read_bool(archive, "LAMBOptions", "grad_averaging"));
+  max_grad_norm(read_double(archive, "LAMBOptions", "max_grad_norm"));
+  use_nvlamb(read_bool(archive, "LAMBOptions", "use_nvlamb"));
   read_master_weights(archive, master_weights_);
   read_lr_tensor(archive, lr_tensor_);
 }
@@ -543,7 +691,7 @@ void LAMB::save(torch::serialize::OutputArchive& archive) const {
 }
 
 void LAMB::load(torch::serialize::InputArchive& archive) {
-  checked_load<AdamParamState, LAMBOptions>(*this, archive, &LAMB::config);
+  checked_load<AdamParamState, LAMBOptions>("LAMB", *this, archive, &LAMB::config);
 }
 
 }  // namespace ampkit::optim

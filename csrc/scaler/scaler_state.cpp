@@ -18,7 +18,7 @@ const std::vector<std::string>& state_keys() {
   static const std::vector<std::string> keys = {
       "scale",         "growth_factor",      "backoff_factor", "growth_interval",    "_growth_tracker",
       "hysteresis",    "_hysteresis_tracker", "min_scale",      "max_scale",          "steps",
-      "skipped_steps", "last_overflow_step", "_overflows_at_min_scale", "dynamic"};
+      "skipped_steps", "last_overflow_step", "_overflows_at_min_scale", "scaling", "dynamic"};
   return keys;
 }
 
@@ -202,6 +202,7 @@ ScalerState GradScaler::state_dict() const {
   d.emplace_back("skipped_steps", s.skipped_steps);
   d.emplace_back("last_overflow_step", s.last_overflow_step);
   d.emplace_back("_overflows_at_min_scale", s.overflows_at_min_scale);
+  d.emplace_back("scaling", options_.scaling());
   d.emplace_back("dynamic", options_.dynamic());
   return d;
 }
@@ -217,6 +218,16 @@ void GradScaler::load_state_dict(const ScalerState& state) {
                       "' entry (keys: scale, growth_factor, backoff_factor, growth_interval, _growth_tracker)");
   }
   // Validate everything first: a failed load leaves the scaler as it was.
+  if (const c10::IValue* scaling = find_entry(state, "scaling")) {  // absent: torch's state, or ampkit's before it
+    TORCH_CHECK_VALUE(scaling->isBool(), "GradScaler.load_state_dict: 'scaling' must be a bool, but got ",
+                      scaling->tagKind());
+    const bool saved = scaling->toBool();
+    TORCH_CHECK_VALUE(saved == options_.scaling(), "GradScaler.load_state_dict: 'scaling' must equal this scaler's "
+                      "(scaling=", options_.scaling() ? "True" : "False", "), but the state has scaling=",
+                      saved ? "True: it scales the loss" : "False: its scale is fixed at 1 (a BF16 run)",
+                      "; build the scaler with scaling=", saved ? "True" : "False", " (GradScalerOptions().scaling(",
+                      saved ? "true" : "false", ") in C++) to continue it");
+  }
   const double scale = number_of(*find_entry(state, "scale"), "scale");
   TORCH_CHECK_VALUE(std::isfinite(scale) && scale > 0 && scale <= std::numeric_limits<float>::max(),
                     "GradScaler.load_state_dict: 'scale' must be a finite number > 0 that a float32 holds, but got ",

@@ -5,7 +5,12 @@
 #include <ATen/autocast_mode.h>
 #include <torch/library.h>
 
+#include <sstream>
 #include <thread>
+
+#include "test_helpers.h"
+
+using ampkit::test::bits_equal;
 
 TEST_CASE("AutocastGuard: ops run in the low-precision dtype inside, state is restored outside", "[autocast][cpu]") {
   const auto a = torch::randn({8, 8});
@@ -250,8 +255,178 @@ TEST_CASE("decorate: O2 keeps norms FP32, casts the rest, and the model trains w
     (step == 0 ? first : last) = loss.item<double>();
   }
   CHECK(last < first / 4);
-  REQUIRE_THROWS_WITH(ampkit::decorate(*model, ampkit::OptLevel::kO3, at::kBFloat16, true, {"nope"}),
+  torch::nn::Sequential fresh(torch::nn::Linear(4, 4));
+  REQUIRE_THROWS_WITH(ampkit::decorate(*fresh, ampkit::OptLevel::kO3, at::kBFloat16, true, {"nope"}),
                       Catch::Contains("excluded module 'nope' is not in the model"));
+  CHECK(fresh->parameters()[0].scalar_type() == at::kFloat);
+}
+
+namespace {
+
+// TORCH_WARN messages issued while alive.
+struct Warnings : c10::WarningHandler {
+  std::vector<std::string> messages;
+  c10::WarningUtils::WarningHandlerGuard guard{this};
+  void process(const c10::Warning& w) override { messages.push_back(w.msg()); }
+};
+
+}  // namespace
+
+TEST_CASE("decorate with the optimizer: O2 masters come from the FP32 weights before the cast, and the model "
+          "steps as its FP32 twin",
+          "[autocast][cpu]") {
+  torch::manual_seed(3);
+  torch::nn::Sequential model(torch::nn::Linear(8, 16), torch::nn::LayerNorm(torch::nn::LayerNormOptions({16})),
+                              torch::nn::Linear(16, 2));
+  torch::nn::Sequential twin(torch::nn::Linear(8, 16), torch::nn::LayerNorm(torch::nn::LayerNormOptions({16})),
+                             torch::nn::Linear(16, 2));
+  {
+    const torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < model->parameters().size(); ++i) {
+      twin->parameters()[i].copy_(model->parameters()[i]);
+    }
+  }
+  const auto names = model->named_parameters();
+  const auto fp32_weight = names["0.weight"].detach().clone();
+  ampkit::optim::AdamW opt(model->parameters(), ampkit::optim::AdamWOptions(1e-2));
+  ampkit::optim::AdamW twin_opt(twin->parameters(), ampkit::optim::AdamWOptions(1e-2));
+  Warnings warnings;
+  ampkit::decorate(*model, opt, ampkit::OptLevel::kO2, at::kBFloat16);
+  CHECK(warnings.messages.empty());
+  CHECK(names["0.weight"].scalar_type() == at::kBFloat16);
+  CHECK(names["1.weight"].scalar_type() == at::kFloat);  // LayerNorm kept FP32: no master, no state
+  CHECK(ampkit::optim::state_of<ampkit::optim::AdamParamState>(opt, names["1.weight"]) == nullptr);
+  const auto* state = ampkit::optim::state_of<ampkit::optim::AdamParamState>(opt, names["0.weight"]);
+  REQUIRE(state != nullptr);
+  CHECK(bits_equal(state->master_param(), fp32_weight));  // not the rounded copy
+  CHECK(!bits_equal(state->master_param(), names["0.weight"].detach().to(at::kFloat)));
+  for (int step = 0; step < 3; ++step) {
+    torch::manual_seed(10 + step);
+    for (size_t i = 0; i < model->parameters().size(); ++i) {
+      auto p = model->parameters()[i];
+      p.mutable_grad() = torch::randn(p.sizes()).to(p.scalar_type());
+      twin->parameters()[i].mutable_grad() = p.grad().to(at::kFloat);
+    }
+    opt.step();
+    twin_opt.step();
+  }
+  for (const auto& item : twin->named_parameters()) {
+    INFO(item.key());
+    const auto* s = ampkit::optim::state_of<ampkit::optim::AdamParamState>(opt, names[item.key()]);
+    REQUIRE(s != nullptr);
+    const at::Tensor ours = s->master_param().defined() ? s->master_param() : names[item.key()].detach();
+    CHECK(torch::allclose(ours, item.value().detach(), 1e-6, 1e-7));
+  }
+}
+
+TEST_CASE("decorate: a second O2/O3 decorate is refused and changes nothing; another optimizer is refused",
+          "[autocast][cpu]") {
+  torch::nn::Sequential model(torch::nn::Linear(4, 4), torch::nn::LayerNorm(torch::nn::LayerNormOptions({4})));
+  ampkit::optim::SGD opt(model->parameters(), ampkit::optim::SGDOptions(0.1).momentum(0.9));
+  SECTION("a torch::optim optimizer at O2/O3 (at O0/O1 nothing happens to either)") {
+    torch::optim::AdamW theirs(model->parameters(), torch::optim::AdamWOptions(1e-3));
+    REQUIRE_NOTHROW(ampkit::decorate(*model, theirs, ampkit::OptLevel::kO1, at::kBFloat16));
+    REQUIRE_THROWS_WITH(ampkit::decorate(*model, theirs, ampkit::OptLevel::kO2, at::kBFloat16),
+                        Catch::Contains("ampkit::decorate: optimizer must be an ampkit::optim optimizer (Adam, AdamW, "
+                                        "SGD or LAMB) at O2/O3, which keep the FP32 masters, but got "
+                                        "torch::optim::AdamW"));
+    CHECK(model->parameters()[0].scalar_type() == at::kFloat);
+    CHECK(theirs.state().empty());
+  }
+  const auto master_before = model->parameters()[0].detach().clone();
+  ampkit::decorate(*model, opt, ampkit::OptLevel::kO2, at::kBFloat16);  // the refusal above marked nothing
+  const auto* state = ampkit::optim::state_of<ampkit::optim::SGDParamState>(opt, model->parameters()[0]);
+  REQUIRE(state != nullptr);
+  CHECK(bits_equal(state->master_param(), master_before));
+  const auto weight = model->parameters()[0].detach().clone();
+  for (const auto level : {ampkit::OptLevel::kO2, ampkit::OptLevel::kO3}) {
+    REQUIRE_THROWS_WITH(ampkit::decorate(*model, opt, level, at::kHalf),
+                        Catch::Contains("ampkit::decorate: module must not be decorated yet, but it was decorated "
+                                        "at O2 already; decorating it again would take the optimizer's masters "
+                                        "from rounded weights"));
+    REQUIRE_THROWS_WITH(ampkit::decorate(*model, level, at::kHalf), Catch::Contains("decorated at O2 already"));
+  }
+  CHECK(bits_equal(model->parameters()[0].detach(), weight));  // still BF16, not cast to FP16
+  CHECK(model->named_parameters()["1.weight"].scalar_type() == at::kFloat);  // O3 did not cast the norm
+  CHECK(bits_equal(state->master_param(), master_before));      // not retaken from the rounded weight
+  REQUIRE_NOTHROW(ampkit::decorate(*model, opt, ampkit::OptLevel::kO1));  // O0/O1 change nothing, as in Python
+  // A new module (even at a freed one's address) is not the decorated one.
+  for (int i = 0; i < 3; ++i) {
+    torch::nn::Sequential other(torch::nn::Linear(4, 4));
+    REQUIRE_NOTHROW(ampkit::decorate(*other, ampkit::OptLevel::kO2, at::kBFloat16));
+  }
+}
+
+TEST_CASE("decorate with the optimizer: a tied parameter gets one master; already-rounded weights warn",
+          "[autocast][cpu]") {
+  torch::manual_seed(4);
+  // The embedding's weight is also the model's own parameter (a decoder tied to it): two names, one tensor.
+  struct Tied : torch::nn::Module {
+    torch::nn::Embedding emb{nullptr};
+    at::Tensor tied;
+    Tied() {
+      emb = register_module("emb", torch::nn::Embedding(11, 6));
+      tied = register_parameter("tied", emb->weight);
+    }
+  };
+  auto model = std::make_shared<Tied>();
+  auto& emb = model->emb;
+  const auto fp32_weight = emb->weight.detach().clone();
+  ampkit::optim::LAMB lamb({emb->weight}, ampkit::optim::LAMBOptions(1e-2));
+  {
+    Warnings warnings;
+    ampkit::decorate(*model, lamb, ampkit::OptLevel::kO2, at::kBFloat16);
+    CHECK(warnings.messages.empty());  // no "already rounded" master for the second name
+  }
+  CHECK(model->tied.unsafeGetTensorImpl() == emb->weight.unsafeGetTensorImpl());
+  CHECK(emb->weight.scalar_type() == at::kBFloat16);
+  CHECK(bits_equal(ampkit::optim::state_of<ampkit::optim::AdamParamState>(lamb, emb->weight)->master_param(),
+                   fp32_weight));
+
+  torch::nn::Sequential half(torch::nn::Linear(4, 4), torch::nn::Linear(4, 4));
+  half->parameters()[0].set_data(half->parameters()[0].detach().to(at::kBFloat16));
+  const auto rounded = half->parameters()[0].detach().to(at::kFloat);
+  ampkit::optim::Adam adam(half->parameters(), ampkit::optim::AdamOptions(1e-3));
+  Warnings warnings;
+  ampkit::decorate(*half, adam, ampkit::OptLevel::kO2, at::kBFloat16);
+  REQUIRE(warnings.messages.size() == 1);
+  CHECK(warnings.messages[0].find("ampkit::decorate: 1 parameter(s) were already FP16/BF16, so their FP32 masters "
+                                  "are copies of rounded weights") != std::string::npos);
+  CHECK(bits_equal(ampkit::optim::state_of<ampkit::optim::AdamParamState>(adam, half->parameters()[0])->master_param(),
+                   rounded));
+}
+
+TEST_CASE("decorate with the optimizer after loading a LibTorch archive: the loaded moments stay, the masters "
+          "are the FP32 weights",
+          "[autocast][optim][cpu]") {
+  torch::manual_seed(5);
+  torch::nn::Linear theirs_model(6, 3);
+  torch::optim::Adam theirs(theirs_model->parameters(), torch::optim::AdamOptions(1e-2));
+  for (int step = 0; step < 2; ++step) {
+    theirs.zero_grad();
+    theirs_model(torch::randn({4, 6})).square().sum().backward();
+    theirs.step();
+  }
+  std::ostringstream out;
+  torch::save(theirs, out);
+  torch::nn::Linear model(6, 3);
+  {
+    const torch::NoGradGuard no_grad;
+    model->weight.copy_(theirs_model->weight);
+    model->bias.copy_(theirs_model->bias);
+  }
+  ampkit::optim::Adam opt(model->parameters(), ampkit::optim::AdamOptions(1.0));
+  std::istringstream in(out.str());
+  torch::load(opt, in);
+  ampkit::decorate(*model, opt, ampkit::OptLevel::kO2, at::kBFloat16);
+  const auto& ts =
+      static_cast<const torch::optim::AdamParamState&>(*theirs.state().at(theirs_model->weight.unsafeGetTensorImpl()));
+  const auto* s = ampkit::optim::state_of<ampkit::optim::AdamParamState>(opt, model->weight);
+  REQUIRE(s != nullptr);
+  CHECK(s->step().item<double>() == 2);
+  CHECK(bits_equal(s->exp_avg(), ts.exp_avg()));
+  CHECK(bits_equal(s->master_param(), theirs_model->weight.detach()));
+  CHECK(model->weight.scalar_type() == at::kBFloat16);
 }
 
 TEST_CASE("decorate: no dtype picks BF16 for a CPU module, and a bad dtype changes nothing", "[autocast][cpu]") {

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <limits>
 #include <set>
+#include <sstream>
 #include <thread>
 
 #include "test_helpers.h"
@@ -203,6 +204,92 @@ TEST_CASE("GradScaler: a static loss scale stays put, skips and counts overflows
   GradScaler dynamic;
   REQUIRE_THROWS_WITH(dynamic.load_state_dict(state), Catch::Contains("the state is of a static-scale scaler"));
   REQUIRE_THROWS_WITH(scaler.update(64.0), Catch::Contains("this scaler has a static loss scale"));
+}
+
+TEST_CASE("GradScaler: the scaling option is in the checkpoint; one of the other kind is refused and changes "
+          "nothing",
+          "[scaler][cpu]") {
+  // Runs a few steps (one skipped) so that the scale, trackers and statistics are not their initial values.
+  auto train = [](GradScaler& scaler) {
+    auto p = torch::ones({4}, torch::requires_grad());
+    torch::optim::SGD opt({p}, 0.01);
+    for (int i = 0; i < 4; ++i) {
+      opt.zero_grad();
+      scaler.scale(p.sum()).backward();
+      if (i == 2) {
+        p.mutable_grad()[1] = kInf;
+      }
+      scaler.step(opt);
+      scaler.update();
+    }
+  };
+  GradScaler fixed(GradScalerOptions().scaling(false));
+  GradScaler scaling(GradScalerOptions().init_scale(256.0).growth_interval(2));
+  train(fixed);
+  train(scaling);
+  REQUIRE(scaling.get_scale() == 256.0);  // grown to 512 after two clean steps, backed off at the overflow
+  const ampkit::ScalerState fixed_state = fixed.state_dict();
+  const ampkit::ScalerState scaling_state = scaling.state_dict();
+  auto value = [](const ampkit::ScalerState& state, const std::string& key) {
+    for (const auto& [k, v] : state) {
+      if (k == key) {
+        return v;
+      }
+    }
+    FAIL("no '" << key << "' in the state");
+    return c10::IValue();
+  };
+  CHECK(value(fixed_state, "scaling").toBool() == false);
+  CHECK(value(scaling_state, "scaling").toBool() == true);
+  CHECK(fixed_state.back().first == "dynamic");  // "scaling" comes just before it
+
+  auto same = [](const ampkit::ScalerState& a, const ampkit::ScalerState& b) {
+    REQUIRE(a.size() == b.size());
+    for (size_t i = 0; i < a.size(); ++i) {
+      INFO(a[i].first);
+      CHECK(a[i].first == b[i].first);
+      CHECK(a[i].second == b[i].second);
+    }
+  };
+  // Through torch::save / torch::load: a scale-1 checkpoint into a scaling scaler would go on at scale 1.
+  std::ostringstream fixed_file;
+  torch::save(fixed, fixed_file);
+  std::istringstream in(fixed_file.str());
+  REQUIRE_THROWS_WITH(torch::load(scaling, in),
+                      Catch::Contains("GradScaler.load_state_dict: 'scaling' must equal this scaler's "
+                                      "(scaling=True), but the state has scaling=False: its scale is fixed at 1"));
+  same(scaling.state_dict(), scaling_state);
+  CHECK(scaling.get_scale() == 256.0);
+  // The other way round the scaling entry is named first, before the scale that scaling=False refuses anyway.
+  REQUIRE_THROWS_WITH(fixed.load_state_dict(scaling_state),
+                      Catch::Contains("'scaling' must equal this scaler's (scaling=False), but the state has "
+                                      "scaling=True: it scales the loss; build the scaler with scaling=True "
+                                      "(GradScalerOptions().scaling(true) in C++)"));
+  same(fixed.state_dict(), fixed_state);
+  ampkit::ScalerState wrong_type = fixed_state;
+  for (auto& [k, v] : wrong_type) {
+    if (k == "scaling") {
+      v = c10::IValue(int64_t{0});
+    }
+  }
+  REQUIRE_THROWS_WITH(fixed.load_state_dict(wrong_type), Catch::Contains("'scaling' must be a bool, but got Int"));
+  same(fixed.state_dict(), fixed_state);
+
+  // Same kind: loads. A state without the entry (torch's, or ampkit's before it) loads as before.
+  GradScaler fixed_again(GradScalerOptions().scaling(false));
+  std::istringstream in_again(fixed_file.str());
+  torch::load(fixed_again, in_again);
+  same(fixed_again.state_dict(), fixed_state);
+  ampkit::ScalerState older;
+  for (const auto& entry : fixed_state) {
+    if (entry.first != "scaling") {
+      older.push_back(entry);
+    }
+  }
+  GradScaler takes_older(GradScalerOptions().init_scale(8.0));
+  takes_older.load_state_dict(older);
+  CHECK(takes_older.get_scale() == 1.0);
+  CHECK(takes_older.stats().skipped_steps == 1);
 }
 
 TEST_CASE("GradScaler: torch::save / torch::load round trip, and a failed load changes nothing", "[scaler][cpu]") {

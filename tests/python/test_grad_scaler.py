@@ -318,6 +318,40 @@ def test_malformed_state_dict_raises_and_changes_nothing():
         assert scaler.state_dict() == before
 
 
+def test_scaling_is_in_the_state_and_a_state_of_the_other_kind_is_refused_unchanged(tmp_path):
+    _, _, fixed = run("ampkit", "cpu", "sgd", steps=7, scaling=False)
+    _, _, scaling = run("ampkit", "cpu", "sgd", steps=7)
+    fixed_state, scaling_state = fixed.state_dict(), scaling.state_dict()
+    assert fixed_state["scaling"] is False and scaling_state["scaling"] is True
+    assert fixed_state["skipped_steps"] == 2 and scaling.get_scale() != 1.0
+    # A scale-1 checkpoint into a scaling scaler would otherwise go on at scale 1, silently.
+    with pytest.raises(ValueError, match=r"'scaling' must equal this scaler's \(scaling=True\), but the state has "
+                                         r"scaling=False: its scale is fixed at 1"):
+        scaling.load_state_dict(fixed_state)
+    assert scaling.state_dict() == scaling_state
+    fixed.save(tmp_path / "fixed.pt")  # the C++ checkpoint format carries it too
+    with pytest.raises(ValueError, match=r"the state has scaling=False"):
+        scaling.load(tmp_path / "fixed.pt")
+    assert scaling.state_dict() == scaling_state
+    with pytest.raises(ValueError, match=r"'scaling' must equal this scaler's \(scaling=False\), but the state has "
+                                         r"scaling=True: it scales the loss; build the scaler with scaling=True"):
+        fixed.load_state_dict(scaling_state)
+    assert fixed.state_dict() == fixed_state
+    with pytest.raises(ValueError, match="'scaling' must be a bool, but got Int"):
+        fixed.load_state_dict({**fixed_state, "scaling": 0})
+    assert fixed.state_dict() == fixed_state
+    # Same kind loads (a pickle too); states without the key (torch's, ampkit's before it) load as before.
+    again = ampkit.GradScaler("cpu", scaling=False)
+    again.load(tmp_path / "fixed.pt")
+    assert again.state_dict() == fixed_state
+    assert pickle.loads(pickle.dumps(fixed)).state_dict() == fixed_state
+    older = {k: v for k, v in fixed_state.items() if k != "scaling"}
+    takes_older = ampkit.GradScaler("cpu", init_scale=8.0)
+    takes_older.load_state_dict(older)
+    assert takes_older.get_scale() == 1.0 and takes_older.stats()["skipped_steps"] == 2
+    torch.amp.GradScaler("cpu").load_state_dict(fixed_state)  # torch's scaler takes it (its keys are there)
+
+
 def test_pickle_round_trip_and_mid_iteration_refusal():
     _, _, scaler = run("ampkit", "cpu", "sgd", steps=9)
     clone = pickle.loads(pickle.dumps(scaler))

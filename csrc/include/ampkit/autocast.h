@@ -17,6 +17,9 @@
 namespace torch::nn {
 class Module;
 }
+namespace torch::optim {
+class Optimizer;
+}
 
 namespace ampkit {
 
@@ -118,10 +121,18 @@ enum class OptLevel { kO0, kO1, kO2, kO3 };
 // O2 casts every parameter and floating buffer to `dtype` except those of normalisation layers (BatchNorm,
 // LayerNorm, GroupNorm, InstanceNorm; when keep_norm_fp32) and of modules whose qualified name is in `excluded`,
 // which stay FP32 and take low-precision inputs (ATen's norms accept mixed input/weight dtypes); O3 casts
-// everything but `excluded`. Call the optimizer's init_master_params() before, so that its FP32 masters are the
-// FP32 weights rather than rounded copies. No `dtype` picks BF16 for a module on the CPU (or without parameters)
-// and FP16 on CUDA, as ampkit.decorate does.
+// everything but `excluded`. No `dtype` picks BF16 for a module on the CPU (or without parameters) and FP16 on
+// CUDA, as ampkit.decorate does. A module is decorated at O2/O3 once: a second call throws (decorate before
+// loading checkpoints). Everything is checked first: a call that throws changes nothing. Without the optimizer,
+// call its init_master_params() before, so that its FP32 masters are the FP32 weights; the overload below does it.
 AMPKIT_API void decorate(torch::nn::Module& module, OptLevel level, std::optional<c10::ScalarType> dtype = std::nullopt,
                          bool keep_norm_fp32 = true, const std::vector<std::string>& excluded = {});
+// The same with the model's optimizer (ampkit.decorate(model, optimizer, ...)): at O2/O3 it must be an
+// ampkit::optim one (Adam, AdamW, SGD, LAMB; TypeError otherwise), and each of its parameters that is cast gets an
+// FP32 master copied from its weight just before the cast (Apex O2), a tied parameter once; a parameter that was
+// FP16/BF16 already gets a master of its rounded value, with a warning. Mutates the optimizer's state.
+AMPKIT_API void decorate(torch::nn::Module& module, torch::optim::Optimizer& optimizer, OptLevel level,
+                         std::optional<c10::ScalarType> dtype = std::nullopt, bool keep_norm_fp32 = true,
+                         const std::vector<std::string>& excluded = {});
 
 }  // namespace ampkit

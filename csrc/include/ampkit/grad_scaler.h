@@ -57,7 +57,8 @@ struct AMPKIT_API GradScalerOptions {
   // When overflows continue at min_scale: warn once (false) or raise (true), from update(); on a GPU an update()
   // learns of the count without a sync, so possibly one update() late (NOTE [Watching min_scale]).
   TORCH_ARG(bool, raise_at_min_scale) = false;
-  // false: the scale is fixed at 1 (BF16 runs); grads are still checked and non-finite steps skipped.
+  // false: the scale is fixed at 1 (BF16 runs); grads are still checked and non-finite steps skipped. Recorded
+  // in state_dict() ("scaling").
   TORCH_ARG(bool, scaling) = true;
   // false: a static loss scale (Apex's loss_scale=128, Paddle's use_dynamic_loss_scaling=False): the scale stays
   // at init_scale; non-finite steps are still skipped and counted. Recorded in state_dict() ("dynamic").
@@ -152,9 +153,11 @@ class AMPKIT_API GradScaler {
 
   // torch.amp.GradScaler's keys (scale, growth_factor, backoff_factor, growth_interval, _growth_tracker) with
   // double/int values, plus ampkit's (hysteresis, _hysteresis_tracker, min_scale, max_scale, steps,
-  // skipped_steps, last_overflow_step). Empty when disabled.
+  // skipped_steps, last_overflow_step, _overflows_at_min_scale, and the bools scaling and dynamic). Empty when
+  // disabled.
   ScalerState state_dict() const;
-  // Loads torch's or ampkit's state; validates everything first: on error nothing changes.
+  // Loads torch's or ampkit's state; validates everything first: on error nothing changes. A state whose scaling
+  // or dynamic differs from this scaler's options is refused (states without them, torch's, load as they are).
   void load_state_dict(const ScalerState& state);
   void save(torch::serialize::OutputArchive& archive) const;
   void load(torch::serialize::InputArchive& archive);

@@ -71,7 +71,9 @@ using AdamOptions = AdamOptionsT<false>;
 using AdamWOptions = AdamOptionsT<true>;
 
 struct AMPKIT_API AdamParamState : public torch::optim::OptimizerCloneableParamState<AdamParamState> {
-  TORCH_ARG(at::Tensor, step);  // FP32, one element, on the parameter's device (the CPU for a single-tensor param)
+  // FP32, one element, on the parameter's device (the CPU for a single-tensor param); archived as an int64, as
+  // LibTorch's AdamParamState, and read back from an int64 or a tensor.
+  TORCH_ARG(at::Tensor, step);
   TORCH_ARG(at::Tensor, exp_avg);
   TORCH_ARG(at::Tensor, exp_avg_sq);
   TORCH_ARG(at::Tensor, max_exp_avg_sq);
@@ -98,8 +100,11 @@ class AMPKIT_API AdamT : public torch::optim::Optimizer, public ScaledStep {
   // raises leaves every parameter and state as it was.
   at::Tensor step(LossClosure closure = nullptr) override;
   void save(torch::serialize::OutputArchive& archive) const override;
-  // Loads an archive of save(); checks the options and every state (shapes, dtypes, Adam's step and moments all
-  // present or all absent) and keeps states FP32: an archive that fails leaves the optimizer as it was.
+  // Loads an archive of save() or of torch::optim::Adam/AdamW's (LibTorch's options and int steps; the options it
+  // lacks from this optimizer's defaults; no masters: taken from the weights); checks the options and every state
+  // (shapes, dtypes, Adam's step and moments all present or all absent) and keeps states FP32: an archive that
+  // fails leaves the optimizer as it was. save() writes steps as int64, so LibTorch's optimizers read it too
+  // (ignoring masters and ampkit's options): NOTE [LibTorch archives] in csrc/optim/optim.cpp.
   void load(torch::serialize::InputArchive& archive) override;
   // Creates every parameter's state now, with an FP32 master copied from its current value. Call it while the
   // model is still FP32, then cast the model to FP16/BF16 (O2): the masters keep the unrounded weights.
@@ -149,6 +154,8 @@ class AMPKIT_API SGD : public torch::optim::Optimizer, public ScaledStep {
 
   void add_param_group(const torch::optim::OptimizerParamGroup& param_group);  // as AdamT's
   at::Tensor step(LossClosure closure = nullptr) override;
+  // As AdamT's, with torch::optim::SGD's archives; states equal to none (step 0: a skipped first step) are not
+  // saved, since LibTorch takes any momentum buffer as filled.
   void save(torch::serialize::OutputArchive& archive) const override;
   void load(torch::serialize::InputArchive& archive) override;  // as AdamT's
   // As AdamT::init_master_params.
