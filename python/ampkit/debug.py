@@ -34,6 +34,7 @@ _PASS_THROUGH = frozenset({
 #: A module adding at most this many times the dtype's machine epsilon of relative error (and no Inf/NaN or
 #: underflow anywhere) is reported healthy.
 HEALTHY_EPS = 8.0
+_DROPOUT = frozenset({"dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout"})
 _RANDOM = ("dropout", "rand", "bernoulli", "normal", "multinomial", "uniform", "exponential", "poisson")
 _RENAME = {"truediv": "div", "itruediv": "div_", "iadd": "add_", "isub": "sub_", "imul": "mul_", "radd": "add",
            "rsub": "sub", "rmul": "mul", "rtruediv": "div", "rmatmul": "matmul", "rpow": "pow"}
@@ -96,7 +97,8 @@ def _compare(low: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> Option
         rel = math.inf
     else:
         rel = diff_norm / norm if norm > 0 else 0.0
-    max_abs = float(ref_f.abs().max()) if ref_f.numel() else 0.0
+    ref_all = torch.where(ref_finite, ref, torch.zeros((), dtype=torch.float64, device=ref.device))
+    max_abs = float(ref_all.abs().max()) if ref_all.numel() else 0.0
     return dict(rel_err=rel, overflow=overflow, underflow=underflow, max_abs=max_abs)
 
 
@@ -224,16 +226,13 @@ class _Run:
                 out_rel_err=err, in_rel_err=call.in_err, introduced_err=introduced, out_overflow=overflow,
                 out_underflow=underflow, max_abs=max_abs,
                 forward_introducer=nonfinite and call.in_finite and not call.child_nonfinite and origin is None,
-                lowp_out=any(t.dtype in _LOWP for t in outputs))
+                lowp_out=any(t.dtype in _LOWP for t in outputs), out_ids={id(t) for t in outputs})
             self.calls.append(record)
             if nonfinite and call.in_finite and origin is not None and not call.child_nonfinite:
                 origin["forward_introducer"] = True   # the zeros it made became Inf/NaN here
-            if underflow:
-                for t in outputs:
-                    self.under_call[id(t)] = record
-            elif origin is not None:
-                for t in outputs:
-                    self.under_call.setdefault(id(t), origin)
+            for t in outputs:   # the first module to underflow a tensor keeps it (a parent returns its child's)
+                if underflow or origin is not None:
+                    self.under_call.setdefault(id(t), record if underflow else origin)
             if call.parent is not None:
                 call.parent.child_err = max(call.parent.child_err, err)
                 call.parent.child_nonfinite = call.parent.child_nonfinite or nonfinite
@@ -255,9 +254,19 @@ class _Run:
 
     # ---- ops ----
     def op(self, func: Any, args: tuple, kwargs: dict) -> Any:
-        if self.paused or not self.stack:
+        if self.paused:
             return func(*args, **kwargs)
         name = _op_name(func)
+        # Dropout is off in both runs: its masks would differ between the dtypes and swamp every comparison.
+        if name in _DROPOUT and args and isinstance(args[0], torch.Tensor):
+            return args[0]
+        if name == "scaled_dot_product_attention":
+            if len(args) > 4:
+                args = args[:4] + (0.0,) + args[5:]
+            elif "dropout_p" in kwargs:
+                kwargs = dict(kwargs, dropout_p=0.0)
+        if not self.stack:
+            return func(*args, **kwargs)
         call = self.stack[-1]
         inputs = _floats((args, kwargs))
         in_err = max([self._err_of(t) for t in inputs], default=0.0) if self.reference is not None else 0.0
@@ -557,6 +566,7 @@ def replay(model: nn.Module, batch: Any, loss_fn: Callable, *, dtype: Optional[t
             with scope, _Mode(low_run):
                 low_out = model(*low_in) if isinstance(low_in, tuple) else model(low_in)
                 low_loss = loss_fn(low_out, targets)
+            model_out = {id(t) for t in _floats(low_out)}
             _check_loss(low_loss)
             for table in (low_run.errors, low_run.under_op, low_run.under_call, low_run.producer):
                 table.clear()
@@ -586,7 +596,7 @@ def replay(model: nn.Module, batch: Any, loss_fn: Callable, *, dtype: Optional[t
     loss = _compare(low_loss.reshape(()), ref_loss.reshape(()), dtype)
     loss = dict(low=float(low_loss.detach()), reference=float(ref_loss.detach()), rel_err=loss["rel_err"] if loss else None,
                 type=type(loss_fn).__name__)
-    rows = _rows(low_run, params)
+    rows = _rows(low_run, params, model_out)
     ops = _rank_ops(low_run.ops)
     settings = dict(dtype=str(dtype).replace("torch.", ""), scale=scale, mode="decorated" if decorated else "autocast",
                     device_type=device_type, fp32_ops=fp32_ops)
@@ -607,12 +617,12 @@ def _backward(loss: torch.Tensor, params: list[torch.Tensor]) -> list[Optional[t
     return list(torch.autograd.grad(loss.reshape(()), params, allow_unused=True))
 
 
-def _rows(run: _Run, params: list[dict]) -> list[dict]:
+def _rows(run: _Run, params: list[dict], model_out: set[int]) -> list[dict]:
     rows: dict[str, dict] = {}
     for c in run.calls:
         r = rows.get(c["module"])
         if r is None:
-            r = rows[c["module"]] = dict(
+            r = rows[c["module"]] = dict(from_loss=False, _facing=False,
                 module=c["module"], type=c["type"], calls=0, order=c["order"], introduces=None, out_rel_err=0.0,
                 in_rel_err=0.0, introduced_err=0.0, out_overflow=0, out_underflow=0, max_abs=0.0, grad_rel_err=None,
                 param_grad_rel_err=None, grad_overflow=0, grad_underflow=0, grad_max_abs=0.0, op=None, _fwd=False,
@@ -623,6 +633,7 @@ def _rows(run: _Run, params: list[dict]) -> list[dict]:
         r["out_overflow"] += c["out_overflow"]
         r["out_underflow"] += c["out_underflow"]
         r["_fwd"] = r["_fwd"] or c["forward_introducer"]
+        r["_facing"] = r["_facing"] or bool(c.pop("out_ids") & model_out)
     grads_in_bad: dict[str, bool] = {}
     in_grad_err: dict[str, float] = {}
     for g in run.grads:
@@ -666,6 +677,13 @@ def _rows(run: _Run, params: list[dict]) -> list[dict]:
     for n in bwd:  # a module is not the one that introduces when one of its submodules is
         if any(_is_ancestor(n, other) for other in bwd):
             rows[n]["_bwd"] = False
+    if not any(r["_bwd"] for r in rows.values()):
+        # the first gradient of the backward, that of the scaled loss w.r.t. the model's output, already overflows:
+        # the innermost module computing that output is where it shows
+        facing = [r for r in rows.values() if r["_facing"] and not r["_out_grad_finite"]]
+        if facing:
+            first = min(facing, key=lambda r: r["order"])
+            first["_bwd"] = first["from_loss"] = True
     by_module: dict[str, list[dict]] = {}
     for o in run.ops:
         by_module.setdefault(o["module"], []).append(o)
@@ -675,7 +693,7 @@ def _rows(run: _Run, params: list[dict]) -> list[dict]:
         r["op"] = worst[0]["op"] if worst else None
         r["op_dtype"] = worst[0]["dtype"] if worst else None
         r["fix_ops"] = _fix_ops(worst[0]) if worst else []
-        for k in ("_fwd", "_bwd", "_out_grad_finite", "_bwd_added"):
+        for k in ("_fwd", "_bwd", "_out_grad_finite", "_bwd_added", "_facing"):
             del r[k]
 
     def key(r: dict) -> tuple:
@@ -770,6 +788,10 @@ def _suggest(rows, ops, loss, settings, dtype, low_loss, low_out) -> str:
                    + f" in {settings['dtype']} and its op")
             text += (f"Fix: ampkit.autocast({settings['device_type']!r}, dtype=torch.{settings['dtype']}, "
                      f"fp32_ops={settings['fp32_ops'] + fix!r}) ({how} {op} ran in {top['op_dtype']})")
+    if top["introduces"] == "backward" and top["from_loss"]:
+        return (f"{name} ({top['type']}): the gradient of the scaled loss w.r.t. its output (the model's output) "
+                f"already overflows {where} (max |grad| {top['grad_max_abs']:.3g} in the reference): lower the loss "
+                f"scale (the scaler backs off by itself after a skipped step; GradScaler(max_scale=...) bounds it)")
     if top["introduces"] == "backward":
         text += "; or lower the loss scale (the scaler backs off by itself after a skipped step)"
     return text
