@@ -424,7 +424,8 @@ class ReplayReport:
         for i, r in enumerate(self.rows[:30]):
             grad = r["grad_rel_err"] if r["grad_rel_err"] is not None else r["param_grad_rel_err"]
             body.append((str(i + 1), r["module"] or "(model)", r["type"], _fmt(r["out_rel_err"]), _fmt(grad),
-                         _fmt(r["added_err"]), f"{r['out_overflow']}/{r['grad_overflow']}", f"{r['out_underflow']}/{r['grad_underflow']}",
+                         _fmt(r["added_err"]), f"{r['out_overflow']}/{r['grad_overflow']}",
+                         f"{r['out_underflow']}/{r['grad_underflow']}",
                          _fmt(r["max_abs"])))
         widths = [max(len(row[c]) for row in [head] + body) for c in range(len(head))]
         for row in [head] + body:
@@ -527,6 +528,8 @@ def replay(model: nn.Module, batch: Any, loss_fn: Callable, *, dtype: Optional[t
         raise RuntimeError(f"{_WHERE}: could not copy the model for the float64 reference "
                            f"(copy.deepcopy raised {type(e).__name__}: {e})") from e
     reference_model.to(torch.float64)
+    for p in reference_model.parameters():
+        p.grad = None   # the copy's own; the model's stay as they are
     buffers = [(m, n, b, b.detach().clone()) for m in model.modules() for n, b in m.named_buffers(recurse=False)
                if b is not None]
     cpu_rng = torch.get_rng_state()
@@ -594,7 +597,8 @@ def replay(model: nn.Module, batch: Any, loss_fn: Callable, *, dtype: Optional[t
         if c is not None:
             params.append(dict(param=name, module=owners.get(id(p), ""), finite=bool(torch.isfinite(g).all()), **c))
     loss = _compare(low_loss.reshape(()), ref_loss.reshape(()), dtype)
-    loss = dict(low=float(low_loss.detach()), reference=float(ref_loss.detach()), rel_err=loss["rel_err"] if loss else None,
+    loss = dict(low=float(low_loss.detach()), reference=float(ref_loss.detach()),
+                rel_err=loss["rel_err"] if loss else None,
                 type=type(loss_fn).__name__)
     rows = _rows(low_run, params, model_out)
     ops = _rank_ops(low_run.ops)
@@ -673,11 +677,14 @@ def _rows(run: _Run, params: list[dict], model_out: set[int]) -> list[dict]:
         r["grad_introduced_err"] = max(0.0, r["_bwd_added"] - inner)
     for r in rows.values():
         r["added_err"] = max(r["introduced_err"], r["grad_introduced_err"])
+    if any(r["_fwd"] for r in rows.values()):   # Inf/NaN in the forward: the backward's follow from it
+        for r in rows.values():
+            r["_bwd"] = False
     bwd = [n for n, r in rows.items() if r["_bwd"]]
     for n in bwd:  # a module is not the one that introduces when one of its submodules is
         if any(_is_ancestor(n, other) for other in bwd):
             rows[n]["_bwd"] = False
-    if not any(r["_bwd"] for r in rows.values()):
+    if not any(r["_bwd"] or r["_fwd"] or r["out_overflow"] for r in rows.values()):
         # the first gradient of the backward, that of the scaled loss w.r.t. the model's output, already overflows:
         # the innermost module computing that output is where it shows
         facing = [r for r in rows.values() if r["_facing"] and not r["_out_grad_finite"]]

@@ -327,7 +327,8 @@ def test_report_as_dict_is_json_with_infs_as_strings():
 class WithState(nn.Module):
     def __init__(self) -> None:
         super().__init__()
-        self.fc1, self.bn, self.drop, self.fc2 = nn.Linear(16, 32), nn.BatchNorm1d(32), nn.Dropout(0.3), nn.Linear(32, 4)
+        self.fc1, self.bn = nn.Linear(16, 32), nn.BatchNorm1d(32)
+        self.drop, self.fc2 = nn.Dropout(0.3), nn.Linear(32, 4)
         self.frozen = nn.Linear(4, 4)
         self.frozen.requires_grad_(False)
 
