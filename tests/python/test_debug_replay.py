@@ -333,6 +333,7 @@ class WithState(nn.Module):
         self.frozen.requires_grad_(False)
 
     def forward(self, x):
+        x = x + 1e-4 * torch.randn_like(x)   # draws from the RNG, which replay must put back
         return self.frozen(self.fc2(self.drop(torch.relu(self.bn(self.fc1(x))))))
 
 
