@@ -297,7 +297,11 @@ def test_gpt2_under_bf16_autocast(device):
 def test_gpt2_after_o2(device):
     model, batch = gpt2(device)
     model = ampkit.decorate(model, level="O2", dtype=torch.bfloat16)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
     report = ampkit.debug.replay(model, batch, lm_loss)
+    after = model.state_dict()
+    assert all(bits_equal(v, after[k]) for k, v in before.items()) and model.training
+    assert all(p.grad is None for p in model.parameters())
     assert report.mode == "decorated" and report.dtype == "bfloat16"
     rows = {r["module"]: r for r in report.rows}
     assert rows["transformer.h.0.ln_1"]["calls"] == 1 and rows["transformer.h.1.mlp.c_proj"]["grad_rel_err"] > 0
