@@ -205,11 +205,10 @@ class _Run:
                 self.ref_outputs[call.key] = [t.detach().to(torch.float64, copy=True) for t in outputs]
                 return
             refs = self.reference.ref_outputs.get(call.key, [])
-            err, overflow, underflow, max_abs, matched = 0.0, 0, 0, 0.0, len(refs) == len(outputs)
+            err, overflow, underflow, max_abs = 0.0, 0, 0, 0.0
             for t, r in zip(outputs, refs):
                 c = _compare(t, r, self.dtype)
                 if c is None:
-                    matched = False
                     continue
                 err = max(err, c["rel_err"])
                 overflow += c["overflow"]
@@ -222,11 +221,11 @@ class _Run:
             if call.in_finite and not math.isinf(err):
                 introduced = max(0.0, err - max(call.in_err, call.child_err))
             record = dict(
-                module=call.name, type=type(module).__name__, call=call.index, order=self.order, matched=matched,
+                module=call.name, type=type(module).__name__, call=call.index, order=self.order,
                 out_rel_err=err, in_rel_err=call.in_err, introduced_err=introduced, out_overflow=overflow,
                 out_underflow=underflow, max_abs=max_abs,
                 forward_introducer=nonfinite and call.in_finite and not call.child_nonfinite and origin is None,
-                lowp_out=any(t.dtype in _LOWP for t in outputs), out_ids={id(t) for t in outputs})
+                out_ids={id(t) for t in outputs})
             self.calls.append(record)
             if nonfinite and call.in_finite and origin is not None and not call.child_nonfinite:
                 origin["forward_introducer"] = True   # the zeros it made became Inf/NaN here
@@ -604,7 +603,7 @@ def replay(model: nn.Module, batch: Any, loss_fn: Callable, *, dtype: Optional[t
     ops = _rank_ops(low_run.ops)
     settings = dict(dtype=str(dtype).replace("torch.", ""), scale=scale, mode="decorated" if decorated else "autocast",
                     device_type=device_type, fp32_ops=fp32_ops)
-    suggestion = _suggest(rows, ops, loss, settings, dtype, low_loss, low_out)
+    suggestion = _suggest(rows, loss, settings, dtype, low_out)
     return ReplayReport(rows, ops, loss, suggestion, settings)
 
 
@@ -753,7 +752,8 @@ def _rank_ops(ops: list[dict]) -> list[dict]:
     return ranked
 
 
-def _suggest(rows, ops, loss, settings, dtype, low_loss, low_out) -> str:
+def _suggest(rows: list[dict], loss: dict, settings: dict, dtype: torch.dtype, low_out: Any) -> str:
+    """The top row in words, and the override that fixes it."""
     info = torch.finfo(dtype)
     where = f"{settings['dtype']} at scale {settings['scale']:g}"
     top = rows[0] if rows else None
