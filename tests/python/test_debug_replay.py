@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 import ampkit
-from conftest import DEVICES, bits_equal
+from conftest import CUDA_ONLY, DEVICES, bits_equal
 
 F = nn.functional
 
@@ -164,6 +164,17 @@ def test_softmax_underflow_after_o2_names_the_module_to_exclude(device):
     assert "excluded=['1']" in report.suggestion
     fixed = ampkit.debug.replay(build(excluded=["1"]), batch, nll)
     assert all(r["out_overflow"] == 0 for r in fixed.rows), str(fixed)
+
+
+@CUDA_ONLY
+def test_cuda_autocast_runs_softmax_in_fp32_so_nothing_underflows():
+    """CUDA autocast has softmax on its FP32 list (the CPU's has not): the same model is clean there."""
+    torch.manual_seed(0)
+    model = Classifier().cuda()
+    report = ampkit.debug.replay(model, data("cuda", classes=32), nll, dtype=torch.float16)
+    softmax = next(o for o in report.ops if o["op"] == "softmax")
+    assert softmax["dtype"] == "float32" and softmax["underflow"] == 0
+    assert all(r["out_overflow"] == 0 for r in report.rows), str(report)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
