@@ -242,6 +242,30 @@ def test_parameter_gradient_overflow_names_the_module_whose_backward_overflows()
     assert top["grad_overflow"] > 0 and top["grad_rel_err"] < 16 * torch.finfo(torch.float16).eps
     assert "fc3" in report.suggestion and "lower the loss scale" in report.suggestion
     assert all(r["grad_overflow"] == 0 for r in ampkit.debug.replay(model, batch, mse, dtype=torch.float16).rows)
+    # torch's own scaler is read the same way, and left as it was
+    torch_scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    state = torch_scaler.state_dict()
+    again = ampkit.debug.replay(model, batch, mse, dtype=torch.float16, scaler=torch_scaler)
+    assert again.scale == 1024.0 and again.top["module"] == "fc3" and torch_scaler.state_dict() == state
+
+
+class TwoInputs(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(16, 4), nn.Linear(8, 4)
+
+    def forward(self, x, z):
+        return self.a(x) + self.b(z)
+
+
+def test_tuple_inputs_are_unpacked_and_lists_are_not():
+    torch.manual_seed(0)
+    x, y = data("cpu")
+    z = torch.randn(8, 8)
+    report = ampkit.debug.replay(TwoInputs(), ((x, z), y), mse, dtype=torch.bfloat16)
+    assert {r["module"] for r in report.rows} == {"", "a", "b"} and report.suggestion.startswith("healthy")
+    with pytest.raises(TypeError, match="missing 1 required positional argument"):
+        ampkit.debug.replay(TwoInputs(), ([x, z], y), mse, dtype=torch.bfloat16)
 
 
 # ---- a healthy model ------------------------------------------------------------------------------------------
