@@ -603,6 +603,11 @@ def replay(model: nn.Module, batch: Any, loss_fn: Callable, *, dtype: Optional[t
                 rel_err=loss["rel_err"] if loss else None,
                 type=type(loss_fn).__name__)
     rows = _rows(low_run, params, model_out)
+    eps = torch.finfo(dtype).eps
+    if (rows and rows[0]["introduces"] is None and rows[0]["added_err"] <= HEALTHY_EPS * eps
+            and any(r["grad_underflow"] for r in rows)):
+        # accurate where it computes, but gradients lost to underflow: the module losing the most is the one to name
+        rows.sort(key=lambda r: (-r["grad_underflow"], r["order"]))
     ops = _rank_ops(low_run.ops)
     settings = dict(dtype=str(dtype).replace("torch.", ""), scale=scale, mode="decorated" if decorated else "autocast",
                     device_type=device_type, fp32_ops=fp32_ops)
@@ -763,7 +768,8 @@ def _suggest(rows: list[dict], loss: dict, settings: dict, dtype: torch.dtype, l
     out_finite = _all_finite(_floats(low_out))
     if top is None or (top["introduces"] is None and out_finite and math.isfinite(loss["low"])
                        and top["added_err"] <= HEALTHY_EPS * info.eps
-                       and not any(r["out_overflow"] or r["grad_overflow"] or r["out_underflow"] for r in rows)):
+                       and not any(r["out_overflow"] or r["grad_overflow"] or r["out_underflow"]
+                                   or r["grad_underflow"] for r in rows)):
         if top is None:
             return f"no module ran; nothing to compare ({where})"
         return (f"healthy in {where}: no Inf/NaN and no underflow; the largest error increase is "
@@ -773,6 +779,11 @@ def _suggest(rows: list[dict], loss: dict, settings: dict, dtype: torch.dtype, l
         return (f"the loss ({loss['type']}) turns Inf/NaN from finite model outputs in {where}: compute it in FP32, "
                 "loss_fn(output.float(), targets)")
     name = top["module"] or "(model)"
+    if top["introduces"] is None and top["grad_underflow"] and top["added_err"] <= HEALTHY_EPS * info.eps:
+        return (f"{name} ({top['type']}): {top['grad_underflow']} of its gradient values underflow to zero in "
+                f"{where} ({settings['dtype']}'s normals end at {info.smallest_normal:.3g}, its subnormals at "
+                f"{info.smallest_normal * info.eps:.3g}): raise the loss scale (ampkit.GradScaler, a larger "
+                "init_scale)")
     what = {"forward": "its output holds Inf/NaN from finite inputs",
             "backward": "its gradients hold Inf/NaN from finite output gradients (the scaled backward overflows)",
             None: (f"it adds the largest error ({top['added_err']:.2e}, "

@@ -249,6 +249,23 @@ def test_parameter_gradient_overflow_names_the_module_whose_backward_overflows()
     assert again.scale == 1024.0 and again.top["module"] == "fc3" and torch_scaler.state_dict() == state
 
 
+def test_gradient_underflow_is_judged_at_the_scale():
+    """Tiny gradients (loss x 1e-7) underflow FP16 unscaled and fit once the scaler multiplies them by 2^16."""
+    model = healthy("cpu")
+    batch = data("cpu")
+
+    def tiny(out, target):
+        return mse(out, target) * 1e-7
+
+    unscaled = ampkit.debug.replay(model, batch, tiny, dtype=torch.float16)
+    assert unscaled.top["grad_underflow"] > 0 and unscaled.top["grad_underflow"] == max(
+        r["grad_underflow"] for r in unscaled.rows), str(unscaled)
+    assert "underflow to zero" in unscaled.suggestion and "raise the loss scale" in unscaled.suggestion
+    scaled = ampkit.debug.replay(model, batch, tiny, dtype=torch.float16, scaler=ampkit.GradScaler("cpu"))
+    assert scaled.scale == 2.0**16 and sum(r["grad_underflow"] for r in scaled.rows) == 0, str(scaled)
+    assert scaled.suggestion.startswith("healthy")
+
+
 class TwoInputs(nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -448,11 +465,16 @@ def test_replay_leaves_everything_bitwise_unchanged(device, o2):
     assert torch.equal(torch.rand(4), (torch.manual_seed(123), torch.rand(4))[1])
 
 
-def test_replay_inside_an_autocast_region_restores_it():
+def test_replay_inside_an_autocast_region_or_no_grad_restores_it():
     model, optimizer, scaler, batch = trained("cpu")
     with torch.autocast("cpu", dtype=torch.bfloat16):
         before = snapshot(model, optimizer, scaler)
         ampkit.debug.replay(model, batch, mse, dtype=torch.float16)
+        assert_same(before, snapshot(model, optimizer, scaler))
+    with torch.no_grad():
+        before = snapshot(model, optimizer, scaler)
+        report = ampkit.debug.replay(model, batch, mse, dtype=torch.float16)
+        assert report.top["grad_rel_err"] is not None   # the gradients were computed all the same
         assert_same(before, snapshot(model, optimizer, scaler))
 
 
