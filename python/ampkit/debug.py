@@ -456,10 +456,10 @@ def _check(model, batch, loss_fn, dtype, device_type, scaler, fp32_ops):
                                    and callable(getattr(scaler, "is_enabled", None))):
         raise TypeError(f"{_WHERE}: scaler must be an ampkit.GradScaler, a torch.amp.GradScaler or None, but got "
                         f"{type(scaler).__name__}")
-    if (isinstance(fp32_ops, str) or not isinstance(fp32_ops, Iterable)
-            or not all(isinstance(op, str) for op in fp32_ops)):
+    ops = list(fp32_ops) if isinstance(fp32_ops, Iterable) and not isinstance(fp32_ops, str) else None
+    if ops is None or not all(isinstance(op, str) for op in ops):
         raise TypeError(f"{_WHERE}: fp32_ops must be a list of op names such as ['softmax'], but got {fp32_ops!r}")
-    fp32_ops = list(fp32_ops)
+    fp32_ops = ops
     params = [p for p in model.parameters() if p.is_floating_point()]
     lowp = sorted({str(p.dtype) for p in params if p.dtype in _LOWP})
     decorated = getattr(model, "_ampkit_decorated", None) in ("O2", "O3") or bool(lowp)
@@ -471,8 +471,9 @@ def _check(model, batch, loss_fn, dtype, device_type, scaler, fp32_ops):
             raise ValueError(f"{_WHERE}: dtype must match the model's low-precision weights ({model_dtype}), but got "
                              f"{dtype}")
         if fp32_ops:
-            raise ValueError(f"{_WHERE}: fp32_ops applies to autocast runs; this model holds {lowp[0]} weights "
-                             "(decorated) and runs without autocast, so name modules in decorate(excluded=...)")
+            raise ValueError(f"{_WHERE}: fp32_ops applies to autocast runs, but this model is decorated "
+                             f"({lowp[0] if lowp else 'O2/O3'} weights) and runs without autocast; name modules in "
+                             "decorate(excluded=...) instead")
         dtype = model_dtype
     tensors = list(model.parameters()) + list(model.buffers()) + _tensors(batch)
     devices = sorted({t.device.type for t in tensors})

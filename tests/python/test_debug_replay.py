@@ -492,6 +492,8 @@ BAD = [
     (dict(device_type="tpu"), ValueError, r"device_type must be 'cpu' or 'cuda', but got 'tpu'"),
     (dict(scaler=2.0**16), TypeError, r"scaler must be an ampkit\.GradScaler, a torch\.amp\.GradScaler or None, "
                                       r"but got float"),
+    (dict(fp32_ops=iter([1])), TypeError, r"fp32_ops must be a list of op names such as \['softmax'\], but got "
+                                           r"<list_iterator"),
     (dict(fp32_ops="softmax"), TypeError, r"fp32_ops must be a list of op names such as \['softmax'\], but got "
                                           r"'softmax'"),
     (dict(loss_fn=lambda out, y: out), ValueError, r"loss_fn must return a one-element floating tensor \(the "
@@ -516,6 +518,7 @@ def test_decorated_model_refuses_another_dtype_and_fp32_ops():
     with pytest.raises(ValueError, match=r"ampkit\.debug\.replay: dtype must match the model's low-precision "
                                          r"weights \(torch\.float16\), but got torch\.bfloat16"):
         ampkit.debug.replay(model, batch, mse, dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match=r"ampkit\.debug\.replay: fp32_ops applies to autocast runs"):
+    with pytest.raises(ValueError, match=r"ampkit\.debug\.replay: fp32_ops applies to autocast runs, but this "
+                                         r"model is decorated \(torch\.float16 weights\)"):
         ampkit.debug.replay(model, batch, mse, fp32_ops=["softmax"])
     assert_same(before, snapshot(model, optimizer, scaler))
