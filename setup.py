@@ -126,7 +126,7 @@ setup(
     version="0.1.0",
     description="Mixed-precision training toolkit for LibTorch and PyTorch",
     package_dir={"": "python"},
-    packages=["ampkit", "ampkit.optim", "ampkit.integrations"],
+    packages=["ampkit", "ampkit.debug", "ampkit.optim", "ampkit.integrations"],
     ext_modules=[CMakeExtension("ampkit._C")],
     cmdclass={"build_ext": CMakeBuild},
     python_requires=">=3.9",
