@@ -1,0 +1,44 @@
+"""torch.optim's constructor rules for ampkit.optim's optimizers, with torch's messages and exception types: the
+devices that take ``capturable=True``, tensor ``lr`` and ``betas``, and the ``fused``/``foreach``/``differentiable``
+combinations. (Per-group number checks are the optimizers' ``_check_values``, with the ranges in the C++ core; the
+package-wide argument checks are ampkit/_checks.py.)
+"""
+from __future__ import annotations
+
+import torch
+
+
+def _capturable_devices() -> list[str]:
+    """The device types on which torch.optim accepts capturable=True."""
+    from torch.optim import optimizer as _optimizer
+    getter = getattr(_optimizer, "_get_capturable_supported_devices", None)
+    return getter() if getter is not None else ["cuda"]
+
+
+def _check_tensor_hparams(lr, betas, foreach, capturable) -> None:
+    """torch.optim.Adam's rules for tensor lr and betas, with its messages and exception types."""
+    if isinstance(lr, torch.Tensor):
+        if foreach and not capturable:
+            raise ValueError("lr as a Tensor is not supported for capturable=False and foreach=True")
+        if lr.numel() != 1:
+            raise ValueError("Tensor lr must be 1-element")
+
+
+def _check_betas(betas, foreach, capturable) -> None:
+    if not ((isinstance(betas[0], float) and isinstance(betas[1], float))
+            or (isinstance(betas[0], torch.Tensor) and isinstance(betas[1], torch.Tensor))):
+        raise ValueError("betas must be either both floats or both Tensors")
+    for i in (0, 1):
+        if isinstance(betas[i], torch.Tensor):
+            if not capturable and foreach:
+                raise ValueError(f"betas[{i}] as a Tensor is not supported for capturable=False and foreach=True")
+            if betas[i].numel() != 1:
+                raise ValueError(f"Tensor betas[{i}] must be 1-element")
+
+
+def _check_fused_flags(fused, foreach, differentiable) -> None:
+    if fused:
+        if differentiable:
+            raise RuntimeError("`fused` does not support `differentiable`")
+        if foreach:
+            raise RuntimeError("`fused` and `foreach` cannot be `True` together.")

@@ -1,0 +1,241 @@
+"""ampkit.optim's optimizers: Adam, AdamW and SGD (torch.optim's arguments and results) and LAMB (Apex's
+``FusedLAMB``), each its constructor, ``_check_values``, the single-tensor step for ``differentiable=True`` and
+what differs from ``_FusedOptimizer`` (ampkit/optim/_base.py), which owns the step itself. Their ``__module__`` is
+``ampkit.optim`` (set there), where they are public.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+from torch.optim import adam as _torch_adam
+from torch.optim import sgd as _torch_sgd
+
+from .. import _checks, _dtensor
+from ._base import _core, _FusedOptimizer
+from ._hparams import _capturable_devices, _check_betas, _check_fused_flags, _check_tensor_hparams
+
+
+class Adam(_FusedOptimizer):
+    """torch.optim.Adam's arguments and results, on ampkit's fused kernel, plus ``master_weights``."""
+
+    _decoupled_default = False
+    _flags = ("amsgrad", "maximize", "decoupled_weight_decay")
+    _group_defaults = dict(amsgrad=False, maximize=False, foreach=None, capturable=False, differentiable=False,
+                           decoupled_weight_decay=False, fused=None, master_weights=None)
+
+    def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 0.0, amsgrad: bool = False, *, foreach: Optional[bool] = None,
+                 maximize: bool = False, capturable: bool = False, differentiable: bool = False,
+                 fused: Optional[bool] = None, decoupled_weight_decay: Optional[bool] = None,
+                 master_weights: Optional[bool] = None, write_unscaled_grads: bool = True) -> None:
+        self.write_unscaled_grads = _checks.flag(type(self).__name__, "write_unscaled_grads", write_unscaled_grads)
+        _check_tensor_hparams(lr, betas, foreach, capturable)
+        self._check_values(dict(lr=lr, eps=eps, betas=betas, weight_decay=weight_decay))
+        _check_betas(betas, foreach, capturable)
+        betas = tuple(b.squeeze() if isinstance(b, torch.Tensor) and b.dim() != 0 else b for b in betas)
+        if decoupled_weight_decay is None:
+            decoupled_weight_decay = self._decoupled_default
+        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad, maximize=maximize,
+                        decoupled_weight_decay=decoupled_weight_decay, master_weights=master_weights,
+                        foreach=foreach, capturable=capturable, differentiable=differentiable, fused=fused)
+        super().__init__(params, defaults)
+        _check_fused_flags(fused, foreach, differentiable)
+
+    @classmethod
+    def _check_values(cls, group: dict) -> None:
+        """torch.optim.Adam's checks and messages, for the constructor and for every group at step(): Python types
+        here, ranges in the C++ core."""
+        betas = group["betas"]
+        for key in ("lr", "eps", "weight_decay"):
+            _checks.number(None, key, group[key])
+        if not isinstance(betas, (tuple, list)):
+            raise TypeError(f"betas must be a pair (beta1, beta2), but got {type(betas).__name__} {betas!r}")
+        if len(betas) != 2:
+            raise ValueError(f"betas must be a pair (beta1, beta2), but got {betas!r}")
+        for i, beta in enumerate(betas):
+            _checks.number(None, f"betas[{i}]", beta)
+        cls._check_ranges(group)
+
+    def _validate(self) -> bool:
+        deferred = super()._validate()
+        for group in self.param_groups:
+            if group["capturable"] and not torch.compiler.is_compiling():
+                supported = _capturable_devices()
+                for p in group["params"]:
+                    if p.device.type not in supported:
+                        raise AssertionError(f"If capturable=True, params and state_steps must be on supported "
+                                             f"devices: {supported}.")
+        return deferred
+
+    def _torch_step(self, group: dict, params: list) -> None:
+        """torch.optim's own single-tensor Adam (differentiable=True), on torch's state."""
+        states = [self.state[p] for p in params]
+        for p, st in zip(params, states):
+            if not st:
+                st["step"] = torch.tensor(0.0, dtype=torch.float32)
+                st["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                st["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                if group["amsgrad"]:
+                    st["max_exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        with torch.set_grad_enabled(group["differentiable"]):
+            _torch_adam.adam(
+                params, [p.grad for p in params], [st["exp_avg"] for st in states],
+                [st["exp_avg_sq"] for st in states],
+                [st["max_exp_avg_sq"] for st in states] if group["amsgrad"] else [],
+                [st["step"] for st in states], foreach=False, capturable=False,
+                differentiable=group["differentiable"], fused=None,
+                has_complex=any(torch.is_complex(p) for p in params),
+                decoupled_weight_decay=group["decoupled_weight_decay"], amsgrad=group["amsgrad"],
+                beta1=group["betas"][0], beta2=group["betas"][1], lr=group["lr"],
+                weight_decay=group["weight_decay"], eps=group["eps"], maximize=group["maximize"])
+
+
+class AdamW(Adam):
+    """torch.optim.AdamW's arguments and results (decoupled weight decay), plus ``master_weights``."""
+
+    _decoupled_default = True
+    _group_forced = dict(decoupled_weight_decay=True)  # as torch: an AdamW never runs coupled decay
+
+    def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 1e-2, amsgrad: bool = False, **kwargs: Any) -> None:
+        kwargs.setdefault("decoupled_weight_decay", True)
+        super().__init__(params, lr, betas, eps, weight_decay, amsgrad, **kwargs)
+
+
+class SGD(_FusedOptimizer):
+    """torch.optim.SGD's arguments and results, on ampkit's fused kernel, plus ``master_weights``."""
+
+    _kind = "sgd"
+    _flags = ("nesterov", "maximize")
+    _group_defaults = dict(nesterov=False, maximize=False, foreach=None, differentiable=False, fused=False,
+                           master_weights=None)
+
+    def __init__(self, params, lr: float = 1e-3, momentum: float = 0.0, dampening: float = 0.0,
+                 weight_decay: float = 0.0, nesterov: bool = False, *, maximize: bool = False,
+                 foreach: Optional[bool] = None, differentiable: bool = False, fused: Optional[bool] = None,
+                 master_weights: Optional[bool] = None, write_unscaled_grads: bool = True) -> None:
+        self.write_unscaled_grads = _checks.flag(type(self).__name__, "write_unscaled_grads", write_unscaled_grads)
+        if isinstance(lr, torch.Tensor) and lr.numel() != 1:
+            raise ValueError("Tensor lr must be 1-element")
+        self._check_values(dict(lr=lr, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov,
+                                dampening=dampening))
+        defaults = dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay, nesterov=nesterov,
+                        maximize=maximize, master_weights=master_weights, foreach=foreach,
+                        differentiable=differentiable, fused=fused)
+        super().__init__(params, defaults)
+        _check_fused_flags(fused, foreach, differentiable)
+
+    @classmethod
+    def _check_values(cls, group: dict) -> None:
+        """torch.optim.SGD's checks and messages (NaN refused too), for the constructor and for every group at
+        step(): Python types here, ranges in the C++ core."""
+        for key in ("lr", "momentum", "dampening", "weight_decay"):
+            _checks.number(None, key, group[key])
+        cls._check_ranges(group)
+
+    def _torch_step(self, group: dict, params: list) -> None:
+        """torch.optim's own single-tensor SGD (differentiable=True), on torch's state."""
+        momentum = group["momentum"]
+        buffers = [self.state[p].get("momentum_buffer") for p in params] if momentum != 0 else [None] * len(params)
+        with torch.set_grad_enabled(group["differentiable"]):
+            _torch_sgd.sgd(
+                params, [p.grad for p in params], buffers, has_sparse_grad=any(p.grad.is_sparse for p in params),
+                foreach=False, fused=None, weight_decay=group["weight_decay"], momentum=momentum, lr=group["lr"],
+                dampening=group["dampening"], nesterov=group["nesterov"], maximize=group["maximize"])
+        if momentum != 0:
+            for p, buf in zip(params, buffers):
+                self.state[p]["momentum_buffer"] = buf
+
+
+class LAMB(_FusedOptimizer):
+    """LAMB (You et al. 2020) on ampkit's fused kernel, with the arguments, defaults and semantics of Apex's
+    ``FusedLAMB`` (NVIDIA's BERT recipe), plus ``master_weights``.
+
+    Adam moments (``grad_averaging``: ``m = beta1 m + (1 - beta1) g``, else ``beta1 m + g``; ``bias_correction``),
+    the update ``u = m^ / (sqrt(v^) + eps)`` (``+ weight_decay * w`` with ``adam_w_mode``, else L2 decay added to
+    the grad), then per tensor ``w -= lr * ||w|| / ||u|| * u``: the trust ratio is 1 where either norm is 0, and for
+    groups without weight decay unless ``use_nvlamb``. With ``max_grad_norm > 0`` every grad is first scaled by
+    ``max_grad_norm / ||g||`` when the global norm ``||g||`` over every group's grads exceeds it (computed on the
+    device each step; ``last_grad_norm`` holds it). The norms are summed in one fixed order: CPU and CUDA steps give
+    the same bits. FP16/BF16/FP32 parameters dense in memory; grads are only read (never unscaled in place).
+    States: ``step``, ``exp_avg``, ``exp_avg_sq`` (FP32) and ``master_param`` / ``param_remainder`` as AdamW's.
+    """
+
+    _kind = "lamb"
+    _core_checks_first = False
+    _flags = ("bias_correction", "adam_w_mode", "grad_averaging", "use_nvlamb")
+    _group_defaults = dict(bias_correction=True, adam_w_mode=True, grad_averaging=True, use_nvlamb=False,
+                           max_grad_norm=1.0, master_weights=None, differentiable=False)
+
+    def __init__(self, params, lr: float = 1e-3, bias_correction: bool = True,
+                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-6, weight_decay: float = 0.01,
+                 amsgrad: bool = False, adam_w_mode: bool = True, grad_averaging: bool = True,
+                 set_grad_none: bool = True, max_grad_norm: Optional[float] = 1.0, use_nvlamb: bool = False, *,
+                 master_weights: Optional[bool] = None) -> None:
+        if amsgrad:
+            raise RuntimeError("LAMB does not support the AMSGrad variant.")
+        self.write_unscaled_grads = False  # LAMB only reads the grads
+        self.set_grad_none = _checks.flag("LAMB", "set_grad_none", set_grad_none)
+        self.last_grad_norm: Optional[torch.Tensor] = None
+        if isinstance(lr, torch.Tensor) and lr.numel() != 1:
+            raise ValueError("Tensor lr must be 1-element")
+        if max_grad_norm is None:
+            max_grad_norm = 0.0  # no clipping
+        defaults = dict(lr=lr, bias_correction=bias_correction, betas=tuple(betas), eps=eps,
+                        weight_decay=weight_decay, adam_w_mode=adam_w_mode, grad_averaging=grad_averaging,
+                        max_grad_norm=max_grad_norm, use_nvlamb=use_nvlamb, master_weights=master_weights,
+                        differentiable=False)
+        self._check_group(defaults)
+        super().__init__(params, defaults)
+
+    @classmethod
+    def _check_values(cls, group: dict) -> None:
+        """Python types here, ranges (torch.optim's messages for lr, eps, betas, weight_decay) in the C++ core."""
+        betas = group["betas"]
+        for key in ("lr", "eps", "weight_decay", "max_grad_norm"):
+            _checks.number("LAMB", key, group[key])
+        if not isinstance(betas, (tuple, list)) or len(betas) != 2:
+            raise ValueError(f"LAMB: betas must be a pair (beta1, beta2), but got {betas!r}")
+        for i, beta in enumerate(betas):
+            _checks.number("LAMB", f"betas[{i}]", beta)
+        cls._check_ranges(group)
+
+    def _validate(self) -> bool:
+        deferred = super()._validate()
+        for group in self.param_groups:
+            if group["max_grad_norm"] > 0 and _dtensor.any_dtensor(group["params"]):
+                raise NotImplementedError(
+                    "LAMB: max_grad_norm > 0 with DTensor parameters (FSDP2) needs a norm over every rank's shards, "
+                    "which LAMB does not compute; clip with torch.nn.utils.clip_grad_norm_ and pass max_grad_norm=0")
+        return deferred
+
+    def _global_grad_norm(self, grad_scale) -> Optional[torch.Tensor]:
+        if not any(group["max_grad_norm"] > 0 for group in self.param_groups):
+            return None
+        grads = [p.grad for group in self.param_groups for p in group["params"] if p.grad is not None]
+        self.last_grad_norm = _core()._optim_global_grad_norm(grads, grad_scale)
+        return self.last_grad_norm
+
+    def _traced_grad_norm(self, grad_scale) -> Optional[torch.Tensor]:
+        if not any(group["max_grad_norm"] > 0 for group in self.param_groups):
+            return None
+        grads = [p.grad for group in self.param_groups for p in group["params"] if p.grad is not None]
+        by_device = {}
+        for g in grads:
+            by_device.setdefault(g.device, []).append(g)
+        norms = [torch.ops.ampkit.grad_norm(list_, None if grad_scale is None else grad_scale.to(device))
+                 for device, list_ in by_device.items()]
+        if not norms:
+            norm = torch.zeros((), dtype=torch.float32)
+        elif len(norms) == 1:
+            norm = norms[0]
+        else:  # as the core's global_grad_norm
+            first = grads[0].device
+            norm = torch.stack([n.to(first, torch.float64) for n in norms]).square().sum().sqrt().to(torch.float32)
+        self.last_grad_norm = norm
+        return norm
+
+    def zero_grad(self, set_to_none: Optional[bool] = None) -> None:
+        """torch.optim's zero_grad; ``set_to_none`` defaults to the constructor's ``set_grad_none`` (Apex)."""
+        super().zero_grad(self.set_grad_none if set_to_none is None else set_to_none)
