@@ -647,7 +647,7 @@ PYBIND11_MODULE(_C, m) {
       .def(py::init([](double init_scale, double growth_factor, double backoff_factor, int64_t growth_interval,
                        bool enabled, int64_t hysteresis, std::optional<double> min_scale,
                        std::optional<double> max_scale, bool raise_at_min_scale, bool scaling, bool overflow_report,
-                       py::object process_group, bool dynamic) {
+                       py::object process_group, bool dynamic, bool calibrate, double calibration_margin) {
              ampkit::GradScalerOptions o;
              o.init_scale(init_scale)
                  .growth_factor(growth_factor)
@@ -660,6 +660,8 @@ PYBIND11_MODULE(_C, m) {
                  .raise_at_min_scale(raise_at_min_scale)
                  .scaling(scaling)
                  .dynamic(dynamic)
+                 .calibrate(calibrate)
+                 .calibration_margin(calibration_margin)
                  .overflow_report(overflow_report);
              if (!process_group.is_none()) {
                o.process_group(process_group.cast<c10::intrusive_ptr<c10d::ProcessGroup>>());
@@ -669,7 +671,7 @@ PYBIND11_MODULE(_C, m) {
            py::arg("init_scale"), py::arg("growth_factor"), py::arg("backoff_factor"), py::arg("growth_interval"),
            py::arg("enabled"), py::arg("hysteresis"), py::arg("min_scale"), py::arg("max_scale"),
            py::arg("raise_at_min_scale"), py::arg("scaling"), py::arg("overflow_report"), py::arg("process_group"),
-           py::arg("dynamic") = true)
+           py::arg("dynamic") = true, py::arg("calibrate") = false, py::arg("calibration_margin") = 2.0)
       .def("scale", [](GradScaler& s, const at::Tensor& t) { return guarded([&] { return s.scale(t); }); })
       .def("unscale_params_",
            [](GradScaler& s, int64_t key, const Params& p, const std::optional<Params>& g) {

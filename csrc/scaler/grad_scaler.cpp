@@ -62,7 +62,16 @@ void check_options(const GradScalerOptions& o) {
                     lo);
   TORCH_CHECK_VALUE(hi >= lo && !std::isnan(hi), "ampkit::GradScaler: max_scale must be >= min_scale (", lo,
                     "), but got ", hi);
-  if (o.scaling()) {
+  if (o.calibrate()) {
+    TORCH_CHECK_VALUE(o.scaling() && o.dynamic(), "ampkit::GradScaler: calibrate sets a first scale, so it needs a "
+                      "dynamic loss scale, but this scaler has ", o.scaling() ? "a static one (dynamic=False)" :
+                      "none (scaling=False: the scale is fixed at 1)");
+    TORCH_CHECK_VALUE(std::isfinite(o.calibration_margin()) && o.calibration_margin() >= 0.0,
+                      "ampkit::GradScaler: calibration_margin must be a finite number >= 0, but got ",
+                      o.calibration_margin());
+    TORCH_CHECK_VALUE(lo <= 1.0 && hi >= 1.0, "ampkit::GradScaler: calibrate runs its first iteration at scale 1, "
+                      "which must lie in [min_scale, max_scale] = [", lo, ", ", hi, "]");
+  } else if (o.scaling()) {
     TORCH_CHECK_VALUE(o.init_scale() >= lo && o.init_scale() <= hi, "ampkit::GradScaler: init_scale (",
                       o.init_scale(), ") must lie in [min_scale, max_scale] = [", lo, ", ", hi, "]");
   }
@@ -83,12 +92,13 @@ std::vector<at::Tensor> grads_of(const std::vector<at::Tensor>& params) {
 GradScaler::GradScaler(GradScalerOptions options)
     : options_(std::move(options)),
       enabled_(options_.enabled()),
-      init_scale_(options_.scaling() ? options_.init_scale() : 1.0),
+      init_scale_(options_.scaling() && !options_.calibrate() ? options_.init_scale() : 1.0),
       growth_factor_(options_.growth_factor()),
       backoff_factor_(options_.backoff_factor()),
       growth_interval_(options_.growth_interval()),
       init_hysteresis_tracker_(options_.hysteresis()) {
   check_options(options_);
+  calibrating_ = enabled_ && options_.calibrate();
 }
 
 // ---- device state ---------------------------------------------------------------------------------------------
@@ -198,6 +208,9 @@ void GradScaler::record_checks(int64_t key, const std::vector<at::Tensor>& param
   for (auto& [device, list] : per_device) {
     at::Tensor& found = buffer(key, device, BufferRole::kFoundInf);
     found.zero_();
+    if (calibrating_) {
+      note_calibration_amax(list, /*scaled=*/true);
+    }
     if (unscale) {
       unscale_and_check_(list, found, inv_scale_on(device));
     } else {
@@ -269,6 +282,15 @@ void GradScaler::unscale_params_(int64_t key, const std::vector<at::Tensor>& par
       opts.reduceOp = c10d::ReduceOp::MAX;
       options_.process_group()->allreduce(tensors, opts)->wait();
       external_reduced_ = true;
+    }
+    if (calibrating_) {  // the all-reduce unscaled them
+      std::vector<at::Tensor> unscaled;
+      for (const at::Tensor& g : grads) {
+        if (g.defined()) {
+          unscaled.push_back(g.is_sparse() ? g._values() : g);
+        }
+      }
+      note_calibration_amax(unscaled, /*scaled=*/false);
     }
     PerOptimizer& state = per_optimizer_[key];
     state.found_inf = {{external_found_inf_.device(), external_found_inf_}};
@@ -409,6 +431,9 @@ void GradScaler::update() {
                            backoff_factor_, growth_interval_, options_.hysteresis(), options_.min_scale().value_or(0.0),
                            options_.max_scale().value_or(std::numeric_limits<double>::infinity()),
                            options_.scaling() && options_.dynamic());
+  if (calibrating_) {
+    apply_calibration(combined);
+  }
   scale_written();
   // Into a flag nobody holds (NOTE [Step-ran flags]): flags collected step after step keep their own values.
   at::logical_not_out(next_step_ran_flag(step_ran_), combined);
@@ -459,6 +484,7 @@ void GradScaler::update(double new_scale) {
   before_scale_write();
   scale_.fill_(new_scale);
   scale_written();
+  calibrating_ = false;  // the caller chose the scale (NOTE [Calibrated first scale])
   end_iteration();
 }
 
@@ -491,6 +517,7 @@ void GradScaler::update(const at::Tensor& new_scale) {
   before_scale_write();
   scale_.copy_(new_scale);
   scale_written();
+  calibrating_ = false;
   end_iteration();
 }
 

@@ -321,6 +321,8 @@ void GradScaler::load_state_dict(const ScalerState& state) {
   options_.max_scale(max_scale);
   init_hysteresis_tracker_ = hysteresis_tracker;
   init_stats_ = stats;
+  // A checkpoint taken before the first update() keeps the calibration pending (NOTE [Calibrated first scale]).
+  calibrating_ = options_.calibrate() && stats[0] == 0 && find_entry(state, "steps") != nullptr;
   if (scale_.defined()) {
     before_scale_write();
     scale_.fill_(scale);

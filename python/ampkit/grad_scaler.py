@@ -81,6 +81,11 @@ class GradScaler:
         dynamic: ``False`` keeps a static loss scale, ``init_scale`` for ever (Apex's ``loss_scale=128``, Paddle's
             ``use_dynamic_loss_scaling=False``); non-finite steps are still skipped and counted.
         overflow_report: record which parameters held Inf/NaN grads; see :meth:`overflow_report`.
+        calibration_margin: with ``init_scale="auto"``, the headroom of the calibrated scale in powers of two.
+
+    ``init_scale="auto"`` calibrates the first scale: the first iteration runs at scale 1, and its ``update()``
+    sets the scale to ``2**floor(log2(65504 / (amax * 2**calibration_margin)))`` (``amax``: that iteration's
+    largest gradient; clamped to ``[min_scale, max_scale]``), on the device, without a sync (docs/api.md).
 
     ``stats()`` returns steps, skipped_steps, last_overflow_step, scale and the trackers; ``last_step_ran()`` a
     device bool telling whether the last step's update ran, without a sync (it keeps its value while held).
@@ -89,7 +94,7 @@ class GradScaler:
     def __init__(
         self,
         device: str = "cuda",
-        init_scale: float = 2.0**16,
+        init_scale: Union[float, str] = 2.0**16,
         growth_factor: float = 2.0,
         backoff_factor: float = 0.5,
         growth_interval: int = 2000,
@@ -103,12 +108,17 @@ class GradScaler:
         overflow_report: bool = False,
         raise_at_min_scale: bool = False,
         dynamic: bool = True,
+        calibration_margin: float = 2.0,
     ) -> None:
         where = "ampkit.GradScaler"
         if not isinstance(device, str):  # torch's GradScaler takes a device-type string
             raise ValueError(f"{where}: device must be 'cpu' or 'cuda', but got {device!r}")
         _checks.device_type(where, device)
-        init_scale = _number(where, "init_scale", init_scale)
+        calibrate = isinstance(init_scale, str) and init_scale == "auto"
+        if isinstance(init_scale, str) and not calibrate:
+            raise TypeError(f"{where}: init_scale must be a number or 'auto', but got {init_scale!r}")
+        init_scale = 1.0 if calibrate else _number(where, "init_scale", init_scale)
+        calibration_margin = _number(where, "calibration_margin", calibration_margin)
         growth_factor = _number(where, "growth_factor", growth_factor)
         backoff_factor = _number(where, "backoff_factor", backoff_factor)
         min_scale = None if min_scale is None else _number(where, "min_scale", min_scale)
@@ -142,13 +152,18 @@ class GradScaler:
             overflow_report=overflow_report,
             process_group=process_group,
             dynamic=dynamic,
+            calibrate=calibrate,
+            calibration_margin=float(calibration_margin),
         )
         self._handle = _compile.ScalerHandle(self._core) if _compile.SUPPORTED else None
         self._options = dict(
             device=device, init_scale=init_scale, growth_factor=growth_factor, backoff_factor=backoff_factor,
             growth_interval=growth_interval, enabled=enabled, hysteresis=hysteresis, min_scale=min_scale,
             max_scale=max_scale, scaling=scaling, overflow_report=overflow_report,
-            raise_at_min_scale=raise_at_min_scale, dynamic=dynamic)
+            raise_at_min_scale=raise_at_min_scale, dynamic=dynamic,
+            calibration_margin=calibration_margin)
+        if calibrate:
+            self._options["init_scale"] = "auto"
 
     # ---- the training loop ----------------------------------------------------------------------------------
 
@@ -487,7 +502,7 @@ class GradScaler:
                                                           "growth_interval", "enabled")},
                       **{k: options[k] for k in ("hysteresis", "min_scale", "max_scale", "scaling",
                                                  "overflow_report", "raise_at_min_scale")},
-                      dynamic=options.get("dynamic", True))
+                      dynamic=options.get("dynamic", True), calibration_margin=options.get("calibration_margin", 2.0))
         if state["state"]:
             self.load_state_dict(state["state"])
 

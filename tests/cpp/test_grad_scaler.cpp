@@ -4,6 +4,7 @@
 #include "catch_torch.h"
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <limits>
@@ -372,4 +373,66 @@ TEST_CASE("GradScaler: two ranks over a c10d process group skip together", "[sca
   // Rank 0's grads were finite, yet it skipped step 1 with rank 1.
   CHECK(weights[0][1] == weights[0][0]);
   CHECK(weights[0] == weights[1]);
+}
+
+TEST_CASE("GradScaler: calibrate sets the first scale from the first iteration's largest gradient",
+          "[scaler][cpu]") {
+  // The formula in float64 (NOTE [Calibrated first scale]).
+  auto expected = [](double amax, double margin) {
+    return std::exp2(std::floor(std::log2(65504.0 / (amax * std::exp2(margin)))));
+  };
+  for (const double margin : {0.0, 3.0}) {
+    for (const double amax : {2.5e-6, 0.75, 900.0}) {
+      torch::manual_seed(4);
+      torch::nn::Linear model(6, 3);
+      torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1));
+      GradScaler scaler(GradScalerOptions().calibrate(true).calibration_margin(margin).init_scale(1024.0));
+      auto target = torch::randn({3, 6}, torch::kDouble);
+      target = (target / target.abs().max() * amax).to(torch::kFloat);
+      const at::Tensor before = model->weight.detach().clone();
+      scaler.scale((model->weight * target).sum() + model->bias.sum() * 0.0f).backward();
+      CHECK(scaler.get_scale() == 1.0);  // the first iteration runs at 1, whatever init_scale says
+      scaler.step(opt);
+      scaler.update();
+      CHECK_FALSE(torch::equal(before, model->weight));  // an ordinary, applied step
+      CHECK(scaler.get_scale() == expected(target.abs().max().item<double>(), margin));
+      CHECK(scaler.get_growth_tracker() == 0);
+      const double calibrated = scaler.get_scale();
+      opt.zero_grad();
+      scaler.scale((model->weight * target).sum()).backward();
+      CHECK(torch::equal(model->weight.grad(), target * calibrated));
+      scaler.step(opt);
+      scaler.update();
+      CHECK(scaler.get_scale() == calibrated);  // the second update() is an ordinary one
+      CHECK(scaler.get_growth_tracker() == 1);
+    }
+  }
+  // An overflow in the first iteration backs off from 1.
+  torch::nn::Linear model(2, 2);
+  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1));
+  GradScaler scaler(GradScalerOptions().calibrate(true));
+  scaler.scale(model(torch::randn({3, 2})).sum()).backward();
+  model->bias.mutable_grad()[1] = kInf;
+  scaler.step(opt);
+  scaler.update();
+  CHECK(scaler.get_scale() == 0.5);
+  CHECK(scaler.stats().skipped_steps == 1);
+}
+
+TEST_CASE("GradScaler: calibrate refuses options it cannot honour", "[scaler][cpu]") {
+  auto message = [](const GradScalerOptions& o) {
+    try {
+      GradScaler s(o);
+    } catch (const c10::ValueError& e) {
+      return std::string(e.what_without_backtrace());
+    }
+    return std::string("no error");
+  };
+  CHECK_THAT(message(GradScalerOptions().calibrate(true).scaling(false)),
+             Catch::Contains("calibrate sets a first scale, so it needs a dynamic loss scale"));
+  CHECK_THAT(message(GradScalerOptions().calibrate(true).dynamic(false)), Catch::Contains("dynamic=False"));
+  CHECK_THAT(message(GradScalerOptions().calibrate(true).calibration_margin(-2.0)),
+             Catch::Contains("calibration_margin must be a finite number >= 0, but got -2"));
+  CHECK_THAT(message(GradScalerOptions().calibrate(true).min_scale(4.0)),
+             Catch::Contains("calibrate runs its first iteration at scale 1"));
 }

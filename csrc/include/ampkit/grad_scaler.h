@@ -63,6 +63,14 @@ struct AMPKIT_API GradScalerOptions {
   // false: a static loss scale (Apex's loss_scale=128, Paddle's use_dynamic_loss_scaling=False): the scale stays
   // at init_scale; non-finite steps are still skipped and counted. Recorded in state_dict() ("dynamic").
   TORCH_ARG(bool, dynamic) = true;
+  // true: a calibrated first scale (NOTE [Calibrated first scale]). The first iteration runs at scale 1 whatever
+  // init_scale says, and its update() sets the scale to 2^floor(log2(65504 / (amax * 2^calibration_margin))),
+  // amax the largest |gradient| of the optimizers stepped in it, clamped to [min_scale, max_scale]; no sync.
+  // Python: GradScaler(init_scale="auto"). Needs scaling and dynamic.
+  TORCH_ARG(bool, calibrate) = false;
+  // Headroom of the calibrated scale in powers of two (finite, >= 0): the largest gradient lands at or below
+  // 65504 / 2^calibration_margin.
+  TORCH_ARG(double, calibration_margin) = 2.0;
   // Record, per step, which parameters held Inf/NaN gradients (see GradScaler::overflow_report).
   TORCH_ARG(bool, overflow_report) = false;
   // found_inf is all-reduced (MAX) over this group before the skip decision, so all ranks skip together.
@@ -295,6 +303,10 @@ class AMPKIT_API GradScaler {
   void watch_min_scale();
   void apply_state(const ScalerState& state);
   void warn_at_min_scale(int64_t overflows_at_min, bool may_raise) const;
+  // NOTE [Calibrated first scale]: the largest |gradient| of `grads` (multiplied by the scale when `scaled`) joins
+  // the iteration's amax; apply_calibration() sets the scale from it in the first update().
+  void note_calibration_amax(const std::vector<at::Tensor>& grads, bool scaled);
+  void apply_calibration(const at::Tensor& found_inf);
   void check_new_scale_allowed() const;
   // Ends an iteration: releases the buffers it did not use (optimizers that left, streams no longer used).
   void end_iteration();
@@ -318,6 +330,8 @@ class AMPKIT_API GradScaler {
   // Per optimizer, written when several optimizers took part in the last update()'s iteration.
   std::unordered_map<int64_t, FlagPool> step_ran_per_optimizer_;
   std::vector<int64_t> last_stepped_;  // the keys of the optimizers in the last update()'s iteration
+  bool calibrating_ = false;       // options().calibrate() and the first update() has not run
+  at::Tensor calibration_amax_;    // FP32, 0-dim on the scale's device: the first iteration's largest |gradient|
   at::Tensor scale64_;             // FP64, 0-dim: for the FP64 reciprocal
   StreamMark scale_mark_;          // after the last write of scale_
   std::deque<InvScale> inv_scales_;  // per device, kept (stable references)
