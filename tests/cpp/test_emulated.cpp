@@ -75,7 +75,7 @@ TEST_CASE("emulated unscale_and_check / check_finite: every dtype, size, scale a
   }
 }
 
-TEST_CASE("emulated unscale_and_check: Inf and NaN anywhere, mixed dtypes in one launch", "[emulated]") {
+TEST_CASE("emulated unscale_and_check: Inf and NaN anywhere, mixed dtypes in one launch", "[emulated][cross_block]") {
   torch::manual_seed(2);
   const float inv = 0.25f;
   auto make_list = [] {
@@ -107,7 +107,7 @@ TEST_CASE("emulated unscale_and_check: Inf and NaN anywhere, mixed dtypes in one
   }
 }
 
-TEST_CASE("emulated unscale_and_check: lists that need several launches", "[emulated]") {
+TEST_CASE("emulated unscale_and_check: lists that need several launches", "[emulated][cross_block]") {
   torch::manual_seed(3);
   using Args = kern::cuda::MultiTensorArgs<1>;  // the largest table any functor leaves room for
   const float inv = 0.5f;
@@ -205,7 +205,7 @@ TEST_CASE("emulated cast passes: every dtype pair, size, factor and alignment ma
 }
 
 TEST_CASE("emulated cast passes: Inf/NaN in the last element of the last chunk, mixed lists over several launches",
-          "[emulated]") {
+          "[emulated][cross_block]") {
   torch::manual_seed(12);
   using Args = kern::cuda::MultiTensorArgs<2>;
   std::vector<at::Tensor> src;
@@ -239,7 +239,7 @@ TEST_CASE("emulated cast passes: each element is read once and written once", "[
 }
 
 TEST_CASE("emulated grad_stats: every column matches the CPU op (the norm bit for bit with the real chunk size)",
-          "[emulated]") {
+          "[emulated][cross_block]") {
   torch::manual_seed(14);
   std::vector<at::Tensor> grads{random_grad(kChunk + 5, at::kHalf, 1e3), random_grad(9, at::kFloat, 1e-30),
                                 at::empty({0}, at::kBFloat16), at_offset(random_grad(3 * kChunk + 1, at::kBFloat16, 1.0), 1),
