@@ -10,11 +10,19 @@ namespace {
 
 // As torch.autocast: a CUDA scope where no CUDA device exists runs without autocast, and says so (silently it
 // looks like a working FP16 scope whose ops all run in FP32 on the CPU).
-bool enabled_on(c10::DeviceType device, bool enabled) {
+// FP16 on a CPU without FP16 units runs, many times slower than BF16: said once, where the dtype is chosen.
+bool enabled_on(c10::DeviceType device, c10::ScalarType dtype, bool enabled) {
   if (enabled && device == c10::DeviceType::CUDA && !at::globalContext().hasCUDA()) {
     TORCH_WARN_ONCE("ampkit::AutocastGuard: device CUDA was asked for, but CUDA is not available here, so autocast "
                     "is disabled for this scope; for the CPU use AutocastGuard(at::kCPU, at::kBFloat16)");
     return false;
+  }
+  if (enabled && device == c10::DeviceType::CPU && dtype == c10::kHalf) {
+    static const std::string advice =
+        autocast_dtype_advice(device, dtype, precision_support(c10::Device(c10::DeviceType::CPU)));
+    if (!advice.empty()) {
+      TORCH_WARN_ONCE("ampkit::AutocastGuard: ", advice);
+    }
   }
   return enabled;
 }
@@ -34,7 +42,7 @@ AutocastGuard::AutocastGuard(c10::DeviceType device, c10::ScalarType dtype, bool
     push_autocast_overrides(device, overrides);  // validates (and installs) before any state changes
     pushed_overrides_ = true;
   }
-  at::autocast::set_autocast_enabled(device, enabled_on(device, enabled));
+  at::autocast::set_autocast_enabled(device, enabled_on(device, dtype, enabled));
   at::autocast::set_autocast_dtype(device, dtype);
   at::autocast::increment_nesting();
   at::autocast::set_autocast_cache_enabled(cache_enabled.value_or(prev_cache_enabled_));

@@ -28,6 +28,7 @@ namespace {
 struct Installed {
   std::optional<c10::SafeKernelFunction> original;  // ATen's kernel at this key, if it had one
   std::optional<AutocastPolicy> policy;             // set by register_autocast
+  const char* lowp_input_warning = nullptr;         // said once when the first input is FP16/BF16
 };
 
 struct Registry {
@@ -136,6 +137,14 @@ void autocast_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torc
     }
   }
   const size_t num_args = op.schema().arguments().size();
+  if (installed->lowp_input_warning != nullptr && num_args > 0) {
+    const c10::IValue& first = (*stack)[stack->size() - num_args];
+    if (first.isTensor() && (first.toTensor().scalar_type() == at::kHalf ||
+                             first.toTensor().scalar_type() == at::kBFloat16)) {
+      static std::once_flag warned;
+      std::call_once(warned, [&] { TORCH_WARN(installed->lowp_input_warning); });
+    }
+  }
   if (!policy) {
     if (installed->original) {
       installed->original->callBoxed(op, ks, stack);
@@ -162,7 +171,7 @@ void autocast_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torc
 }
 
 // Registers autocast_kernel for every overload of `name` at `key` (once), capturing ATen's kernel first.
-void install(const std::string& name, c10::DispatchKey key) {
+void install(const std::string& name, c10::DispatchKey key, const char* lowp_input_warning = nullptr) {
   const auto ops = overloads_of(name);
   std::unique_lock lock(registry().mutex);
   for (const auto& op : ops) {
@@ -171,6 +180,7 @@ void install(const std::string& name, c10::DispatchKey key) {
       continue;
     }
     Installed entry;
+    entry.lowp_input_warning = lowp_input_warning;
     if (op.hasKernelForDispatchKey(key)) {
       entry.original = op.getComputedKernelForDispatchKey(key);
     }
@@ -189,6 +199,26 @@ void install(const std::string& name, c10::DispatchKey key) {
     registry().installed.emplace(k, std::move(entry));
   }
 }
+
+// NOTE [Low-precision binary_cross_entropy]
+// binary_cross_entropy takes probabilities, typically a sigmoid's output. Computed in FP16/BF16 they saturate: a
+// probability within half an ulp of 1 is 1, and log(1 - p) is -inf (-100 after ATen's clamp), so the loss and
+// its grads overflow or are wrong; a GAN's discriminator loss skips step after step under FP16. torch refuses the
+// op under CUDA autocast; under CPU autocast it casts the inputs to FP32 and runs without a word. When libampkit
+// loads, ampkit's kernel takes AutocastCPU's place for it (ATen's kernel captured): it warns once per process when
+// the probabilities arrive in FP16/BF16, then runs ATen's kernel, so the result is torch's.
+const bool kLowpBceWatched = [] {
+  try {
+    install("aten::binary_cross_entropy", c10::DispatchKey::AutocastCPU,
+            "binary_cross_entropy under CPU autocast got FP16/BF16 probabilities; computed in low precision they "
+            "saturate (log(1 - p) of a p rounded to 1), so the loss overflows or is wrong. Pass the logits to "
+            "binary_cross_entropy_with_logits (nn.BCEWithLogitsLoss) instead; torch refuses binary_cross_entropy "
+            "under CUDA autocast for this reason");
+  } catch (const std::exception&) {
+    return false;  // an ATen without the op: nothing to watch
+  }
+  return true;
+}();
 
 }  // namespace
 

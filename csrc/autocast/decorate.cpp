@@ -10,6 +10,7 @@
 #include <memory>
 #include <mutex>
 #include <typeinfo>
+#include <unordered_map>
 #include <unordered_set>
 
 #include "ampkit/autocast.h"
@@ -135,6 +136,31 @@ void decorate_impl(torch::nn::Module& module, torch::optim::Optimizer* optimizer
     if (excluded_here || norm_kept) {
       for (const auto& sub : item.value()->modules(/*include_self=*/true)) {
         kept.insert(sub.get());
+      }
+    }
+  }
+  // A parameter shared between modules (a decoder tied to the embedding) has one dtype: when one owner stays
+  // FP32, every owner does (with everything under it), until no kept module shares a parameter with a cast one.
+  std::unordered_map<const c10::TensorImpl*, std::vector<const torch::nn::Module*>> owners;
+  std::unordered_map<const torch::nn::Module*, std::shared_ptr<torch::nn::Module>> by_address;
+  for (const auto& item : named) {
+    by_address.emplace(item.value().get(), item.value());
+    for (const auto& p : item.value()->named_parameters(/*recurse=*/false)) {
+      owners[p.value().unsafeGetTensorImpl()].push_back(item.value().get());
+    }
+  }
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (const auto& [param, modules] : owners) {
+      const bool any_kept = std::any_of(modules.begin(), modules.end(),
+                                        [&](const torch::nn::Module* m) { return kept.count(m) != 0; });
+      for (const torch::nn::Module* m : modules) {
+        if (any_kept && kept.count(m) == 0) {
+          for (const auto& sub : by_address.at(m)->modules(/*include_self=*/true)) {
+            kept.insert(sub.get());
+          }
+          changed = true;
+        }
       }
     }
   }

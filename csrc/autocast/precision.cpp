@@ -81,4 +81,16 @@ PrecisionSupport precision_support(const c10::Device& device) {
   return s;
 }
 
+std::string autocast_dtype_advice(c10::DeviceType device, c10::ScalarType dtype, const PrecisionSupport& support) {
+  if (device != c10::DeviceType::CPU || dtype != c10::kHalf || support.fp16_fast) {
+    return {};
+  }
+  return std::string("FP16 autocast on this CPU: it has no FP16 units (neither AVX512-FP16 nor AMX-FP16), so every "
+                     "FP16 op runs through FP32 conversions and is many times slower than BF16 or FP32; use BF16 on "
+                     "the CPU (") +
+         (support.bf16_fast ? "it has BF16 units" : "no BF16 units either: FP32 is as fast, BF16 halves activation "
+                                                    "memory") +
+         ")";
+}
+
 }  // namespace ampkit

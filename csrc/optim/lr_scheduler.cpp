@@ -63,8 +63,15 @@ std::vector<double> WarmupDecayLR::get_lrs() {
 SkipAware::SkipAware(torch::optim::LRScheduler& scheduler, const GradScaler& scaler)
     : scheduler_(scheduler), scaler_(scaler) {}
 
+SkipAware::SkipAware(torch::optim::LRScheduler& scheduler, const GradScaler& scaler,
+                     const torch::optim::Optimizer& optimizer)
+    : scheduler_(scheduler), scaler_(scaler), optimizer_(&optimizer) {}
+
 bool SkipAware::last_step_applied() const {
-  const at::Tensor ran = scaler_.last_step_ran();
+  at::Tensor ran = optimizer_ != nullptr ? scaler_.last_step_ran(*optimizer_) : at::Tensor();
+  if (!ran.defined()) {
+    ran = scaler_.last_step_ran();
+  }
   return !ran.defined() || ran.item<bool>();
 }
 

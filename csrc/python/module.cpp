@@ -701,6 +701,7 @@ PYBIND11_MODULE(_C, m) {
       .def("get_scale", [](const GradScaler& s) { return guarded([&] { return s.get_scale(); }); })
       .def("get_scale_async", [](const GradScaler& s) { return optional_tensor(s.get_scale_async()); })
       .def("last_step_ran", [](const GradScaler& s) { return optional_tensor(s.last_step_ran()); })
+      .def("last_step_ran_of", [](const GradScaler& s, int64_t key) { return optional_tensor(s.last_step_ran(key)); })
       .def("get_growth_factor", &GradScaler::get_growth_factor)
       .def("set_growth_factor", &GradScaler::set_growth_factor)
       .def("get_backoff_factor", &GradScaler::get_backoff_factor)
@@ -781,6 +782,16 @@ PYBIND11_MODULE(_C, m) {
         return d;
       },
       py::arg("device"), "ampkit::precision_support as a dict (dtypes by their c10 names).");
+  m.def(
+      "autocast_dtype_advice",
+      [](const std::string& device, bool half) {
+        return guarded([&] {
+          const c10::Device d(device);
+          return ampkit::autocast_dtype_advice(d.type(), half ? c10::kHalf : c10::kBFloat16,
+                                               ampkit::precision_support(d));
+        });
+      },
+      py::arg("device"), py::arg("half"));
   // ampkit::GradStatsLog (C++ programs' JSON lines), bound so that the tests read its lines from Python.
   py::class_<ampkit::GradStatsLog>(m, "GradStatsLog")
       .def(py::init([](const std::string& path, int64_t every) {

@@ -99,8 +99,9 @@ void GradScaler::lazy_init(const at::Device& device) {
   growth_tracker_ = at::full({}, init_growth_tracker_, on.dtype(at::kInt));
   hysteresis_tracker_ = at::full({}, init_hysteresis_tracker_, on.dtype(at::kInt));
   stats_ = at::tensor(init_stats_, at::TensorOptions().dtype(at::kLong)).to(device);
-  step_ran_flags_ = {at::ones({}, on.dtype(at::kBool))};  // NOTE [Step-ran flags]: true before an update()
-  step_ran_ = 0;
+  step_ran_ = FlagPool{{at::ones({}, on.dtype(at::kBool))}, 0};  // NOTE [Step-ran flags]: true before an update()
+  step_ran_per_optimizer_.clear();
+  last_stepped_.clear();
   scale64_ = at::empty({}, on.dtype(at::kDouble));
   scale_written();
 }
@@ -369,6 +370,10 @@ at::Tensor GradScaler::step(torch::optim::Optimizer& optimizer) {
   return result;
 }
 
+at::Tensor GradScaler::last_step_ran(const torch::optim::Optimizer& optimizer) const {
+  return last_step_ran(key_of(optimizer));
+}
+
 at::Tensor GradScaler::minimize(torch::optim::Optimizer& optimizer) {
   at::Tensor result = step(optimizer);
   update();
@@ -406,7 +411,21 @@ void GradScaler::update() {
                            options_.scaling() && options_.dynamic());
   scale_written();
   // Into a flag nobody holds (NOTE [Step-ran flags]): flags collected step after step keep their own values.
-  at::logical_not_out(next_step_ran_flag(), combined);
+  at::logical_not_out(next_step_ran_flag(step_ran_), combined);
+  // Per optimizer: its own flag when several took part; with one, last_step_ran(key) is the iteration's flag.
+  last_stepped_.clear();
+  for (const auto& [key, state] : per_optimizer_) {
+    last_stepped_.push_back(key);
+  }
+  for (auto it = step_ran_per_optimizer_.begin(); it != step_ran_per_optimizer_.end();) {
+    const bool kept = last_stepped_.size() > 1 && per_optimizer_.count(it->first) > 0;
+    it = kept ? std::next(it) : step_ran_per_optimizer_.erase(it);
+  }
+  if (last_stepped_.size() > 1) {
+    for (const int64_t key : last_stepped_) {
+      at::logical_not_out(next_step_ran_flag(step_ran_per_optimizer_[key]), combined_found_inf(key));
+    }
+  }
   if (options_.overflow_report()) {
     last_report_.clear();
     for (const auto& [key, state] : per_optimizer_) {

@@ -235,33 +235,37 @@ at::Tensor GradScaler::consume_recorded_flags() {
 // the first flag of a small pool (kStepRanFlags, made by the first update()), from the last one written on, whose
 // tensor and storage only the scaler references, and adds one when every flag is held. A loop that holds at most
 // three flags at a time never allocates, one that holds k at most k + 1 flags in all; flags released again beyond
-// kKeptFree are freed. Under CUDA graph capture the replays rewrite the captured flag.
-at::Tensor& GradScaler::next_step_ran_flag() {
+// kKeptFree are freed. Under CUDA graph capture the replays rewrite the captured flag. last_step_ran(optimizer)
+// works the same on a pool per optimizer, written only in iterations where several optimizers took part (a GAN:
+// one logical_not per optimizer); in an iteration of one optimizer its flag is the iteration's, and pools of
+// optimizers that took no part in the last iteration are dropped.
+at::Tensor& GradScaler::next_step_ran_flag(FlagPool& pool) const {
   constexpr size_t kStepRanFlags = 4;
   constexpr size_t kKeptFree = kStepRanFlags;
-  while (step_ran_flags_.size() < kStepRanFlags) {  // the first update() (trimming keeps kKeptFree)
-    step_ran_flags_.push_back(at::empty({}, scale_.options().dtype(at::kBool)));
+  auto& flags = pool.flags;
+  while (flags.size() < kStepRanFlags) {  // the first update() (trimming keeps kKeptFree)
+    flags.push_back(at::empty({}, scale_.options().dtype(at::kBool)));
   }
   auto held = [](const at::Tensor& t) { return t.use_count() > 1 || t.storage().use_count() > 1; };
   size_t free_seen = 0;
-  for (size_t i = 0; i < step_ran_flags_.size();) {
-    if (!held(step_ran_flags_[i]) && ++free_seen > kKeptFree) {
-      step_ran_flags_.erase(step_ran_flags_.begin() + static_cast<std::ptrdiff_t>(i));
+  for (size_t i = 0; i < flags.size();) {
+    if (!held(flags[i]) && ++free_seen > kKeptFree) {
+      flags.erase(flags.begin() + static_cast<std::ptrdiff_t>(i));
     } else {
       ++i;
     }
   }
-  const size_t n = step_ran_flags_.size();
+  const size_t n = flags.size();
   for (size_t k = 0; k < n; ++k) {
-    const size_t i = (step_ran_ + k) % n;
-    if (!held(step_ran_flags_[i])) {
-      step_ran_ = i;
-      return step_ran_flags_[i];
+    const size_t i = (pool.last + k) % n;
+    if (!held(flags[i])) {
+      pool.last = i;
+      return flags[i];
     }
   }
-  step_ran_flags_.push_back(at::empty({}, scale_.options().dtype(at::kBool)));
-  step_ran_ = n;
-  return step_ran_flags_.back();
+  flags.push_back(at::empty({}, scale_.options().dtype(at::kBool)));
+  pool.last = n;
+  return flags.back();
 }
 
 // ---- the min_scale watch -------------------------------------------------------------------------------------

@@ -4,6 +4,7 @@
 #include <c10/util/Exception.h>
 #include <torch/serialize.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <sstream>
@@ -63,16 +64,31 @@ double GradScaler::get_scale() const {
 
 at::Tensor GradScaler::get_scale_async() const { return scale_; }
 
-at::Tensor GradScaler::last_step_ran() const {
-  if (step_ran_flags_.empty()) {
-    return {};
-  }
-  // A tensor of its own over the flag's storage (NOTE [Step-ran flags]): whoever holds it, or a view of it, holds
-  // the storage. No device memory.
-  const at::Tensor& flag = step_ran_flags_[step_ran_];
+namespace {
+
+// A tensor of its own over the flag's storage (NOTE [Step-ran flags]): whoever holds it, or a view of it, holds
+// the storage. No device memory.
+at::Tensor hand_out(const at::Tensor& flag) {
   at::Tensor out = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(flag.storage()), flag.key_set(), flag.dtype());
   out.unsafeGetTensorImpl()->set_sizes_and_strides(flag.sizes(), flag.strides(), flag.storage_offset());
   return out;
+}
+
+}  // namespace
+
+at::Tensor GradScaler::last_step_ran() const {
+  return step_ran_.flags.empty() ? at::Tensor() : hand_out(step_ran_.flags[step_ran_.last]);
+}
+
+at::Tensor GradScaler::last_step_ran(int64_t key) const {
+  if (std::find(last_stepped_.begin(), last_stepped_.end(), key) == last_stepped_.end()) {
+    return {};
+  }
+  if (last_stepped_.size() == 1) {
+    return last_step_ran();
+  }
+  const FlagPool& pool = step_ran_per_optimizer_.at(key);
+  return hand_out(pool.flags[pool.last]);
 }
 
 // The setters validate as the constructor does (a bad value changes nothing).

@@ -22,7 +22,7 @@ def _check_torch_version(running: str, built: str) -> None:
 
 _check_torch_version(_torch.__version__, _BUILT_TORCH)
 
-from . import _C, monitor, optim  # noqa: E402
+from . import _C, debug, monitor, optim  # noqa: E402
 from .autocast import LEVELS, autocast, decorate, op_stats, precision_support, register_autocast
 from .grad_scaler import GradScaler, OptState, load_scaler_state, save_scaler_state
 from .ops import (GRAD_STATS_COLUMNS, GRAD_STATS_HIST_FIRST, GRAD_STATS_HIST_MIN_EXP, cast_divide_,
@@ -71,6 +71,7 @@ __all__ = [
     "register_autocast",
     "OptState",
     "build_info",
+    "debug",
     "load_scaler_state",
     "optim",
     "save_scaler_state",

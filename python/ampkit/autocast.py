@@ -39,6 +39,8 @@ class autocast(torch.autocast):
                 raise TypeError(f"ampkit.autocast: {arg} must be a list of op names such as ['softmax'], but got "
                                 f"{ops!r}")
         super().__init__(device_type, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
+        if self._enabled and self.device == "cpu" and self.fast_dtype == torch.float16:
+            _advise_once("cpu", half=True)
         self._fp32_ops = list(fp32_ops)
         self._lowp_ops = list(lowp_ops)
         self._pushes: list[bool] = []  # one entry per active entry of this instance (decorators re-enter)
@@ -80,6 +82,17 @@ def register_autocast(op: str, device_type: str, policy: str) -> None:
 
 _DTYPES = {"Half": torch.float16, "BFloat16": torch.bfloat16, "Float": torch.float32}
 _warned_slow: set = set()
+_advised: set = set()
+
+
+def _advise_once(device: str, half: bool) -> None:
+    """Warns once per process where the autocast dtype is a poor choice for the device (FP16 on a CPU without
+    FP16 units: many times slower than BF16)."""
+    if (device, half) not in _advised:
+        _advised.add((device, half))
+        advice = _C.autocast_dtype_advice(device, half)
+        if advice:
+            warnings.warn(f"ampkit.autocast: {advice}", stacklevel=3)
 
 
 def precision_support(device: Union[str, torch.device] = "cpu") -> dict:

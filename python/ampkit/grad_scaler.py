@@ -377,10 +377,16 @@ class GradScaler:
     def is_enabled(self) -> bool:
         return self._enabled
 
-    def last_step_ran(self) -> Optional[torch.Tensor]:
+    def last_step_ran(self, optimizer: Optional[torch.optim.Optimizer] = None) -> Optional[torch.Tensor]:
         """A device bool tensor: whether the last :meth:`update`'s step ran (False: skipped). No sync; it keeps its
-        value while held (:meth:`update` writes into a reused flag that nobody else holds)."""
-        return self._core.last_step_ran()
+        value while held (:meth:`update` writes into a reused flag that nobody else holds). With several optimizers
+        on one scaler (a GAN), ``last_step_ran()`` is False when any of them skipped, and
+        ``last_step_ran(optimizer)`` says whether that one's step ran (None when it took no part in the last
+        iteration)."""
+        if optimizer is None:
+            return self._core.last_step_ran()
+        optimizer = _unwrapped(_optimizer("GradScaler.last_step_ran", optimizer))
+        return self._core.last_step_ran_of(id(optimizer))
 
     def stats(self) -> dict:
         """steps, skipped_steps, last_overflow_step (None: none yet), scale, growth_tracker, hysteresis_tracker,

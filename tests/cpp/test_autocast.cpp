@@ -319,7 +319,7 @@ TEST_CASE("decorate with the optimizer: O2 masters come from the FP32 weights be
   }
 }
 
-TEST_CASE("decorate: a second O2/O3 decorate is refused and changes nothing; another optimizer is refused",
+TEST_CASE("decorate: a second O2/O3 decorate is refused and changes nothing, another optimizer is refused",
           "[autocast][cpu]") {
   torch::nn::Sequential model(torch::nn::Linear(4, 4), torch::nn::LayerNorm(torch::nn::LayerNormOptions({4})));
   ampkit::optim::SGD opt(model->parameters(), ampkit::optim::SGDOptions(0.1).momentum(0.9));
@@ -357,7 +357,7 @@ TEST_CASE("decorate: a second O2/O3 decorate is refused and changes nothing; ano
   }
 }
 
-TEST_CASE("decorate with the optimizer: a tied parameter gets one master; already-rounded weights warn",
+TEST_CASE("decorate with the optimizer: a tied parameter gets one master, already-rounded weights warn",
           "[autocast][cpu]") {
   torch::manual_seed(4);
   // The embedding's weight is also the model's own parameter (a decoder tied to it): two names, one tensor.
@@ -394,6 +394,46 @@ TEST_CASE("decorate with the optimizer: a tied parameter gets one master; alread
                                   "are copies of rounded weights") != std::string::npos);
   CHECK(bits_equal(ampkit::optim::state_of<ampkit::optim::AdamParamState>(adam, half->parameters()[0])->master_param(),
                    rounded));
+}
+
+TEST_CASE("decorate: every owner of a tied weight stays FP32 with an excluded one", "[autocast][cpu]") {
+  // GPT-2's shape: the output head's weight is the embedding's (two modules, one tensor).
+  struct Head : torch::nn::Module {
+    at::Tensor weight;
+    explicit Head(const at::Tensor& w) { weight = register_parameter("weight", w); }
+  };
+  struct LM : torch::nn::Module {
+    torch::nn::Embedding wte{nullptr};
+    torch::nn::Linear mid{nullptr};
+    std::shared_ptr<Head> lm_head;
+    LM() {
+      wte = register_module("wte", torch::nn::Embedding(11, 6));
+      mid = register_module("mid", torch::nn::Linear(6, 6));
+      lm_head = register_module("lm_head", std::make_shared<Head>(wte->weight));
+    }
+  };
+  for (const std::vector<std::string>& excluded :
+       {std::vector<std::string>{"wte"}, std::vector<std::string>{"lm_head"},
+        std::vector<std::string>{"wte", "lm_head"}, std::vector<std::string>{}}) {
+    CAPTURE(excluded);
+    torch::manual_seed(5);
+    auto model = std::make_shared<LM>();
+    const auto tied = model->wte->weight.detach().clone();
+    ampkit::optim::AdamW opt(model->parameters(), ampkit::optim::AdamWOptions(1e-3));
+    ampkit::decorate(*model, opt, ampkit::OptLevel::kO2, at::kBFloat16, /*keep_norm_fp32=*/true, excluded);
+    REQUIRE(model->lm_head->weight.unsafeGetTensorImpl() == model->wte->weight.unsafeGetTensorImpl());
+    CHECK(model->mid->weight.scalar_type() == at::kBFloat16);
+    if (excluded.empty()) {
+      CHECK(model->wte->weight.scalar_type() == at::kBFloat16);
+    } else {
+      CHECK(model->wte->weight.scalar_type() == at::kFloat);
+      CHECK(bits_equal(model->wte->weight, tied));  // not even rounded on the way
+      // the FP32 owners compute in FP32: the head's logits from the embedding's FP32 rows
+      const auto ids = torch::tensor({1, 4, 9}, at::kLong);
+      const auto logits = at::linear(model->wte(ids), model->lm_head->weight);
+      CHECK(logits.scalar_type() == at::kFloat);
+    }
+  }
 }
 
 TEST_CASE("decorate with the optimizer after loading a LibTorch archive: the loaded moments stay, the masters "
@@ -439,7 +479,7 @@ TEST_CASE("decorate: no dtype picks BF16 for a CPU module, and a bad dtype chang
   CHECK(model->named_parameters()["1.weight"].scalar_type() == at::kFloat);
 }
 
-TEST_CASE("precision_support: the CPU runs both low-precision dtypes; fast only with BF16/FP16 units",
+TEST_CASE("precision_support: the CPU runs both low-precision dtypes, fast only with BF16/FP16 units",
           "[autocast][cpu]") {
   const ampkit::PrecisionSupport s = ampkit::precision_support(c10::Device(c10::kCPU));
   CHECK(s.fp16);
@@ -450,4 +490,25 @@ TEST_CASE("precision_support: the CPU runs both low-precision dtypes; fast only 
   CHECK(s.reason.rfind("CPU: ", 0) == 0);
   REQUIRE_THROWS_WITH(ampkit::precision_support(c10::Device(c10::kMeta)),
                       Catch::Contains("device must be a CPU or CUDA device, but got meta"));
+}
+
+TEST_CASE("autocast_dtype_advice: FP16 on a CPU without FP16 units is called slow, nothing else is",
+          "[autocast][cpu]") {
+  ampkit::PrecisionSupport none;  // neither FP16 nor BF16 units
+  none.fp16 = none.bf16 = true;
+  ampkit::PrecisionSupport bf16_units = none;
+  bf16_units.bf16_fast = true;
+  ampkit::PrecisionSupport fp16_units = bf16_units;
+  fp16_units.fp16_fast = true;
+  const std::string slow = ampkit::autocast_dtype_advice(c10::DeviceType::CPU, at::kHalf, none);
+  CHECK(slow.find("no FP16 units") != std::string::npos);
+  CHECK(slow.find("FP32 is as fast") != std::string::npos);
+  CHECK(ampkit::autocast_dtype_advice(c10::DeviceType::CPU, at::kHalf, bf16_units).find("it has BF16 units") !=
+        std::string::npos);
+  CHECK(ampkit::autocast_dtype_advice(c10::DeviceType::CPU, at::kHalf, fp16_units).empty());
+  CHECK(ampkit::autocast_dtype_advice(c10::DeviceType::CPU, at::kBFloat16, none).empty());
+  CHECK(ampkit::autocast_dtype_advice(c10::DeviceType::CUDA, at::kHalf, none).empty());
+  // the process's own answer agrees with precision_support
+  const auto here = ampkit::precision_support(c10::Device(c10::kCPU));
+  CHECK(ampkit::autocast_dtype_advice(c10::DeviceType::CPU, at::kHalf, here).empty() == here.fp16_fast);
 }

@@ -179,7 +179,7 @@ TEST_CASE("GradScaler: hysteresis and bounds", "[scaler][cpu]") {
   CHECK(scaler.stats().overflows_at_min_scale == 1);
 }
 
-TEST_CASE("GradScaler: a static loss scale stays put, skips and counts overflows; minimize() is step + update",
+TEST_CASE("GradScaler: a static loss scale stays put, skips and counts overflows, minimize() is step + update",
           "[scaler][cpu]") {
   GradScaler scaler(GradScalerOptions().init_scale(128.0).growth_interval(1).dynamic(false));
   auto p = torch::ones({4}, torch::requires_grad());
@@ -206,7 +206,7 @@ TEST_CASE("GradScaler: a static loss scale stays put, skips and counts overflows
   REQUIRE_THROWS_WITH(scaler.update(64.0), Catch::Contains("this scaler has a static loss scale"));
 }
 
-TEST_CASE("GradScaler: the scaling option is in the checkpoint; one of the other kind is refused and changes "
+TEST_CASE("GradScaler: the scaling option is in the checkpoint, one of the other kind is refused and changes "
           "nothing",
           "[scaler][cpu]") {
   // Runs a few steps (one skipped) so that the scale, trackers and statistics are not their initial values.

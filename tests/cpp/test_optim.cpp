@@ -347,7 +347,7 @@ TEST_CASE("optim::LAMB: param groups with a global clip equal the fused op on th
   CHECK(bits_equal(state->exp_avg_sq(), v[0]));
 }
 
-TEST_CASE("optim::LAMB: no weight decay and no clip is Adam; save and load continue bit-identically",
+TEST_CASE("optim::LAMB: no weight decay and no clip is Adam, save and load continue bit-identically",
           "[optim][cpu]") {
   auto ps = make_params(at::kFloat, 4);
   auto adam_ps = clone_params(ps, at::kFloat);

@@ -371,3 +371,56 @@ def test_decorate_without_a_dtype_warns_once_where_low_precision_is_not_faster()
         ampkit.decorate(torch.nn.Linear(4, 4), level="O2")
     slow = [w for w in seen if "does not speed up arithmetic" in str(w.message)]
     assert len(slow) == (0 if fast else 1)
+
+
+def _run_fresh(code: str) -> subprocess.CompletedProcess:
+    """``code`` in a new interpreter (the warnings below are said once per process)."""
+    r = subprocess.run([sys.executable, "-W", "always", "-c", "import torch, ampkit\n" + code],
+                       capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r
+
+
+def test_binary_cross_entropy_on_low_precision_probabilities_under_cpu_autocast_warns_once_and_keeps_torchs_result():
+    r = _run_fresh(
+        "import warnings, torch.nn.functional as F\n"
+        "g = torch.Generator().manual_seed(0)\n"
+        "x, y = torch.randn(64, 8, generator=g) * 6, torch.rand(64, 8, generator=g)\n"
+        "lin = torch.nn.Linear(8, 8)\n"
+        "def caught(fn):\n"
+        "    with warnings.catch_warnings(record=True) as w:\n"
+        "        warnings.simplefilter('always')\n"
+        "        out = fn()\n"
+        "    return out, [str(m.message) for m in w if 'binary_cross_entropy' in str(m.message)]\n"
+        "p32 = torch.sigmoid(x)\n"
+        "with torch.autocast('cpu', dtype=torch.bfloat16):\n"
+        "    out32, w32 = caught(lambda: F.binary_cross_entropy(p32, y))\n"  # FP32 probabilities: nothing to say
+        "    plow = torch.sigmoid(lin(x))\n"
+        "    outlow, wlow = caught(lambda: F.binary_cross_entropy(plow, y))\n"
+        "    _, again = caught(lambda: F.binary_cross_entropy(plow, y))\n"
+        "_, outside = caught(lambda: F.binary_cross_entropy(plow.float(), y))\n"
+        "print(plow.dtype, out32.dtype, outlow.dtype, len(w32), len(wlow), len(again), len(outside))\n"
+        "print(torch.equal(outlow, F.binary_cross_entropy(plow.float(), y)))\n"
+        "print(wlow[0])\n")
+    lines = r.stdout.splitlines()
+    assert lines[0] == "torch.bfloat16 torch.float32 torch.float32 0 1 0 0"  # once, on the low-precision input
+    assert lines[1] == "True"  # torch's own result: ATen's kernel, FP32
+    assert "binary_cross_entropy_with_logits" in lines[2] and "CPU autocast" in lines[2]
+
+
+def test_fp16_autocast_on_the_cpu_warns_once_exactly_where_the_cpu_has_no_fp16_units():
+    r = _run_fresh(
+        "import warnings\n"
+        "with warnings.catch_warnings(record=True) as w:\n"
+        "    warnings.simplefilter('always')\n"
+        "    for _ in range(2):\n"
+        "        with ampkit.autocast('cpu', dtype=torch.float16):\n"
+        "            pass\n"
+        "    with ampkit.autocast('cpu', dtype=torch.bfloat16):\n"
+        "        pass\n"
+        "said = [str(m.message) for m in w if 'FP16 units' in str(m.message)]\n"
+        "print(ampkit.precision_support('cpu')['fp16_fast'], len(said))\n"
+        "print(ampkit._C.autocast_dtype_advice('cpu', False) == '')\n")
+    fast, said = r.stdout.splitlines()[0].split()
+    assert said == ("0" if fast == "True" else "1")
+    assert r.stdout.splitlines()[1] == "True"  # BF16 on the CPU: nothing to say

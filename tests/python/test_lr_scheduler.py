@@ -190,3 +190,99 @@ def test_device_lambda_lr_refuses_bad_arguments():
     with pytest.raises(TypeError, match="scaler must be an ampkit.GradScaler"):
         DeviceLambdaLR(opt, lambda s: s, scaler=torch.amp.GradScaler("cpu"))
     assert opt.param_groups[0]["lr"] == 1.0 and "initial_lr" not in opt.param_groups[0]  # nothing changed
+
+
+# ---- several optimizers on one scaler (a GAN): per-optimizer step outcomes ----------------------------------------
+
+
+def _two_optimizer_iteration(models, opts, scaler, batch, poison):
+    """One GAN-like iteration: each model's loss scaled and stepped by its own optimizer, one update() after both;
+    ``poison`` names the models whose grads get an Inf in their last element."""
+    x, y = batch
+    for k, (model, opt) in enumerate(zip(models, opts)):
+        opt.zero_grad()
+        scaler.scale(torch.nn.functional.mse_loss(model(x), y)).backward()
+        if k in poison:
+            last = list(model.parameters())[-1]
+            last.grad.view(-1)[-1] = float("inf")
+        scaler.step(opt)
+    scaler.update()
+
+
+@pytest.mark.parametrize("classes", [(ampkit.optim.AdamW, torch.optim.SGD), (torch.optim.SGD, ampkit.optim.SGD)],
+                         ids=["fused+torch", "torch+fused"])
+def test_each_optimizer_reports_its_own_step_and_the_iteration_flag_reports_any_skip(classes):
+    models = [_model(0), _model(1)]
+    opts = [cls(m.parameters(), lr=0.05) for cls, m in zip(classes, models)]
+    scaler = ampkit.GradScaler("cpu", init_scale=64.0, growth_interval=1000)
+    assert scaler.last_step_ran(opts[0]) is None  # before the first update()
+    batches = _batches(4)
+    outcomes = []
+    for batch, poison in zip(batches, [(), (0,), (1,), (0, 1)]):
+        before = [[p.detach().clone() for p in m.parameters()] for m in models]
+        _two_optimizer_iteration(models, opts, scaler, batch, poison)
+        ran = [scaler.last_step_ran(o) for o in opts]
+        outcomes.append(([bool(r) for r in ran], bool(scaler.last_step_ran())))
+        for k, model in enumerate(models):  # the flag says what happened to that model's weights
+            same = all(torch.equal(a, p) for a, p in zip(before[k], model.parameters()))
+            assert same == (k in poison)
+    assert outcomes == [([True, True], True), ([False, True], False), ([True, False], False),
+                        ([False, False], False)]
+
+
+def test_per_optimizer_flags_keep_their_values_and_a_lone_optimizer_gets_the_iterations_flag():
+    models = [_model(0), _model(1)]
+    opts = [ampkit.optim.AdamW(m.parameters(), lr=0.05) for m in models]
+    scaler = ampkit.GradScaler("cpu", init_scale=64.0, growth_interval=1000)
+    held = []
+    for batch, poison in zip(_batches(6), [(0,), (1,), (), (0,), (1,), ()]):
+        _two_optimizer_iteration(models, opts, scaler, batch, poison)
+        held.append((scaler.last_step_ran(opts[0]), scaler.last_step_ran(opts[1])))
+    # flags collected iteration after iteration, read at the end: each kept its own value
+    assert [(bool(a), bool(b)) for a, b in held] == [(False, True), (True, False), (True, True)] * 2
+    # an iteration of one optimizer: its flag is the iteration's, the other took no part
+    x, y = _batches(1, seed=7)[0]
+    opts[1].zero_grad()
+    scaler.scale(torch.nn.functional.mse_loss(models[1](x), y) * float("inf")).backward()
+    scaler.step(opts[1])
+    scaler.update()
+    assert scaler.last_step_ran(opts[0]) is None
+    assert not bool(scaler.last_step_ran(opts[1])) and not bool(scaler.last_step_ran())
+
+
+def test_last_step_ran_refuses_what_is_not_an_optimizer_and_a_disabled_scaler_reports_nothing():
+    scaler = ampkit.GradScaler("cpu")
+    with pytest.raises(TypeError, match=r"GradScaler.last_step_ran: optimizer must be a torch.optim.Optimizer"):
+        scaler.last_step_ran("opt_d")
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    off = ampkit.GradScaler("cpu", enabled=False)
+    x, y = _batches(1)[0]
+    off.scale(torch.nn.functional.mse_loss(model(x), y)).backward()
+    off.step(opt)
+    off.update()
+    assert off.last_step_ran(opt) is None
+
+
+def test_two_skip_aware_schedules_follow_their_own_optimizers():
+    models = [_model(0), _model(1)]
+    opts = [ampkit.optim.AdamW(models[0].parameters(), lr=0.1), torch.optim.SGD(models[1].parameters(), lr=0.1)]
+    scaler = ampkit.GradScaler("cpu", init_scale=64.0, growth_interval=1000)
+    scheds = [SkipAware(torch.optim.lr_scheduler.StepLR(o, step_size=1, gamma=0.5), scaler) for o in opts]
+    poisons = [(0,), (), (1,), (0, 1), ()]
+    for batch, poison in zip(_batches(5), poisons):
+        _two_optimizer_iteration(models, opts, scaler, batch, poison)
+        for s in scheds:
+            s.step()
+    applied = [sum(1 for p in poisons if k not in p) for k in range(2)]
+    assert [s.skipped_steps for s in scheds] == [len(poisons) - a for a in applied] == [2, 2]
+    assert float(opts[1].param_groups[0]["lr"]) == pytest.approx(0.1 * 0.5 ** applied[1], rel=0, abs=0)
+    # DeviceLambdaLR counts the applied steps of its own optimizer: rebuilt on the same outcomes
+    models2 = [_model(0), _model(1)]
+    opts2 = [ampkit.optim.AdamW(models2[0].parameters(), lr=0.1), torch.optim.SGD(models2[1].parameters(), lr=0.1)]
+    scaler2 = ampkit.GradScaler("cpu", init_scale=64.0, growth_interval=1000)
+    device_sched = DeviceLambdaLR(opts2[0], lambda s: 1.0 / (1.0 + s), scaler2)
+    for batch, poison in zip(_batches(5), poisons):
+        _two_optimizer_iteration(models2, opts2, scaler2, batch, poison)
+        device_sched.step()
+    assert float(device_sched.applied) == applied[0] == 3

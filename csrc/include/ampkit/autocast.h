@@ -113,6 +113,11 @@ struct PrecisionSupport {
   std::string reason;                           // the above in words
 };
 AMPKIT_API PrecisionSupport precision_support(const c10::Device& device);
+// Why autocast in `dtype` on `device` is a poor choice where `support` (precision_support's answer) holds: FP16 on
+// a CPU without FP16 units, which runs through FP32 and is far slower than BF16. Empty when there is nothing to
+// say. AutocastGuard and ampkit.autocast warn with it once per process.
+AMPKIT_API std::string autocast_dtype_advice(c10::DeviceType device, c10::ScalarType dtype,
+                                             const PrecisionSupport& support);
 
 // The O-level presets of ampkit.decorate, for LibTorch modules.
 enum class OptLevel { kO0, kO1, kO2, kO3 };
@@ -121,8 +126,9 @@ enum class OptLevel { kO0, kO1, kO2, kO3 };
 // O2 casts every parameter and floating buffer to `dtype` except those of normalisation layers (BatchNorm,
 // LayerNorm, GroupNorm, InstanceNorm; when keep_norm_fp32) and of modules whose qualified name is in `excluded`,
 // which stay FP32 and take low-precision inputs (ATen's norms accept mixed input/weight dtypes); O3 casts
-// everything but `excluded`. No `dtype` picks BF16 for a module on the CPU (or without parameters) and FP16 on
-// CUDA, as ampkit.decorate does. A module is decorated at O2/O3 once: a second call throws (decorate before
+// everything but `excluded`. A module sharing a parameter with a kept one (a decoder tied to an excluded embedding)
+// is kept too, since a shared parameter has one dtype. No `dtype` picks BF16 for a module on the CPU (or without
+// parameters) and FP16 on CUDA, as ampkit.decorate does. A module is decorated at O2/O3 once: a second call throws (decorate before
 // loading checkpoints). Everything is checked first: a call that throws changes nothing. Without the optimizer,
 // call its init_master_params() before, so that its FP32 masters are the FP32 weights; the overload below does it.
 AMPKIT_API void decorate(torch::nn::Module& module, OptLevel level, std::optional<c10::ScalarType> dtype = std::nullopt,

@@ -127,6 +127,12 @@ class AMPKIT_API GradScaler {
   // keeps its value as long as it is held: update() writes into one of a few reused flags that nobody else holds
   // (NOTE [Step-ran flags]), so it allocates nothing unless the caller keeps more flags than it has.
   at::Tensor last_step_ran() const;
+  // Per optimizer, for several optimizers with one scaler (a GAN): whether `optimizer`'s step in the last
+  // update()'s iteration ran (false: its grads held Inf/NaN and it skipped, whatever the others did); undefined when
+  // it took no part in that iteration. With one optimizer it is last_step_ran()'s flag. No sync; flags are kept
+  // and reused as last_step_ran()'s are.
+  at::Tensor last_step_ran(const torch::optim::Optimizer& optimizer) const;
+  at::Tensor last_step_ran(int64_t key) const;  // the optimizer-agnostic core's key
   double get_growth_factor() const { return growth_factor_; }
   void set_growth_factor(double v);
   double get_backoff_factor() const { return backoff_factor_; }
@@ -275,8 +281,13 @@ class AMPKIT_API GradScaler {
   const at::Tensor& inv_scale_on(const at::Device& device);
   // The recorded flags' sum on the current stream (NOTE [Scaler streams]); once per iteration.
   at::Tensor consume_recorded_flags();
-  // The flag the next update() writes: one nobody else holds (NOTE [Step-ran flags]).
-  at::Tensor& next_step_ran_flag();
+  // Step-ran flags that keep their values while held (NOTE [Step-ran flags]).
+  struct FlagPool {
+    std::vector<at::Tensor> flags;  // bool, 0-dim each
+    size_t last = 0;                // the one written last
+  };
+  // The flag of `pool` the next update() writes: one nobody else holds.
+  at::Tensor& next_step_ran_flag(FlagPool& pool) const;
   // Around every write of scale_ on the current stream: it waits for the inverse's computation to have read the
   // old scale; after it, the inverses are recomputed on their next use.
   void before_scale_write();
@@ -303,8 +314,10 @@ class AMPKIT_API GradScaler {
   at::Tensor growth_tracker_;      // int32, 0-dim
   at::Tensor hysteresis_tracker_;  // int32, 0-dim
   at::Tensor stats_;               // int64[4]
-  std::vector<at::Tensor> step_ran_flags_;  // bool, 0-dim each (NOTE [Step-ran flags])
-  size_t step_ran_ = 0;                     // the last update()'s
+  FlagPool step_ran_;  // the iteration's (NOTE [Step-ran flags])
+  // Per optimizer, written when several optimizers took part in the last update()'s iteration.
+  std::unordered_map<int64_t, FlagPool> step_ran_per_optimizer_;
+  std::vector<int64_t> last_stepped_;  // the keys of the optimizers in the last update()'s iteration
   at::Tensor scale64_;             // FP64, 0-dim: for the FP64 reciprocal
   StreamMark scale_mark_;          // after the last write of scale_
   std::deque<InvScale> inv_scales_;  // per device, kept (stable references)

@@ -48,13 +48,17 @@ class AMPKIT_API WarmupDecayLR : public torch::optim::LRScheduler {
 // so a schedule counted in optimizer steps does not count it either (Python: ampkit.optim.lr_scheduler.SkipAware).
 // Call step() once per optimizer step, after scaler.update(); each call reads the scaler's device flag once (a host
 // read; none before the first update() or with a disabled scaler, when every call steps). The scheduler and the
-// scaler must outlive it.
+// scaler must outlive it. With several optimizers on one scaler (a GAN), pass the scheduler's optimizer: the
+// scheduler then follows that optimizer's step (GradScaler::last_step_ran(optimizer)), not the iteration's, and
+// the optimizer must outlive it too.
 class AMPKIT_API SkipAware {
  public:
   SkipAware(torch::optim::LRScheduler& scheduler, const GradScaler& scaler);
+  SkipAware(torch::optim::LRScheduler& scheduler, const GradScaler& scaler, const torch::optim::Optimizer& optimizer);
 
   void step();
-  // Whether the scaler's last step was applied (true before the first update()): one host read.
+  // Whether the scaler's last step (of the optimizer, when one was given and took part in the last update()'s
+  // iteration) was applied (true before the first update()): one host read.
   bool last_step_applied() const;
   // The step() calls that did not step the scheduler.
   int64_t skipped_steps() const { return skipped_steps_; }
@@ -63,6 +67,7 @@ class AMPKIT_API SkipAware {
  private:
   torch::optim::LRScheduler& scheduler_;
   const GradScaler& scaler_;
+  const torch::optim::Optimizer* optimizer_ = nullptr;
   int64_t skipped_steps_ = 0;
 };
 

@@ -28,6 +28,13 @@ def _scaler(where: str, scaler: Any, *, optional: bool = False):
     return scaler
 
 
+def _step_ran(scaler: Any, optimizer: Any) -> Optional[torch.Tensor]:
+    """The scaler's flag for ``optimizer``'s last step where it took part in the last iteration (several optimizers
+    on one scaler), else the iteration's flag (None before the first ``update()``)."""
+    ran = scaler.last_step_ran(optimizer) if isinstance(getattr(optimizer, "param_groups", None), list) else None
+    return scaler.last_step_ran() if ran is None else ran
+
+
 class SkipAware:
     """Steps ``scheduler`` only when ``scaler``'s last step was applied.
 
@@ -37,10 +44,12 @@ class SkipAware:
         scaler: the ``ampkit.GradScaler`` whose ``update()`` ends each iteration.
 
     Call ``step()`` once per optimizer step, after ``scaler.update()``. Each call reads the scaler's device flag
-    ``last_step_ran()`` once (a host read; none before the first ``update()`` or with a disabled scaler, when every
-    call steps). ``skipped_steps`` counts the calls that did not step. ``state_dict()`` is the wrapped scheduler's,
-    so checkpoints move between wrapped and unwrapped schedulers; every other attribute (``get_last_lr()``,
-    ``optimizer``, ``last_epoch``) is the wrapped scheduler's.
+    ``last_step_ran(scheduler.optimizer)`` once (a host read; none before the first ``update()`` or with a disabled
+    scaler, when every call steps): with several optimizers on one scaler (a GAN), each scheduler follows its own
+    optimizer's step, the iteration's flag where that optimizer took no part. ``skipped_steps`` counts the calls
+    that did not step. ``state_dict()`` is the wrapped scheduler's, so checkpoints move between wrapped and
+    unwrapped schedulers; every other attribute (``get_last_lr()``, ``optimizer``, ``last_epoch``) is the wrapped
+    scheduler's.
     """
 
     def __init__(self, scheduler: Any, scaler: Any) -> None:
@@ -53,8 +62,9 @@ class SkipAware:
         self.skipped_steps = 0
 
     def last_step_applied(self) -> bool:
-        """Whether the scaler's last step was applied (True before the first ``update()``): one host read."""
-        ran = self.scaler.last_step_ran()
+        """Whether the scaler's last step of the scheduler's optimizer was applied (True before the first
+        ``update()``): one host read."""
+        ran = _step_ran(self.scaler, getattr(self.scheduler, "optimizer", None))
         return True if ran is None else bool(ran)
 
     def step(self, *args: Any, **kwargs: Any) -> None:
@@ -83,10 +93,10 @@ class DeviceLambdaLR:
 
     Each group's ``lr`` becomes a one-element float32 tensor on the group's device (ampkit.optim optimizers read
     it on the device), set in place to ``initial_lr * lr_lambda(applied)``, where ``applied`` is a float32 device
-    tensor counting the steps the scaler applied (every step without a scaler). ``lr_lambda`` must compute with
-    torch operations on that tensor (e.g. ``lambda s: torch.clamp((s + 1) / 100, max=1.0)``); it may return a
-    tensor or a number. ``step()`` makes no host read and no host-to-device copy, so it can be captured in a CUDA
-    graph together with the step.
+    tensor counting the steps the scaler applied to ``optimizer`` (every step without a scaler). ``lr_lambda`` must
+    compute with torch operations on that tensor (e.g. ``lambda s: torch.clamp((s + 1) / 100, max=1.0)``); it may
+    return a tensor or a number. ``step()`` makes no host read and no host-to-device copy, so it can be captured in
+    a CUDA graph together with the step.
 
     Args:
         optimizer: the optimizer whose groups' ``lr`` it sets (its groups' ``lr`` are the initial values).
@@ -147,7 +157,7 @@ class DeviceLambdaLR:
 
     def step(self) -> None:
         """Counts the last step if the scaler applied it, and sets each group's lr from the new count."""
-        ran = None if self.scaler is None else self.scaler.last_step_ran()
+        ran = None if self.scaler is None else _step_ran(self.scaler, self.optimizer)
         if ran is None:
             self.applied.add_(1.0)
         else:
