@@ -188,14 +188,15 @@ struct CastChunkOp {
 
 // The chunk functor of grad_stats (NOTE [Gradient statistics], [Deterministic norm]). Streams: 0 the grads, 1 the
 // tensor's first row of partial sums, 2 the tensor's counter row. Each thread sums its lane in registers and
-// stores it; the counts go to the tensor's counter row with atomics (integers and a maximum: any order gives the
-// same result).
+// stores it; the histogram is counted in the block's shared memory and added to the tensor's counter row once
+// per bin and block, the other counts go there with one atomic per thread (integers and a maximum: any order
+// gives the same result).
 struct GradStatsChunkOp {
   const float* inv_scale;
   const double* partials_base;
 
   template <typename T, typename Args>
-  __device__ void chunk(const Args& args, int t, int64_t start, int64_t n) const {
+  __device__ void chunk(const Args& args, int t, int64_t start, int64_t n, unsigned* hist) const {
     const T* g = static_cast<const T*>(args.data[0][t]) + start;
     auto* row = static_cast<unsigned long long*>(args.data[2][t]);
     double* first_partial = static_cast<double*>(args.data[1][t]);
@@ -220,7 +221,7 @@ struct GradStatsChunkOp {
         sum = __dadd_rn(sum, __dmul_rn(xd, xd));  // no contraction: the CPU's order and rounding
         const float a = x < 0.f ? -x : x;
         max_abs = a > max_abs ? a : max_abs;
-        atomicAdd(row + 4 + grad_hist_bin(x, inv), 1ull);
+        atomicAdd(hist + grad_hist_bin(x, inv), 1u);
       }
     }
     cuda::global_store(first_partial + chunk * kNormLanes + threadIdx.x, sum);
@@ -237,41 +238,71 @@ struct GradStatsChunkOp {
 
   template <typename Args>
   __device__ void operator()(const Args& args, int t, int64_t start, int64_t n) const {
+    AMPKIT_SHARED(unsigned, hist, kGradHistBins);  // at most kChunkSize per bin
+    for (int b = threadIdx.x; b < kGradHistBins; b += blockDim.x) {
+      hist[b] = 0u;
+    }
+    __syncthreads();
     switch (args.dtype[0][t]) {
       case DType::kFloat16:
-        chunk<__half>(args, t, start, n);
+        chunk<__half>(args, t, start, n, hist);
         break;
       case DType::kBFloat16:
-        chunk<__nv_bfloat16>(args, t, start, n);
+        chunk<__nv_bfloat16>(args, t, start, n, hist);
         break;
       default:
-        chunk<float>(args, t, start, n);
+        chunk<float>(args, t, start, n, hist);
         break;
+    }
+    __syncthreads();
+    auto* row = static_cast<unsigned long long*>(args.data[2][t]);
+    for (int b = threadIdx.x; b < kGradHistBins; b += blockDim.x) {
+      if (hist[b] != 0u) {
+        atomicAdd(row + 4 + b, static_cast<unsigned long long>(hist[b]));
+      }
     }
   }
 };
 
-// One thread per tensor: the norm from the partial sums in chunk and lane order, the row in doubles.
-__global__ void grad_stats_finish_kernel(int64_t n, const float* inv_scale, const unsigned long long* counters,
-                                         const double* partials, double* out) {
-  const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (t >= n) {
-    return;
-  }
+// One block per tensor: the norm from the partial sums in chunk and lane order (NOTE [Deterministic norm]), the
+// row in doubles. Thread i adds the lanes of chunk i of a tile of blockDim.x chunks in lane order, and thread 0
+// adds the tile's chunk sums in chunk order: the additions and order of one thread doing it all, with the lane
+// sums of many chunks in parallel.
+constexpr unsigned kFinishThreads = 128;
+
+__global__ void __launch_bounds__(kFinishThreads)
+    grad_stats_finish_kernel(const float* inv_scale, const unsigned long long* counters, const double* partials,
+                             double* out) {
+  AMPKIT_SHARED(double, chunk_sums, kFinishThreads);
+  const int64_t t = blockIdx.x;
   const unsigned long long* row = counters + t * kGradStatsCounterColumns;
-  double* o = out + t * kGradStatsColumns;
-  const double inv = inv_scale != nullptr ? static_cast<double>(*inv_scale) : 1.0;
   const int64_t chunks = (static_cast<int64_t>(row[kGradStatsCounterColumns - 1]) + cuda::kChunkSize - 1) /
                          cuda::kChunkSize;
   const double* p = partials + static_cast<int64_t>(row[1]) * kNormLanes;
   double total = 0.0;
-  for (int64_t c = 0; c < chunks; ++c) {
-    double chunk_sum = 0.0;
-    for (int l = 0; l < kNormLanes; ++l) {
-      chunk_sum = __dadd_rn(chunk_sum, p[c * kNormLanes + l]);
+  for (int64_t tile = 0; tile < chunks; tile += blockDim.x) {
+    const int64_t c = tile + threadIdx.x;
+    if (c < chunks) {
+      double chunk_sum = 0.0;
+      for (int l = 0; l < kNormLanes; ++l) {
+        chunk_sum = __dadd_rn(chunk_sum, p[c * kNormLanes + l]);
+      }
+      chunk_sums[threadIdx.x] = chunk_sum;
     }
-    total = __dadd_rn(total, chunk_sum);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      const int64_t in_tile = chunks - tile < blockDim.x ? chunks - tile : blockDim.x;
+      for (int64_t k = 0; k < in_tile; ++k) {
+        total = __dadd_rn(total, chunk_sums[k]);
+      }
+    }
+    __syncthreads();
   }
+  if (threadIdx.x != 0) {
+    return;
+  }
+  double* o = out + t * kGradStatsColumns;
+  const double inv = inv_scale != nullptr ? static_cast<double>(*inv_scale) : 1.0;
   o[kStatMaxAbs] = static_cast<double>(bit_cast<float>(static_cast<uint32_t>(row[0]))) * inv;
   o[kStatNorm] = sqrt(total) * inv;
   for (int k = kStatNonFinite; k < kGradStatsColumns; ++k) {
@@ -320,9 +351,8 @@ LaunchStatus launch_grad_stats(const TensorRef* grads, int64_t n, const float* i
   if (!status.ok() || n == 0) {
     return status;
   }
-  constexpr unsigned kThreads = 128;
-  status.error = cuda::launch_kernel(grad_stats_finish_kernel, dim3(static_cast<unsigned>((n + kThreads - 1) / kThreads)),
-                                     dim3(kThreads), stream, n, inv_scale, counters, partials, out);
+  status.error = cuda::launch_kernel(grad_stats_finish_kernel, dim3(static_cast<unsigned>(n)), dim3(kFinishThreads),
+                                     stream, inv_scale, counters, partials, out);
   status.launches += status.ok() ? 1 : 0;
   return status;
 }

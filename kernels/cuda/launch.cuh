@@ -8,6 +8,11 @@
 #else
 #include <cuda_runtime.h>
 #define AMPKIT_GRID_CONSTANT(...) const __grid_constant__ __VA_ARGS__
+// Block-shared memory, written once for both builds (emulation.h defines the emulated ones).
+#define AMPKIT_SHARED(type, name, count) __shared__ type name[count]
+#define AMPKIT_DYNAMIC_SHARED(type, name)                          \
+  extern __shared__ __align__(16) unsigned char ampkit_dynamic_shared_[]; \
+  type* name = reinterpret_cast<type*>(ampkit_dynamic_shared_)
 #endif
 
 #include <cuda_bf16.h>
@@ -27,6 +32,19 @@ cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, cuda
   return emulation::run_grid(kernel, grid, block, args...);
 #else
   kernel<<<grid, block, 0, stream>>>(args...);
+  return cudaGetLastError();
+#endif
+}
+
+// The same with `shared_bytes` of dynamic shared memory per block (AMPKIT_DYNAMIC_SHARED).
+template <typename... Params, typename... Args>
+cudaError_t launch_kernel_shared(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes,
+                                 cudaStream_t stream, const Args&... args) {
+#if defined(AMPKIT_CUDA_EMULATION)
+  (void)stream;
+  return emulation::run_grid_shared(kernel, grid, block, shared_bytes, args...);
+#else
+  kernel<<<grid, block, shared_bytes, stream>>>(args...);
   return cudaGetLastError();
 #endif
 }

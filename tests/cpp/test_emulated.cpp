@@ -75,7 +75,7 @@ TEST_CASE("emulated unscale_and_check / check_finite: every dtype, size, scale a
   }
 }
 
-TEST_CASE("emulated unscale_and_check: Inf and NaN anywhere, mixed dtypes in one launch", "[emulated]") {
+TEST_CASE("emulated unscale_and_check: Inf and NaN anywhere, mixed dtypes in one launch", "[emulated][cross_block]") {
   torch::manual_seed(2);
   const float inv = 0.25f;
   auto make_list = [] {
@@ -107,7 +107,7 @@ TEST_CASE("emulated unscale_and_check: Inf and NaN anywhere, mixed dtypes in one
   }
 }
 
-TEST_CASE("emulated unscale_and_check: lists that need several launches", "[emulated]") {
+TEST_CASE("emulated unscale_and_check: lists that need several launches", "[emulated][cross_block]") {
   torch::manual_seed(3);
   using Args = kern::cuda::MultiTensorArgs<1>;  // the largest table any functor leaves room for
   const float inv = 0.5f;
@@ -205,7 +205,7 @@ TEST_CASE("emulated cast passes: every dtype pair, size, factor and alignment ma
 }
 
 TEST_CASE("emulated cast passes: Inf/NaN in the last element of the last chunk, mixed lists over several launches",
-          "[emulated]") {
+          "[emulated][cross_block]") {
   torch::manual_seed(12);
   using Args = kern::cuda::MultiTensorArgs<2>;
   std::vector<at::Tensor> src;
@@ -239,7 +239,7 @@ TEST_CASE("emulated cast passes: each element is read once and written once", "[
 }
 
 TEST_CASE("emulated grad_stats: every column matches the CPU op (the norm bit for bit with the real chunk size)",
-          "[emulated]") {
+          "[emulated][cross_block]") {
   torch::manual_seed(14);
   std::vector<at::Tensor> grads{random_grad(kChunk + 5, at::kHalf, 1e3), random_grad(9, at::kFloat, 1e-30),
                                 at::empty({0}, at::kBFloat16), at_offset(random_grad(3 * kChunk + 1, at::kBFloat16, 1.0), 1),
@@ -248,6 +248,10 @@ TEST_CASE("emulated grad_stats: every column matches the CPU op (the norm bit fo
   grads[0][-1] = kInf;
   grads[3][-1] = kNaN;
   grads[3][5] = 0.f;
+#if defined(AMPKIT_MTA_CHUNK_SIZE)
+  // More chunks than the finish kernel's threads: its chunk sums come in several tiles.
+  grads.push_back(random_grad(130 * kChunk + 7, at::kFloat, 1.0));
+#endif
   for (const float inv : {1.f, 1.f / 65536.f, 3.f}) {
     INFO("inv " << inv);
     const at::Tensor on_cpu = ampkit::grad_stats(grads, scalar_f32(inv));
@@ -263,6 +267,22 @@ TEST_CASE("emulated grad_stats: every column matches the CPU op (the norm bit fo
         kern::launch_grad_stats(refs.data(), static_cast<int64_t>(refs.size()), &inv, on_emu.data_ptr<double>(),
                                 counters.data(), partials.data(), nullptr);
     REQUIRE(status.ok());
+    // The norm from the kernel's own lane sums, added in lane and chunk order (NOTE [Deterministic norm]).
+    int64_t first_row = 0;
+    for (size_t i = 0; i < refs.size(); ++i) {
+      const int64_t chunks = kern::grad_stats_chunks(refs[i].numel);
+      double total = 0.0;
+      for (int64_t c = 0; c < chunks; ++c) {
+        double chunk_sum = 0.0;
+        for (int l = 0; l < kern::kNormLanes; ++l) {
+          chunk_sum += partials[static_cast<size_t>((first_row + c) * kern::kNormLanes + l)];
+        }
+        total += chunk_sum;
+      }
+      first_row += chunks;
+      CHECK(on_emu[static_cast<int64_t>(i)][kern::kStatNorm].item<double>() ==
+            std::sqrt(total) * static_cast<double>(inv));
+    }
 #if defined(AMPKIT_MTA_CHUNK_SIZE)
     // Small chunks sum the norm in another order (NOTE [Deterministic norm]): equal up to that order.
     REQUIRE(on_emu.narrow(1, 0, 1).equal(on_cpu.narrow(1, 0, 1)));

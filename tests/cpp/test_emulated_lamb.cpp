@@ -116,7 +116,7 @@ TEST_CASE("emulated lamb step: found_inf skips every write, and the traffic is t
 }
 
 TEST_CASE("emulated lamb step: more tensors than one norm launch takes, and tensors of many chunks",
-          "[emulated]") {
+          "[emulated][cross_block]") {
   // The tensors' norms are summed once per tensor (kernels/cuda/lamb_kernels.cu, tensor_norms_kernel), in
   // launches of a bounded list: a list beyond one launch, zero-size tensors between, a tensor of many chunks.
   torch::manual_seed(18);
@@ -136,7 +136,7 @@ TEST_CASE("emulated lamb step: more tensors than one norm launch takes, and tens
   }
 }
 
-TEST_CASE("emulated grad_norm: matches the CPU op (bit for bit with the real chunk size)", "[emulated]") {
+TEST_CASE("emulated grad_norm: matches the CPU op (bit for bit with the real chunk size)", "[emulated][cross_block]") {
   torch::manual_seed(17);
   std::vector<at::Tensor> grads{random_grad(kChunk + 5, at::kHalf, 1e3), random_grad(9, at::kFloat, 1e-20),
                                 at::empty({0}, at::kBFloat16), random_grad(3 * kChunk + 1, at::kBFloat16, 1.0),
