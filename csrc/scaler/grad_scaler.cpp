@@ -8,6 +8,7 @@
 #include <c10/util/Exception.h>
 #include <torch/serialize.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <sstream>
@@ -205,18 +206,24 @@ void GradScaler::record_checks(int64_t key, const std::vector<at::Tensor>& param
   // The optimizer's entry is made only once the ops have passed their checks: an op that refuses its grads (an
   // overlapping grad, say) leaves the scaler outside an iteration, as it was.
   std::vector<std::pair<at::Device, at::Tensor>> found_inf;
-  for (auto& [device, list] : per_device) {
-    at::Tensor& found = buffer(key, device, BufferRole::kFoundInf);
-    found.zero_();
-    if (calibrating_) {
-      note_calibration_amax(list, /*scaled=*/true);
+  const at::Tensor amax_before = calibration_amax_;  // restored if an op refuses the grads
+  try {
+    for (auto& [device, list] : per_device) {
+      at::Tensor& found = buffer(key, device, BufferRole::kFoundInf);
+      found.zero_();
+      if (calibrating_) {
+        note_calibration_amax(list, /*scaled=*/true);
+      }
+      if (unscale) {
+        unscale_and_check_(list, found, inv_scale_on(device));
+      } else {
+        check_finite_(list, found);
+      }
+      found_inf.emplace_back(device, found);
     }
-    if (unscale) {
-      unscale_and_check_(list, found, inv_scale_on(device));
-    } else {
-      check_finite_(list, found);
-    }
-    found_inf.emplace_back(device, found);
+  } catch (...) {
+    calibration_amax_ = amax_before;
+    throw;
   }
   PerOptimizer& state = per_optimizer_[key];
   state.found_inf = std::move(found_inf);
@@ -438,13 +445,19 @@ void GradScaler::update() {
   // Into a flag nobody holds (NOTE [Step-ran flags]): flags collected step after step keep their own values.
   at::logical_not_out(next_step_ran_flag(step_ran_), combined);
   // Per optimizer: its own flag when several took part; with one, last_step_ran(key) is the iteration's flag.
+  // Only optimizers that stepped (one only unscaled, for clipping or logging, reports nothing). Pools are dropped
+  // only in iterations of several optimizers, so a loop alternating one and two (a WGAN) reuses its flags.
   last_stepped_.clear();
   for (const auto& [key, state] : per_optimizer_) {
-    last_stepped_.push_back(key);
+    if (state.stage == Stage::kStepped) {
+      last_stepped_.push_back(key);
+    }
   }
-  for (auto it = step_ran_per_optimizer_.begin(); it != step_ran_per_optimizer_.end();) {
-    const bool kept = last_stepped_.size() > 1 && per_optimizer_.count(it->first) > 0;
-    it = kept ? std::next(it) : step_ran_per_optimizer_.erase(it);
+  if (last_stepped_.size() > 1) {
+    for (auto it = step_ran_per_optimizer_.begin(); it != step_ran_per_optimizer_.end();) {
+      const bool kept = std::find(last_stepped_.begin(), last_stepped_.end(), it->first) != last_stepped_.end();
+      it = kept ? std::next(it) : step_ran_per_optimizer_.erase(it);
+    }
   }
   if (last_stepped_.size() > 1) {
     for (const int64_t key : last_stepped_) {

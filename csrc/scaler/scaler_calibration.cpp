@@ -20,19 +20,22 @@ namespace ampkit {
 // so the largest gradient of the next backward lands within a factor of two below FP16's max over the headroom.
 // The iteration's own step is an ordinary step at scale 1 (applied unless its grads held Inf/NaN). Exceptions:
 // an overflow in it backs off from 1 as any overflow does; an amax of 0 (every gradient zero or underflowed at 1)
-// gives torch's 2^16. With a process group, amax is all-reduced (MAX) first, so every rank sets the same scale.
+// gives torch's 2^16; without max_scale the calibrated scale is at most 2^32. Zero-size grads are not measured.
+// With a process group, amax is all-reduced (MAX) first, every rank taking part, so every rank sets the same
+// scale; DTensor (FSDP2) grads need that group (the Python scaler refuses them without it), since each rank
+// measures only its shards. Grads an op refuses (record_checks throws) are not counted.
 // A state loaded before the first update() (steps == 0) keeps the calibration pending; any other ends it, as
 // does update(new_scale).
 void GradScaler::note_calibration_amax(const std::vector<at::Tensor>& grads, bool scaled) {
-  if (grads.empty()) {
-    return;
-  }
   const at::Device device = scale_.device();
   if (!calibration_amax_.defined()) {
     calibration_amax_ = at::zeros({}, scale_.options());
   }
   std::vector<std::pair<at::Device, std::vector<at::Tensor>>> per_device;
   for (const at::Tensor& g : grads) {
+    if (g.numel() == 0) {
+      continue;  // no element to measure (and _foreach_norm's inf norm refuses empty tensors)
+    }
     auto it = std::find_if(per_device.begin(), per_device.end(), [&](const auto& e) { return e.first == g.device(); });
     if (it == per_device.end()) {
       per_device.emplace_back(g.device(), std::vector<at::Tensor>{});
@@ -55,10 +58,11 @@ void GradScaler::note_calibration_amax(const std::vector<at::Tensor>& grads, boo
 
 void GradScaler::apply_calibration(const at::Tensor& found_inf) {
   calibrating_ = false;
-  if (!calibration_amax_.defined()) {
+  if (!calibration_amax_.defined() && !options_.process_group()) {
     return;  // no gradient seen: the update() stays an ordinary one
   }
-  at::Tensor amax = calibration_amax_;
+  // A rank that saw no gradient still joins the all-reduce, with 0.
+  at::Tensor amax = calibration_amax_.defined() ? calibration_amax_ : at::zeros({}, scale_.options());
   calibration_amax_ = at::Tensor();
   if (options_.process_group()) {
     std::vector<at::Tensor> tensors{amax};
@@ -67,8 +71,9 @@ void GradScaler::apply_calibration(const at::Tensor& found_inf) {
     options_.process_group()->allreduce(tensors, opts)->wait();
   }
   const double lo = options_.min_scale().value_or(0.0);
-  const double hi = std::min<double>(options_.max_scale().value_or(std::numeric_limits<double>::infinity()),
-                                     std::numeric_limits<float>::max());
+  // Without max_scale the calibrated scale stops at 2^32 (Megatron's first scale): a near-zero amax must not set a
+  // scale at which the loss itself overflows FP32.
+  const double hi = options_.max_scale().value_or(std::exp2(32.0));
   constexpr double kFp16Max = 65504.0;
   const at::Tensor amax64 = amax.to(at::kDouble);
   at::Tensor calibrated =

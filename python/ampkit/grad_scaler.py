@@ -162,6 +162,7 @@ class GradScaler:
             max_scale=max_scale, scaling=scaling, overflow_report=overflow_report,
             raise_at_min_scale=raise_at_min_scale, dynamic=dynamic,
             calibration_margin=calibration_margin)
+        self._grouped = process_group is not None
         if calibrate:
             self._options["init_scale"] = "auto"
 
@@ -209,15 +210,27 @@ class GradScaler:
         """Whether this call is traced by torch.compile and the methods go through custom ops."""
         return self._handle is not None and _compile.is_compiling()
 
+    def _check_calibration(self, where: str, params: list[torch.Tensor]) -> None:
+        """init_scale="auto" measures the grads this rank holds: DTensor shards need the process group over which
+        the scaler all-reduces the amax, else each rank would set its own scale (NOTE [Calibrated first scale])."""
+        if (self._options["init_scale"] == "auto" and not self._grouped
+                and _dtensor.any_dtensor([p.grad for p in params if p.grad is not None])):
+            raise ValueError(f"ampkit.{where}: init_scale='auto' with DTensor (FSDP2) gradients needs "
+                             "process_group=<the group the shards are reduced over, e.g. "
+                             "torch.distributed.group.WORLD>, so that every rank calibrates the same scale; pass "
+                             "it to GradScaler, or give a numeric init_scale")
+
     def _unscale(self, key: int, params: list[torch.Tensor]) -> None:
         # DTensor grads (FSDP2): the core unscales and checks the local shards; an Inf/NaN is seen only by the
         # rank holding its shard, so found_inf is all-reduced (MAX) over the grads' mesh, as torch's DTensor does.
+        self._check_calibration("GradScaler.unscale_", params)
         with _dtensor.local_grads(params, "GradScaler.unscale_") as local:
             self._core.unscale_params_(key, local)
         _dtensor.all_reduce_found_inf(self._core.found_inf_per_device(key), params)
 
     def _prepare_fused_step(self, key: int, params: list[torch.Tensor]):
         checks = self._core.stage(key) == OptState.READY.value  # else unscale_ checked (and all-reduced)
+        self._check_calibration("GradScaler.step", params)
         with _dtensor.local_grads(params, "GradScaler.step") as local:
             grad_scale, found_inf = self._core.prepare_fused_step(key, local)
         if checks:

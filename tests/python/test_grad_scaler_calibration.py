@@ -16,8 +16,9 @@ from conftest import CUDA_ONLY, DEVICES
 FP16_MAX = 65504.0
 
 
-def expected_scale(amax: float, margin: float, lo: float = 0.0, hi: float = math.inf) -> float:
-    """The formula in float64: 2^floor(log2(65504 / (amax * 2^margin))) clamped to [lo, hi]."""
+def expected_scale(amax: float, margin: float, lo: float = 0.0, hi: float = 2.0**32) -> float:
+    """The formula in float64: 2^floor(log2(65504 / (amax * 2^margin))) clamped to [lo, hi] (hi: max_scale, 2^32
+    without one)."""
     return min(max(2.0 ** math.floor(math.log2(FP16_MAX / (amax * 2.0**margin))), lo), hi)
 
 
@@ -144,12 +145,14 @@ def test_all_zero_gradients_give_torchs_first_scale():
 
 
 def test_the_calibrated_scale_is_clamped_to_the_bounds():
-    for amax, lo, hi, want in [(1e-9, 0.0, 2.0**20, 2.0**20), (1e5, 0.5, math.inf, 0.5), (1.0, 0.0, 8.0, 8.0)]:
+    cases = [(1e-9, 0.0, 2.0**20, 2.0**20), (1e5, 0.5, math.inf, 0.5), (1.0, 0.0, 8.0, 8.0),
+             (1e-30, 0.0, math.inf, 2.0**32), (1e-30, 0.0, 2.0**40, 2.0**40)]  # 2^32 unless max_scale says more
+    for amax, lo, hi, want in cases:
         model = torch.nn.Linear(3, 2, bias=False)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         scaler = ampkit.GradScaler("cpu", init_scale="auto", min_scale=lo, max_scale=None if math.isinf(hi) else hi)
         first_iteration(scaler, model, opt, amax, seed=3)
-        assert scaler.get_scale() == want == expected_scale(amax, 2.0, lo, hi)
+        assert scaler.get_scale() == want == expected_scale(amax, 2.0, lo, 2.0**32 if math.isinf(hi) else hi)
 
 
 def test_fp16_grads_of_an_fp16_model():
@@ -177,6 +180,24 @@ def test_a_checkpoint_before_the_first_update_keeps_the_calibration_pending():
         model = torch.nn.Linear(3, 2, bias=False)
         first_iteration(other, model, torch.optim.SGD(model.parameters(), lr=0.1), 1e-6, seed=6)
         assert other.get_scale() == scale
+
+
+def test_zero_size_and_refused_grads_are_not_measured():
+    model = torch.nn.Linear(3, 2, bias=False)
+    empty = torch.nn.Parameter(torch.zeros(0, 4))
+    empty.grad = torch.zeros(0, 4)
+    opt = torch.optim.SGD([model.weight, empty], lr=0.1)
+    scaler = ampkit.GradScaler("cpu", init_scale="auto")
+    # A refused call (an overlapping grad) counts nothing: its huge value must not reach the amax.
+    scaler.scale(model(torch.randn(2, 3)).sum()).backward()
+    good = model.weight.grad.clone()
+    model.weight.grad = torch.full((2, 1), 1e4).expand(2, 3)
+    with pytest.raises(RuntimeError, match="overlapping"):
+        scaler.step(opt)
+    model.weight.grad = good
+    scaler.step(opt)
+    scaler.update()
+    assert scaler.get_scale() == expected_scale(float(good.abs().max()), 2.0)
 
 
 def test_pickling_keeps_auto_and_the_margin():

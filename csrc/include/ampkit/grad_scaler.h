@@ -65,7 +65,8 @@ struct AMPKIT_API GradScalerOptions {
   TORCH_ARG(bool, dynamic) = true;
   // true: a calibrated first scale (NOTE [Calibrated first scale]). The first iteration runs at scale 1 whatever
   // init_scale says, and its update() sets the scale to 2^floor(log2(65504 / (amax * 2^calibration_margin))),
-  // amax the largest |gradient| of the optimizers stepped in it, clamped to [min_scale, max_scale]; no sync.
+  // amax the largest |gradient| of the optimizers checked in it, clamped to [min_scale, max_scale] (at most 2^32
+  // without max_scale); no sync.
   // Python: GradScaler(init_scale="auto"). Needs scaling and dynamic.
   TORCH_ARG(bool, calibrate) = false;
   // Headroom of the calibrated scale in powers of two (finite, >= 0): the largest gradient lands at or below

@@ -150,6 +150,21 @@ class _Run:
     def _err_of(self, t: torch.Tensor) -> float:
         return self.errors.get(id(t), 0.0)
 
+    def _compare_all(self, outputs: list, refs: list) -> tuple:
+        """The largest relative error, the overflow and underflow counts and the largest magnitude of `outputs`
+        against their references; each compared output is noted."""
+        err, overflow, underflow, max_abs = 0.0, 0, 0, 0.0
+        for t, r in zip(outputs, refs):
+            c = _compare(t, r, self.dtype)
+            if c is None:
+                continue
+            err = max(err, c["rel_err"])
+            overflow += c["overflow"]
+            underflow += c["underflow"]
+            max_abs = max(max_abs, c["max_abs"])
+            self._note(t, c["rel_err"])
+        return err, overflow, underflow, max_abs
+
     def _note(self, t: torch.Tensor, err: float) -> None:
         self.errors[id(t)] = err
         self.alive.append(t)
@@ -193,16 +208,7 @@ class _Run:
                 self.ref_outputs[call.key] = [t.detach().to(torch.float64, copy=True) for t in outputs]
                 return
             refs = self.reference.ref_outputs.get(call.key, [])
-            err, overflow, underflow, max_abs = 0.0, 0, 0, 0.0
-            for t, r in zip(outputs, refs):
-                c = _compare(t, r, self.dtype)
-                if c is None:
-                    continue
-                err = max(err, c["rel_err"])
-                overflow += c["overflow"]
-                underflow += c["underflow"]
-                max_abs = max(max_abs, c["max_abs"])
-                self._note(t, c["rel_err"])
+            err, overflow, underflow, max_abs = self._compare_all(outputs, refs)
             nonfinite = overflow > 0
             origin = next((self.under_call[id(t)] for t in _floats((args, kwargs)) if id(t) in self.under_call), None)
             introduced = 0.0
@@ -284,15 +290,7 @@ class _Run:
                 or len(refs[position][1]) != len(outputs):
             call.ops_matched = False   # the two runs took different paths through this module: stop comparing
             return out
-        err, overflow, underflow = 0.0, 0, 0
-        for t, r in zip(outputs, refs[position][1]):
-            c = _compare(t, r, self.dtype)
-            if c is None:
-                continue
-            err = max(err, c["rel_err"])
-            overflow += c["overflow"]
-            underflow += c["underflow"]
-            self._note(t, c["rel_err"])
+        err, overflow, underflow, _ = self._compare_all(outputs, refs[position][1])
         increase = max(0.0, err - in_err) if in_finite and not math.isinf(err) else 0.0
         origin = next((self.under_op[id(t)] for t in inputs if id(t) in self.under_op), None)
         lowp = any(t.dtype in _LOWP for t in outputs)
