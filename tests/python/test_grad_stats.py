@@ -78,6 +78,50 @@ def test_matches_a_float64_reference(device, seed):
         assert torch.equal(on_cpu, stats.cpu())
 
 
+def deterministic_sum_of_squares(g: torch.Tensor) -> float:
+    """NOTE [Deterministic norm] re-derived: chunks of 65536, element i of a chunk in lane i % 512, each lane summing
+    its finite squares in element order in double, a chunk its lanes in lane order, the tensor its chunks in order."""
+    x = g.detach().cpu().float().double().flatten()
+    x = torch.where(x.isfinite(), x, torch.zeros_like(x))
+    total = 0.0
+    for c in range(0, x.numel(), 65536):
+        chunk = x[c:c + 65536]
+        rows = torch.nn.functional.pad(chunk, (0, (-chunk.numel()) % 512)).view(-1, 512)
+        lanes = torch.zeros(512, dtype=torch.float64)
+        for row in rows:
+            lanes = lanes + row * row  # one rounded square, one rounded add per element, in element order
+        chunk_sum = 0.0
+        for lane in lanes.tolist():
+            chunk_sum += lane
+        total += chunk_sum
+    return total
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("n", [1, 15, 16, 17, 511, 512, 513, 65536 + 700, 3 * 65536 + 17])
+@pytest.mark.parametrize("inv", [1.0, 2.0 ** -16, 1 / 3.0])
+def test_norm_follows_the_documented_order_bit_for_bit(device, dtype, n, inv):
+    """The CPU loop (vectorized) and the CUDA kernel both add squares in NOTE [Deterministic norm]'s order: the
+    norm equals that order re-derived here, bit for bit, with zeros, Inf/NaN and subnormals in every lane position
+    and a non-finite value in the last element of the last chunk; the other columns match the float64 reference
+    with a power-of-two inv_scale (the loop reads exponents from the float's bits) and another one."""
+    gen = torch.Generator().manual_seed(n)
+    x = torch.randn(n, generator=gen, dtype=torch.float64) * torch.exp2(torch.randint(-30, 12, (n,), generator=gen))
+    x[torch.randint(n, (max(1, n // 7),), generator=gen)] = 0.0
+    if n > 4:
+        x[1] = -math.inf
+        x[2] = 1e-40  # subnormal in FP32 and BF16 (zero in FP16)
+        x[3] = -3e-39 if dtype != torch.float16 else 2.0 ** -20  # subnormal in every dtype
+        x[-1] = math.nan
+    g = x.to(dtype).to(device)
+    inv32 = torch.tensor(inv, dtype=torch.float32).item()
+    row = ampkit.grad_stats([g], torch.full((1,), inv, device=device))[0].cpu()
+    assert row[1].item() == math.sqrt(deterministic_sum_of_squares(g)) * inv32
+    ref = reference(g, inv32)
+    assert torch.equal(row[2:4], ref[2:4]) and torch.equal(row[FIRST:], ref[FIRST:]) and row[0] == ref[0]
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_fp16_range_lands_in_its_documented_columns(device):
     g = torch.tensor([2.0 ** -24, 65504.0, -1.0, 0.0, math.inf, math.nan], dtype=torch.float16, device=device)
