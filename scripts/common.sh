@@ -92,7 +92,9 @@ build_ampkit_cmake_only() {
 # Builds the C++ examples against the installed ampkit package, as a user's program would.
 build_examples() {
   local prefix
-  prefix="$(cd /tmp && "$PY" -c 'import ampkit; print(ampkit.cmake_prefix_path)')"
+  # ampkit's package, then the torch of the same Python: ampkit's CMake config would otherwise look for the
+  # torch of python3 on PATH, another release when PYTHON names a different environment.
+  prefix="$(cd /tmp && "$PY" -c 'import ampkit, torch.utils; print(ampkit.cmake_prefix_path + ";" + torch.utils.cmake_prefix_path)')"
   log "building examples/cpp against the installed package ($prefix)"
   local gen=()
   if [ ! -f "$AMPKIT_BUILD_DIR/examples/CMakeCache.txt" ]; then
