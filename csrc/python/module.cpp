@@ -77,6 +77,8 @@ py::dict to_py(const ampkit::ScalerState& state) {
       d[py::str(key)] = py::int_(v.toInt());
     } else if (v.isBool()) {
       d[py::str(key)] = py::bool_(v.toBool());
+    } else if (v.isDoubleList()) {
+      d[py::str(key)] = py::cast(v.toDoubleVector());
     } else {
       d[py::str(key)] = py::none();
     }
@@ -98,12 +100,23 @@ ampkit::ScalerState from_py(const py::dict& d) {
       state.emplace_back(key, c10::IValue(v.cast<int64_t>()));
     } else if (py::isinstance<py::float_>(v)) {
       state.emplace_back(key, c10::IValue(v.cast<double>()));
+    } else if (py::isinstance<py::list>(v) || py::isinstance<py::tuple>(v)) {
+      std::vector<double> values;
+      for (const py::handle x : v) {
+        if (!(py::isinstance<py::float_>(x) || py::isinstance<py::int_>(x)) || py::isinstance<py::bool_>(x)) {
+          throw py::type_error("GradScaler.load_state_dict: '" + key + "' must hold numbers, but holds a " +
+                               std::string(py::str(py::type::of(x).attr("__name__"))));
+        }
+        values.push_back(x.cast<double>());
+      }
+      state.emplace_back(key, c10::IValue(values));
     } else if (THPVariable_Check(v.ptr()) && THPVariable_Unpack(v.ptr()).numel() == 1) {
       // torch.amp.GradScaler fills its tensors from whatever .fill_ takes: accept one-element tensors too.
       const at::Tensor t = THPVariable_Unpack(v.ptr());
       state.emplace_back(key, t.is_floating_point() ? c10::IValue(t.item<double>()) : c10::IValue(t.item<int64_t>()));
     } else {
-      throw py::type_error("GradScaler.load_state_dict: '" + key + "' must be a number or None, but got " +
+      throw py::type_error("GradScaler.load_state_dict: '" + key + "' must be a number, a list of numbers or None, "
+                           "but got " +
                            std::string(py::str(py::type::of(v))));
     }
   }
@@ -119,6 +132,7 @@ py::dict stats_to_py(const ampkit::GradScalerStats& s) {
   d["growth_tracker"] = s.growth_tracker;
   d["hysteresis_tracker"] = s.hysteresis_tracker;
   d["overflows_at_min_scale"] = s.overflows_at_min_scale;
+  d["spike_skipped_steps"] = s.spike_skipped_steps;
   return d;
 }
 
@@ -647,7 +661,8 @@ PYBIND11_MODULE(_C, m) {
       .def(py::init([](double init_scale, double growth_factor, double backoff_factor, int64_t growth_interval,
                        bool enabled, int64_t hysteresis, std::optional<double> min_scale,
                        std::optional<double> max_scale, bool raise_at_min_scale, bool scaling, bool overflow_report,
-                       py::object process_group, bool dynamic, bool calibrate, double calibration_margin) {
+                       py::object process_group, bool dynamic, bool calibrate, double calibration_margin,
+                       const std::optional<py::dict>& spike_skip) {
              ampkit::GradScalerOptions o;
              o.init_scale(init_scale)
                  .growth_factor(growth_factor)
@@ -666,13 +681,36 @@ PYBIND11_MODULE(_C, m) {
              if (!process_group.is_none()) {
                o.process_group(process_group.cast<c10::intrusive_ptr<c10d::ProcessGroup>>());
              }
+             if (spike_skip) {  // keys and types checked by ampkit.GradScaler; ranges by the C++ options check
+               ampkit::SpikeSkipOptions so;
+               const py::dict& d = *spike_skip;
+               if (d.contains("window")) {
+                 so.window(d["window"].cast<int64_t>());
+               }
+               if (d.contains("sigmas")) {
+                 so.sigmas(d["sigmas"].cast<double>());
+               }
+               if (d.contains("warmup")) {
+                 so.warmup(d["warmup"].cast<int64_t>());
+               }
+               if (d.contains("loss")) {
+                 so.loss(d["loss"].cast<bool>());
+               }
+               if (d.contains("grad_norm")) {
+                 so.grad_norm(d["grad_norm"].cast<bool>());
+               }
+               o.spike_skip(so);
+             }
              return guarded([&] { return GilFreeDelete<GradScaler>::Ptr(new GradScaler(o)); });
            }),
            py::arg("init_scale"), py::arg("growth_factor"), py::arg("backoff_factor"), py::arg("growth_interval"),
            py::arg("enabled"), py::arg("hysteresis"), py::arg("min_scale"), py::arg("max_scale"),
            py::arg("raise_at_min_scale"), py::arg("scaling"), py::arg("overflow_report"), py::arg("process_group"),
-           py::arg("dynamic") = true, py::arg("calibrate") = false, py::arg("calibration_margin") = 2.0)
+           py::arg("dynamic") = true, py::arg("calibrate") = false, py::arg("calibration_margin") = 2.0,
+           py::arg("spike_skip") = py::none())
       .def("scale", [](GradScaler& s, const at::Tensor& t) { return guarded([&] { return s.scale(t); }); })
+      .def("scale_factor", [](GradScaler& s, const at::Tensor& t) { return guarded([&] { return s.scale_factor(t); }); })
+      .def("observe_loss", [](GradScaler& s, const at::Tensor& t) { guarded([&] { s.observe_loss(t); }); })
       .def("unscale_params_",
            [](GradScaler& s, int64_t key, const Params& p, const std::optional<Params>& g) {
              guarded([&] { g ? s.unscale_params_(key, p, *g) : s.unscale_params_(key, p); });

@@ -76,6 +76,17 @@ void check_options(const GradScalerOptions& o) {
     TORCH_CHECK_VALUE(o.init_scale() >= lo && o.init_scale() <= hi, "ampkit::GradScaler: init_scale (",
                       o.init_scale(), ") must lie in [min_scale, max_scale] = [", lo, ", ", hi, "]");
   }
+  if (const auto& spike = o.spike_skip()) {
+    TORCH_CHECK_VALUE(spike->window() >= 2 && spike->window() <= (int64_t{1} << 24), "ampkit::GradScaler: "
+                      "spike_skip window must be in [2, 2^24], but got ", spike->window());
+    TORCH_CHECK_VALUE(!spike->warmup() || (*spike->warmup() >= 2 && *spike->warmup() <= spike->window()),
+                      "ampkit::GradScaler: spike_skip warmup must be in [2, window] = [2, ", spike->window(),
+                      "], but got ", spike->warmup().value_or(0));
+    TORCH_CHECK_VALUE(std::isfinite(spike->sigmas()) && spike->sigmas() > 0.0, "ampkit::GradScaler: spike_skip "
+                      "sigmas must be a finite number > 0, but got ", spike->sigmas());
+    TORCH_CHECK_VALUE(spike->loss() || spike->grad_norm(), "ampkit::GradScaler: spike_skip needs a signal: loss, "
+                      "grad_norm or both, but both are off");
+  }
 }
 
 std::vector<at::Tensor> grads_of(const std::vector<at::Tensor>& params) {
@@ -114,6 +125,7 @@ void GradScaler::lazy_init(const at::Device& device) {
   step_ran_per_optimizer_.clear();
   last_stepped_.clear();
   scale64_ = at::empty({}, on.dtype(at::kDouble));
+  init_spike_state(device);
   scale_written();
 }
 
@@ -147,7 +159,22 @@ at::Tensor GradScaler::scale(const at::Tensor& outputs) {
   if (!scale_.defined()) {
     lazy_init(outputs.device());
   }
+  note_spike_loss(outputs);
   return outputs * scale_.to(outputs.device(), /*non_blocking=*/true);
+}
+
+at::Tensor GradScaler::scale_factor(const at::Tensor& like) {
+  TORCH_CHECK(enabled_, "GradScaler scale_factor: the scaler is disabled");
+  if (!scale_.defined()) {
+    lazy_init(like.device());
+  }
+  return scale_.to(like.device(), /*non_blocking=*/true, /*copy=*/true);
+}
+
+void GradScaler::observe_loss(const at::Tensor& loss) {
+  if (enabled_ && scale_.defined()) {
+    note_spike_loss(loss);
+  }
 }
 
 std::vector<at::Tensor> GradScaler::scale(const std::vector<at::Tensor>& outputs) {
@@ -207,6 +234,8 @@ void GradScaler::record_checks(int64_t key, const std::vector<at::Tensor>& param
   // overlapping grad, say) leaves the scaler outside an iteration, as it was.
   std::vector<std::pair<at::Device, at::Tensor>> found_inf;
   const at::Tensor amax_before = calibration_amax_;  // restored if an op refuses the grads
+  at::Tensor norm_sq;  // spike_skip's gradient norm, when the check computes it
+  const bool norm_in_check = !unscale && spike_norm_in_check(grads);
   try {
     for (auto& [device, list] : per_device) {
       at::Tensor& found = buffer(key, device, BufferRole::kFoundInf);
@@ -216,10 +245,19 @@ void GradScaler::record_checks(int64_t key, const std::vector<at::Tensor>& param
       }
       if (unscale) {
         unscale_and_check_(list, found, inv_scale_on(device));
+      } else if (norm_in_check) {
+        // NOTE [Spike-aware skipping]: the norm's pass is the inf check (an Inf/NaN makes the norm non-finite).
+        const at::Tensor norm = grad_norm(list, scale_.to(device)).reshape({});
+        found.copy_(norm.isfinite().logical_not());
+        const at::Tensor sq = norm.to(scale_.device(), /*non_blocking=*/true).square();
+        norm_sq = norm_sq.defined() ? norm_sq + sq : sq;
       } else {
         check_finite_(list, found);
       }
       found_inf.emplace_back(device, found);
+    }
+    if (norm_sq.defined()) {
+      spike_signals_[1].value = norm_sq.sqrt();
     }
   } catch (...) {
     calibration_amax_ = amax_before;
@@ -330,7 +368,11 @@ bool GradScaler::prepare_step(int64_t key, const std::vector<at::Tensor>& params
   }
   double total = 0.0;
   for (const auto& [device, t] : found) {
-    total += t.item<double>();  // the generic path's one host read, as torch's
+    total += t.item<double>();  // the generic path's host read, as torch's
+  }
+  const at::Tensor spike = spike_flag(grads_of(params), /*scaled=*/false);  // NOTE [Spike-aware skipping]
+  if (total == 0.0 && spike.defined()) {
+    total = spike.item<double>();
   }
   return total == 0.0;
 }
@@ -353,6 +395,11 @@ std::pair<at::Tensor, at::Tensor> GradScaler::prepare_fused_step(int64_t key, co
   const auto& found = per_optimizer_[key].found_inf;
   at::Tensor found_inf = found.empty() ? buffer(key, scale.device(), BufferRole::kCombined).zero_()
                                        : combined_found_inf(key);
+  // NOTE [Spike-aware skipping]: a spike skips the step as an overflow does.
+  const at::Tensor spike = spike_flag(grads.empty() ? grads_of(params) : grads, still_scaled);
+  if (spike.defined()) {
+    found_inf = at::add_out(buffer(key, scale.device(), BufferRole::kSpikeStep), found_inf, spike);
+  }
   return {still_scaled ? scale : at::Tensor(), found_inf};
 }
 
@@ -442,8 +489,10 @@ void GradScaler::update() {
     apply_calibration(combined);
   }
   scale_written();
+  // A spike skipped the steps too, without backing off (NOTE [Spike-aware skipping]).
+  const at::Tensor skipped = spike_flag_.defined() ? combined + spike_flag_ : combined;
   // Into a flag nobody holds (NOTE [Step-ran flags]): flags collected step after step keep their own values.
-  at::logical_not_out(next_step_ran_flag(step_ran_), combined);
+  at::logical_not_out(next_step_ran_flag(step_ran_), skipped);
   // Per optimizer: its own flag when several took part; with one, last_step_ran(key) is the iteration's flag.
   // Only optimizers that stepped (one only unscaled, for clipping or logging, reports nothing). Pools are dropped
   // only in iterations of several optimizers, so a loop alternating one and two (a WGAN) reuses its flags.
@@ -461,7 +510,9 @@ void GradScaler::update() {
   }
   if (last_stepped_.size() > 1) {
     for (const int64_t key : last_stepped_) {
-      at::logical_not_out(next_step_ran_flag(step_ran_per_optimizer_[key]), combined_found_inf(key));
+      const at::Tensor own = combined_found_inf(key);
+      at::logical_not_out(next_step_ran_flag(step_ran_per_optimizer_[key]),
+                          spike_flag_.defined() ? own + spike_flag_ : own);
     }
   }
   if (options_.overflow_report()) {
@@ -470,6 +521,7 @@ void GradScaler::update() {
       last_report_.insert(last_report_.end(), state.report.begin(), state.report.end());
     }
   }
+  end_spike_iteration(combined);
   // The iteration is closed before anything may raise: a raise at min_scale leaves the scaler usable and savable.
   end_iteration();
   // Overflows at min_scale reach the host without a sync (NOTE [Watching min_scale]), on the generic and the
@@ -498,6 +550,7 @@ void GradScaler::update(double new_scale) {
   scale_.fill_(new_scale);
   scale_written();
   calibrating_ = false;  // the caller chose the scale (NOTE [Calibrated first scale])
+  end_spike_iteration(at::Tensor());
   end_iteration();
 }
 
@@ -531,6 +584,7 @@ void GradScaler::update(const at::Tensor& new_scale) {
   scale_.copy_(new_scale);
   scale_written();
   calibrating_ = false;
+  end_spike_iteration(at::Tensor());
   end_iteration();
 }
 

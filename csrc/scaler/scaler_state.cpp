@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "ampkit/grad_scaler.h"
+#include "state_entries.h"
 
 namespace ampkit {
 namespace {
@@ -19,7 +20,9 @@ const std::vector<std::string>& state_keys() {
   static const std::vector<std::string> keys = {
       "scale",         "growth_factor",      "backoff_factor", "growth_interval",    "_growth_tracker",
       "hysteresis",    "_hysteresis_tracker", "min_scale",      "max_scale",          "steps",
-      "skipped_steps", "last_overflow_step", "_overflows_at_min_scale", "scaling", "dynamic"};
+      "skipped_steps", "last_overflow_step", "_overflows_at_min_scale", "scaling", "dynamic",
+      "spike_skipped_steps", "_spike_loss_history", "_spike_loss_count", "_spike_grad_norm_history",
+      "_spike_grad_norm_count"};
   return keys;
 }
 
@@ -42,14 +45,7 @@ std::optional<double> optional_number_of(const c10::IValue& v, const std::string
   return number_of(v, key);
 }
 
-const c10::IValue* find_entry(const ScalerState& state, const std::string& key) {
-  for (const auto& [k, v] : state) {
-    if (k == key) {
-      return &v;
-    }
-  }
-  return nullptr;
-}
+using detail::find_entry;
 
 }  // namespace
 
@@ -126,9 +122,12 @@ GradScalerStats GradScaler::stats() const {
   if (stats_.defined()) {
     // One host copy of [stats..., growth_tracker, hysteresis_tracker]: a single sync, and one buffer to read
     // from (a host copy is always a new tensor, on the CPU as on a GPU, so this path is the same everywhere).
-    const at::Tensor host = at::cat({stats_, growth_tracker_.reshape({1}).to(at::kLong),
-                                       hysteresis_tracker_.reshape({1}).to(at::kLong)})
-                                .to(at::kCPU, /*non_blocking=*/false, /*copy=*/true);
+    std::vector<at::Tensor> parts{stats_, growth_tracker_.reshape({1}).to(at::kLong),
+                                  hysteresis_tracker_.reshape({1}).to(at::kLong)};
+    if (spike_skipped_.defined()) {
+      parts.push_back(spike_skipped_.reshape({1}));
+    }
+    const at::Tensor host = at::cat(parts).to(at::kCPU, /*non_blocking=*/false, /*copy=*/true);
     const int64_t* v = host.const_data_ptr<int64_t>();
     s.steps = v[0];
     s.skipped_steps = v[1];
@@ -136,6 +135,7 @@ GradScalerStats GradScaler::stats() const {
     s.overflows_at_min_scale = v[3];
     s.growth_tracker = v[4];
     s.hysteresis_tracker = v[5];
+    s.spike_skipped_steps = spike_skipped_.defined() ? v[6] : init_spike_skipped_;
   } else {
     s.steps = init_stats_[0];
     s.skipped_steps = init_stats_[1];
@@ -143,6 +143,7 @@ GradScalerStats GradScaler::stats() const {
     s.overflows_at_min_scale = init_stats_[3];
     s.growth_tracker = init_growth_tracker_;
     s.hysteresis_tracker = init_hysteresis_tracker_;
+    s.spike_skipped_steps = init_spike_skipped_;
   }
   if (options_.min_scale().has_value()) {
     warn_at_min_scale(s.overflows_at_min_scale, /*may_raise=*/false);  // reading state never raises
@@ -220,6 +221,7 @@ ScalerState GradScaler::state_dict() const {
   d.emplace_back("_overflows_at_min_scale", s.overflows_at_min_scale);
   d.emplace_back("scaling", options_.scaling());
   d.emplace_back("dynamic", options_.dynamic());
+  spike_state(d);
   return d;
 }
 
@@ -309,6 +311,9 @@ void GradScaler::load_state_dict(const ScalerState& state) {
                       dynamic->toBool() ? "dynamic" : "static", "-scale scaler, but this scaler is ",
                       options_.dynamic() ? "dynamic" : "static", " (the dynamic option)");
   }
+  const SpikeLoad spike = check_spike_state(state);
+  TORCH_CHECK_VALUE(spike.skipped <= stats[0], "GradScaler.load_state_dict: 'spike_skipped_steps' (", spike.skipped,
+                    ") cannot exceed 'steps' (", stats[0], ")");
 
   // Apply.
   init_scale_ = scale;
@@ -334,6 +339,7 @@ void GradScaler::load_state_dict(const ScalerState& state) {
   // A copy of the old count still in flight is not the count any more (NOTE [Watching min_scale]).
   min_watch_.stale = min_watch_.pending;
   min_watch_.known = stats[3];
+  apply_spike_state(spike);
 }
 
 void GradScaler::save(torch::serialize::OutputArchive& archive) const {

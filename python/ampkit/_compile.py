@@ -90,8 +90,11 @@ def _define_ops() -> None:
 
     @torch.library.custom_op("ampkit::_scaler_scale_factor", mutates_args=())
     def _scaler_scale_factor(scaler: ScalerHandle, like: torch.Tensor) -> torch.Tensor:
-        """The scale on ``like``'s device (created there by the first call), as GradScaler.scale multiplies."""
-        return scaler.core.scale(_ones_like_scale(like))
+        """The scale on ``like``'s device (created there by the first call), as GradScaler.scale multiplies;
+        ``like`` is the tensor being scaled (detached): the loss that spike_skip watches."""
+        factor = scaler.core.scale_factor(like)
+        scaler.core.observe_loss(like)
+        return factor
 
     @_scaler_scale_factor.register_fake
     def _(scaler, like):

@@ -42,6 +42,36 @@ def _number(where: str, name: str, value: Any) -> float:
     return float(value)
 
 
+_SPIKE_KEYS = {"window": int, "sigmas": float, "warmup": int, "loss": bool, "grad_norm": bool}
+
+
+def _spike_options(where: str, spike_skip: Any) -> Optional[dict]:
+    """spike_skip as the C++ options take it (NOTE [Spike-aware skipping]): None/False off, True the defaults, or
+    a dict of some of window, sigmas, warmup, loss, grad_norm (ranges are checked in C++)."""
+    if spike_skip is None or spike_skip is False:
+        return None
+    if spike_skip is True:
+        return {}
+    if not isinstance(spike_skip, dict):
+        raise TypeError(f"{where}: spike_skip must be True, False, None or a dict of {', '.join(_SPIKE_KEYS)}, but "
+                        f"got {type(spike_skip).__name__}")
+    out = {}
+    for key, value in spike_skip.items():
+        kind = _SPIKE_KEYS.get(key)
+        if kind is None:
+            raise ValueError(f"{where}: spike_skip has no option {key!r}; the options are {', '.join(_SPIKE_KEYS)}")
+        if kind is bool:
+            _checks.flag(where, f"spike_skip[{key!r}]", value)
+        elif kind is int and (isinstance(value, bool) or not isinstance(value, int)):
+            raise TypeError(f"{where}: spike_skip[{key!r}] must be an int, but got {value!r}")
+        elif kind is int and not -2**63 <= value < 2**63:  # the C++ option's type; its range is checked there
+            raise ValueError(f"{where}: spike_skip[{key!r}] must fit a 64-bit int, but got {value}")
+        elif kind is float:
+            value = _number(where, f"spike_skip[{key!r}]", value)
+        out[key] = value
+    return out
+
+
 def _optimizer(where: str, optimizer: Any) -> torch.optim.Optimizer:
     if not isinstance(getattr(optimizer, "param_groups", None), list):
         raise TypeError(f"{where}: optimizer must be a torch.optim.Optimizer (something with param_groups), but got "
@@ -109,6 +139,7 @@ class GradScaler:
         raise_at_min_scale: bool = False,
         dynamic: bool = True,
         calibration_margin: float = 2.0,
+        spike_skip: Union[bool, dict, None] = None,
     ) -> None:
         where = "ampkit.GradScaler"
         if not isinstance(device, str):  # torch's GradScaler takes a device-type string
@@ -134,6 +165,7 @@ class GradScaler:
         for name, value in (("growth_interval", growth_interval), ("hysteresis", hysteresis)):
             if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 2**31 - 1:
                 raise ValueError(f"ampkit.GradScaler: {name} must be an int in [1, 2^31 - 1], but got {value!r}")
+        spike_skip = _spike_options(where, spike_skip)
         group_type = getattr(torch.distributed, "ProcessGroup", ())
         if process_group is not None and not isinstance(process_group, group_type):
             raise TypeError("ampkit.GradScaler: process_group must be a torch.distributed.ProcessGroup (e.g. "
@@ -154,6 +186,7 @@ class GradScaler:
             dynamic=dynamic,
             calibrate=calibrate,
             calibration_margin=float(calibration_margin),
+            spike_skip=spike_skip,
         )
         self._handle = _compile.ScalerHandle(self._core) if _compile.SUPPORTED else None
         self._options = dict(
@@ -161,7 +194,7 @@ class GradScaler:
             growth_interval=growth_interval, enabled=enabled, hysteresis=hysteresis, min_scale=min_scale,
             max_scale=max_scale, scaling=scaling, overflow_report=overflow_report,
             raise_at_min_scale=raise_at_min_scale, dynamic=dynamic,
-            calibration_margin=calibration_margin)
+            calibration_margin=calibration_margin, spike_skip=spike_skip)
         self._grouped = process_group is not None
         if calibrate:
             self._options["init_scale"] = "auto"
@@ -219,6 +252,12 @@ class GradScaler:
                              "process_group=<the group the shards are reduced over, e.g. "
                              "torch.distributed.group.WORLD>, so that every rank calibrates the same scale; pass "
                              "it to GradScaler, or give a numeric init_scale")
+        spike = self._options["spike_skip"]
+        if (spike is not None and spike.get("grad_norm", False)
+                and _dtensor.any_dtensor([p.grad for p in params if p.grad is not None])):
+            raise ValueError(f"ampkit.{where}: spike_skip with grad_norm=True measures the gradients this rank "
+                             "holds, and DTensor (FSDP2) shards are part of the norm only; use spike_skip={'loss': "
+                             "True, 'grad_norm': False} with FSDP2 (NOTE [Spike-aware skipping])")
 
     def _unscale(self, key: int, params: list[torch.Tensor]) -> None:
         # DTensor grads (FSDP2): the core unscales and checks the local shards; an Inf/NaN is seen only by the
@@ -237,6 +276,16 @@ class GradScaler:
             _dtensor.all_reduce_found_inf([found_inf, *self._core.found_inf_per_device(key)], params)
         return grad_scale, found_inf
 
+    def _check_spike_group(self, where: str) -> None:
+        """Each rank sees its own loss: several processes must all-reduce the decision (NOTE [Spike-aware
+        skipping]), else one rank skips while another steps and the replicas part."""
+        if (self._options["spike_skip"] is not None and not self._grouped and torch.distributed.is_available()
+                and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1):
+            raise ValueError(f"ampkit.{where}: spike_skip in a run of {torch.distributed.get_world_size()} "
+                             "processes needs process_group=<the group the ranks train in, e.g. "
+                             "torch.distributed.group.WORLD>, so that every rank takes the same decision; each "
+                             "rank sees only its own loss")
+
     def step(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Optional[float]:
         """Unscale (unless :meth:`unscale_` ran) and run ``optimizer.step(*args, **kwargs)`` unless a grad held
         Inf/NaN. Optimizers with ``_step_supports_amp_scaling`` get ``grad_scale``/``found_inf`` and skip on the
@@ -246,6 +295,7 @@ class GradScaler:
         if "closure" in kwargs:
             raise RuntimeError("Closure use is not currently supported if GradScaler is enabled.")
         _optimizer("GradScaler.step", optimizer)
+        self._check_spike_group("GradScaler.step")
         # A framework's wrapper is stepped as given; the scaler's bookkeeping and the grad_scale/found_inf
         # hand-over are the optimizer's inside it, which reads them.
         inner = _unwrapped(optimizer)
@@ -496,7 +546,9 @@ class GradScaler:
 
     def _check_inf_per_device(self, optimizer: torch.optim.Optimizer) -> dict:
         optimizer = _unwrapped(_optimizer("GradScaler._check_inf_per_device", optimizer))
-        self._prepare_fused_step(id(optimizer), _params(optimizer))
+        _, found_inf = self._prepare_fused_step(id(optimizer), _params(optimizer))
+        if self._options["spike_skip"] is not None:  # the flag the step decides on: overflows and a spike
+            return {found_inf.device: found_inf}
         return self._found_inf_per_device(optimizer)
 
     def _found_inf_per_device(self, optimizer: torch.optim.Optimizer) -> dict:
@@ -515,7 +567,8 @@ class GradScaler:
                                                           "growth_interval", "enabled")},
                       **{k: options[k] for k in ("hysteresis", "min_scale", "max_scale", "scaling",
                                                  "overflow_report", "raise_at_min_scale")},
-                      dynamic=options.get("dynamic", True), calibration_margin=options.get("calibration_margin", 2.0))
+                      dynamic=options.get("dynamic", True), calibration_margin=options.get("calibration_margin", 2.0),
+                      spike_skip=options.get("spike_skip"))
         if state["state"]:
             self.load_state_dict(state["state"])
 

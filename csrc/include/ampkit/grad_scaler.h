@@ -37,6 +37,25 @@ class AMPKIT_API AmpScalingOptimizer {
   virtual void set_amp_scaling(at::Tensor grad_scale, at::Tensor found_inf) = 0;
 };
 
+// Options of spike-aware skipping (NOTE [Spike-aware skipping] in csrc/scaler/scaler_spike.cpp): a step whose loss
+// or gradient norm is far above its recent history is skipped as an overflowed one is, on the device, without
+// backing off the scale. Defaults as OLMo-core's SkipStepOptimizer. GradScalerOptions().spike_skip(
+// SpikeSkipOptions().sigmas(6)); Python: GradScaler(spike_skip=True) or spike_skip={"sigmas": 6, ...}.
+struct AMPKIT_API SpikeSkipOptions {
+  // Values kept per signal (>= 2): a step's value is judged against the mean and sample σ of the last `window`.
+  TORCH_ARG(int64_t, window) = 128;
+  // A value above mean + sigmas * σ is a spike (finite, > 0).
+  TORCH_ARG(double, sigmas) = 6.0;
+  // No step is skipped before the window holds this many values of a signal (in [2, window]; none: 64, or the
+  // window when it is shorter).
+  TORCH_ARG(std::optional<int64_t>, warmup) = std::nullopt;
+  // The signals: the loss handed to scale() (summed over the scale() calls before the iteration's first step),
+  // and the L2 norm of the unscaled gradients of the optimizer whose step decides first (with ampkit's optimizers
+  // computed by the inf check's pass; after unscale_ or with torch::optim ones, one extra read of the grads).
+  TORCH_ARG(bool, loss) = true;
+  TORCH_ARG(bool, grad_norm) = false;
+};
+
 // Options of GradScaler; LibTorch TORCH_ARG style: GradScalerOptions().init_scale(1024).hysteresis(2).
 struct AMPKIT_API GradScalerOptions {
   // Initial scale factor.
@@ -72,6 +91,8 @@ struct AMPKIT_API GradScalerOptions {
   // Headroom of the calibrated scale in powers of two (finite, >= 0): the largest gradient lands at or below
   // 65504 / 2^calibration_margin.
   TORCH_ARG(double, calibration_margin) = 2.0;
+  // Spike-aware skipping; none by default.
+  TORCH_ARG(std::optional<SpikeSkipOptions>, spike_skip) = std::nullopt;
   // Record, per step, which parameters held Inf/NaN gradients (see GradScaler::overflow_report).
   TORCH_ARG(bool, overflow_report) = false;
   // found_inf is all-reduced (MAX) over this group before the skip decision, so all ranks skip together.
@@ -101,6 +122,7 @@ struct GradScalerStats {
   int64_t skipped_steps = 0;       // of those, steps whose grads held Inf/NaN
   int64_t last_overflow_step = 0;  // number (1-based) of the last skipped step; 0: none yet
   int64_t overflows_at_min_scale = 0;
+  int64_t spike_skipped_steps = 0;  // steps skipped for a spike alone (not counted in skipped_steps)
   double scale = 1.0;
   int64_t growth_tracker = 0;
   int64_t hysteresis_tracker = 0;
@@ -116,6 +138,11 @@ class AMPKIT_API GradScaler {
   // outputs * scale (the scale tensor is created on the first call, on the outputs' device).
   at::Tensor scale(const at::Tensor& outputs);
   std::vector<at::Tensor> scale(const std::vector<at::Tensor>& outputs);
+  // For a caller that multiplies by the scale itself (a compiled step): the scale as a new 0-dim tensor on like's
+  // device (the state is created there on the first call, as scale() creates it), and the loss that spike_skip
+  // watches, which scale() notes on its own (NOTE [Spike-aware skipping]).
+  at::Tensor scale_factor(const at::Tensor& like);
+  void observe_loss(const at::Tensor& loss);
   // Divides the optimizer's grads by the scale in place and records Inf/NaN, once per step and optimizer.
   void unscale_(torch::optim::Optimizer& optimizer);
   // Unscales (unless unscale_ ran), then runs optimizer.step() unless a grad held Inf/NaN (reads found_inf on
@@ -168,8 +195,9 @@ class AMPKIT_API GradScaler {
 
   // torch.amp.GradScaler's keys (scale, growth_factor, backoff_factor, growth_interval, _growth_tracker) with
   // double/int values, plus ampkit's (hysteresis, _hysteresis_tracker, min_scale, max_scale, steps,
-  // skipped_steps, last_overflow_step, _overflows_at_min_scale, and the bools scaling and dynamic). Empty when
-  // disabled.
+  // skipped_steps, last_overflow_step, _overflows_at_min_scale, and the bools scaling and dynamic; with spike_skip:
+  // spike_skipped_steps and, per signal, _spike_<loss|grad_norm>_history (its window, oldest first) and
+  // _spike_<loss|grad_norm>_count). Empty when disabled.
   ScalerState state_dict() const;
   // Loads torch's or ampkit's state; validates everything first: on error nothing changes. A state whose scaling
   // or dynamic differs from this scaler's options is refused (states without them, torch's, load as they are).
@@ -239,7 +267,7 @@ class AMPKIT_API GradScaler {
   };
 
   // What a reused device buffer holds (see NOTE [Scaler buffers] in scaler_buffers.cpp).
-  enum class BufferRole : uint8_t { kFoundInf, kCombined, kUpdate, kReportFlag, kExternal };
+  enum class BufferRole : uint8_t { kFoundInf, kCombined, kUpdate, kReportFlag, kExternal, kSpikeStep };
   struct BufferKey {
     int64_t optimizer;  // the optimizer's key; 0: the scaler's own
     at::DeviceType device_type;
@@ -309,6 +337,25 @@ class AMPKIT_API GradScaler {
   void note_calibration_amax(const std::vector<at::Tensor>& grads, bool scaled);
   void apply_calibration(const at::Tensor& found_inf);
   void check_new_scale_allowed() const;
+  // NOTE [Spike-aware skipping]: the loss joins the iteration's value (scale()); the iteration's decision, taken
+  // at its first step from `grads` (scaled: still multiplied by the scale), FP32 0-dim, 1 for a spike (undefined
+  // without spike_skip); update() counts it and pushes the values it was taken on.
+  void note_spike_loss(const at::Tensor& outputs);
+  at::Tensor spike_flag(const std::vector<at::Tensor>& grads, bool scaled);
+  // Whether a read-only check of these grads should be the gradient-norm pass (the decision still to take).
+  bool spike_norm_in_check(const std::vector<at::Tensor>& grads) const;
+  void end_spike_iteration(const at::Tensor& overflow);
+  void spike_state(ScalerState& state) const;
+  struct SpikeLoad {  // a state's spike entries, checked
+    int64_t skipped = 0;
+    std::vector<double> history[2];
+    int64_t count[2] = {0, 0};
+  };
+  SpikeLoad check_spike_state(const ScalerState& state) const;
+  void apply_spike_state(const SpikeLoad& load);
+  // Creates the windows and the count on `device` from the loaded or initial values; keep_iteration: the decision
+  // and values of the iteration in progress stay (a load_state_dict in mid-iteration).
+  void init_spike_state(const at::Device& device, bool keep_iteration = false);
   // Ends an iteration: releases the buffers it did not use (optimizers that left, streams no longer used).
   void end_iteration();
 
@@ -355,6 +402,17 @@ class AMPKIT_API GradScaler {
   std::unordered_map<const void*, NamedParam> param_names_;
   std::vector<ReportEntry> last_report_;  // the overflow-report flags of the last update()'s step
   mutable bool warned_at_min_ = false;
+  struct SpikeSignal {
+    at::Tensor history;  // FP32 [window] on the scale's device, a ring; NaN: empty or a non-finite value
+    int64_t count = 0;   // values pushed so far (the next goes to count % window)
+    int64_t filled = 0;  // slots of the window that hold a pushed value (the warm-up counts these)
+    at::Tensor value;    // this iteration's, FP32 0-dim (undefined: none seen yet)
+    std::vector<double> init_history;  // loaded before the device state existed, oldest first
+  };
+  SpikeSignal spike_signals_[2];  // the loss, the gradient norm
+  at::Tensor spike_flag_;         // this iteration's decision (undefined: not taken yet)
+  at::Tensor spike_skipped_;      // int64 0-dim
+  int64_t init_spike_skipped_ = 0;
 };
 
 // torch::save(scaler, path) / torch::load(scaler, path).
