@@ -1,5 +1,7 @@
-// The pybind11 module ampkit._C. It binds ampkit's C++ classes only: the ops reach Python through the
-// dispatcher (torch.ops.ampkit.*), registered when this module's dependency libampkit is loaded.
+// The pybind11 module ampkit._C: assembles the component bindings (bind_scaler.cpp, bind_autocast.cpp,
+// bind_monitor.cpp; shared helpers in binding.h) and holds, for now, the optimizer bridge of ampkit.optim (Python
+// groups to core::GroupConfig, borrowed states) and the GradientAllReduce binding. The ops reach Python through
+// the dispatcher (torch.ops.ampkit.*), registered when this module's dependency libampkit is loaded.
 #include <ATen/PythonTorchFunctionTLS.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/extension.h>
@@ -9,11 +11,15 @@
 
 #include "ampkit/ampkit.h"
 #include "../optim/borrowed_tensors.h"
+#include "binding.h"
 #include "tensor_hparams.h"
 
 namespace py = pybind11;
 
 namespace {
+
+using ampkit::python::GilFreeDelete;
+using ampkit::python::guarded;
 
 // NOTE [State lookups by known hash]
 // torch.Tensor.__hash__ is a Python method (`return id(self)`), so a dict lookup keyed by a parameter calls into
@@ -67,104 +73,10 @@ int plain_type(PyObject* item, const py::tuple& types) {
   return -1;
 }
 
-// A scaler state to a Python dict (plain floats, ints and None, as torch.amp.GradScaler's).
-py::dict to_py(const ampkit::ScalerState& state) {
-  py::dict d;
-  for (const auto& [key, v] : state) {
-    if (v.isDouble()) {
-      d[py::str(key)] = py::float_(v.toDouble());
-    } else if (v.isInt()) {
-      d[py::str(key)] = py::int_(v.toInt());
-    } else if (v.isBool()) {
-      d[py::str(key)] = py::bool_(v.toBool());
-    } else if (v.isDoubleList()) {
-      d[py::str(key)] = py::cast(v.toDoubleVector());
-    } else {
-      d[py::str(key)] = py::none();
-    }
-  }
-  return d;
-}
 
-// A Python mapping to a scaler state; values must be numbers, bools or None (the C++ side checks ranges).
-ampkit::ScalerState from_py(const py::dict& d) {
-  ampkit::ScalerState state;
-  for (const auto& item : d) {
-    const std::string key = py::str(item.first);
-    const py::handle v = item.second;
-    if (v.is_none()) {
-      state.emplace_back(key, c10::IValue());
-    } else if (py::isinstance<py::bool_>(v)) {
-      state.emplace_back(key, c10::IValue(v.cast<bool>()));
-    } else if (py::isinstance<py::int_>(v)) {
-      state.emplace_back(key, c10::IValue(v.cast<int64_t>()));
-    } else if (py::isinstance<py::float_>(v)) {
-      state.emplace_back(key, c10::IValue(v.cast<double>()));
-    } else if (py::isinstance<py::list>(v) || py::isinstance<py::tuple>(v)) {
-      std::vector<double> values;
-      for (const py::handle x : v) {
-        if (!(py::isinstance<py::float_>(x) || py::isinstance<py::int_>(x)) || py::isinstance<py::bool_>(x)) {
-          throw py::type_error("GradScaler.load_state_dict: '" + key + "' must hold numbers, but holds a " +
-                               std::string(py::str(py::type::of(x).attr("__name__"))));
-        }
-        values.push_back(x.cast<double>());
-      }
-      state.emplace_back(key, c10::IValue(values));
-    } else if (THPVariable_Check(v.ptr()) && THPVariable_Unpack(v.ptr()).numel() == 1) {
-      // torch.amp.GradScaler fills its tensors from whatever .fill_ takes: accept one-element tensors too.
-      const at::Tensor t = THPVariable_Unpack(v.ptr());
-      state.emplace_back(key, t.is_floating_point() ? c10::IValue(t.item<double>()) : c10::IValue(t.item<int64_t>()));
-    } else {
-      throw py::type_error("GradScaler.load_state_dict: '" + key + "' must be a number, a list of numbers or None, "
-                           "but got " +
-                           std::string(py::str(py::type::of(v))));
-    }
-  }
-  return state;
-}
 
-py::dict stats_to_py(const ampkit::GradScalerStats& s) {
-  py::dict d;
-  d["steps"] = s.steps;
-  d["skipped_steps"] = s.skipped_steps;
-  d["last_overflow_step"] = s.last_overflow_step > 0 ? py::object(py::int_(s.last_overflow_step)) : py::object(py::none());
-  d["scale"] = s.scale;
-  d["growth_tracker"] = s.growth_tracker;
-  d["hysteresis_tracker"] = s.hysteresis_tracker;
-  d["overflows_at_min_scale"] = s.overflows_at_min_scale;
-  d["spike_skipped_steps"] = s.spike_skipped_steps;
-  return d;
-}
 
-py::object optional_tensor(const at::Tensor& t) {
-  return t.defined() ? py::cast(t) : py::object(py::none());
-}
 
-// Runs f under torch's warning handler (TORCH_WARN becomes a Python warning) and translates errors: c10 errors
-// keep their Python types (ValueError, TypeError, ...), ScalerAssertionError becomes AssertionError (where
-// torch.amp.GradScaler raises one).
-template <typename F>
-decltype(auto) guarded(F&& f) {
-  try {
-    torch::PyWarningHandler warnings;
-    try {
-      return f();
-    } catch (...) {
-      warnings.set_in_exception();
-      throw;
-    }
-  } catch (py::error_already_set&) {
-    throw;
-  } catch (py::builtin_exception&) {
-    throw;
-  } catch (const ampkit::ScalerAssertionError& e) {
-    PyErr_SetString(PyExc_AssertionError, e.python_message());
-    throw py::error_already_set();
-  } catch (const std::exception&) {
-    torch::translate_exception_to_python(std::current_exception());
-    throw py::error_already_set();
-  }
-}
 
 namespace core = ampkit::optim::core;
 
@@ -299,19 +211,6 @@ void state_to_py(const c10::TensorImpl* const* before, const core::ParamState& a
   }
 }
 
-// A holder whose deleter releases the GIL while the object is destroyed.
-template <typename T>
-struct GilFreeDelete {
-  void operator()(T* p) const {
-    if (PyGILState_Check()) {
-      const py::gil_scoped_release release;
-      delete p;
-    } else {
-      delete p;
-    }
-  }
-  using Ptr = std::unique_ptr<T, GilFreeDelete>;
-};
 
 // NOTE [update_scale_ by position]
 // ampkit.ops.update_scale_ runs once per iteration, on three one-element tensors: through torch.ops its call costs
@@ -654,226 +553,7 @@ PYBIND11_MODULE(_C, m) {
     return guarded([&] { return core::loaded_entry(name, value, p); });
   });
 
-  using ampkit::GradScaler;
-  using Params = std::vector<at::Tensor>;
-  // Destroyed without the GIL, as GradientAllReduce: it may hold the last reference to a process group.
-  py::class_<GradScaler, GilFreeDelete<GradScaler>::Ptr>(m, "GradScaler")
-      .def(py::init([](double init_scale, double growth_factor, double backoff_factor, int64_t growth_interval,
-                       bool enabled, int64_t hysteresis, std::optional<double> min_scale,
-                       std::optional<double> max_scale, bool raise_at_min_scale, bool scaling, bool overflow_report,
-                       py::object process_group, bool dynamic, bool calibrate, double calibration_margin,
-                       const std::optional<py::dict>& spike_skip) {
-             ampkit::GradScalerOptions o;
-             o.init_scale(init_scale)
-                 .growth_factor(growth_factor)
-                 .backoff_factor(backoff_factor)
-                 .growth_interval(growth_interval)
-                 .enabled(enabled)
-                 .hysteresis(hysteresis)
-                 .min_scale(min_scale)
-                 .max_scale(max_scale)
-                 .raise_at_min_scale(raise_at_min_scale)
-                 .scaling(scaling)
-                 .dynamic(dynamic)
-                 .calibrate(calibrate)
-                 .calibration_margin(calibration_margin)
-                 .overflow_report(overflow_report);
-             if (!process_group.is_none()) {
-               o.process_group(process_group.cast<c10::intrusive_ptr<c10d::ProcessGroup>>());
-             }
-             if (spike_skip) {  // keys and types checked by ampkit.GradScaler; ranges by the C++ options check
-               ampkit::SpikeSkipOptions so;
-               const py::dict& d = *spike_skip;
-               if (d.contains("window")) {
-                 so.window(d["window"].cast<int64_t>());
-               }
-               if (d.contains("sigmas")) {
-                 so.sigmas(d["sigmas"].cast<double>());
-               }
-               if (d.contains("warmup")) {
-                 so.warmup(d["warmup"].cast<int64_t>());
-               }
-               if (d.contains("loss")) {
-                 so.loss(d["loss"].cast<bool>());
-               }
-               if (d.contains("grad_norm")) {
-                 so.grad_norm(d["grad_norm"].cast<bool>());
-               }
-               o.spike_skip(so);
-             }
-             return guarded([&] { return GilFreeDelete<GradScaler>::Ptr(new GradScaler(o)); });
-           }),
-           py::arg("init_scale"), py::arg("growth_factor"), py::arg("backoff_factor"), py::arg("growth_interval"),
-           py::arg("enabled"), py::arg("hysteresis"), py::arg("min_scale"), py::arg("max_scale"),
-           py::arg("raise_at_min_scale"), py::arg("scaling"), py::arg("overflow_report"), py::arg("process_group"),
-           py::arg("dynamic") = true, py::arg("calibrate") = false, py::arg("calibration_margin") = 2.0,
-           py::arg("spike_skip") = py::none())
-      .def("scale", [](GradScaler& s, const at::Tensor& t) { return guarded([&] { return s.scale(t); }); })
-      .def("scale_factor", [](GradScaler& s, const at::Tensor& t) { return guarded([&] { return s.scale_factor(t); }); })
-      .def("observe_loss", [](GradScaler& s, const at::Tensor& t) { guarded([&] { s.observe_loss(t); }); })
-      .def("unscale_params_",
-           [](GradScaler& s, int64_t key, const Params& p, const std::optional<Params>& g) {
-             guarded([&] { g ? s.unscale_params_(key, p, *g) : s.unscale_params_(key, p); });
-           }, py::arg("key"), py::arg("params"), py::arg("grads") = py::none())
-      .def("begin_step", [](const GradScaler& s, int64_t key) { guarded([&] { s.begin_step(key); }); })
-      .def("prepare_step",
-           [](GradScaler& s, int64_t key, const Params& p) { return guarded([&] { return s.prepare_step(key, p); }); })
-      .def("prepare_fused_step",
-           [](GradScaler& s, int64_t key, const Params& p, const std::optional<Params>& g) {
-             auto [grad_scale, found_inf] =
-                 guarded([&] { return g ? s.prepare_fused_step(key, p, *g) : s.prepare_fused_step(key, p); });
-             return py::make_tuple(optional_tensor(grad_scale), found_inf);
-           }, py::arg("key"), py::arg("params"), py::arg("grads") = py::none())
-      .def("mark_stepped", &GradScaler::mark_stepped)
-      .def("record_unscaled_grads",
-           [](GradScaler& s, const at::Tensor& found_inf) { guarded([&] { s.record_unscaled_grads(found_inf); }); })
-      .def("unscale_factor",
-           [](GradScaler& s, const std::string& device) {
-             return guarded([&] { return s.unscale_factor(c10::Device(device)); });
-           })
-      .def("grads_unscaled_outside", &GradScaler::grads_unscaled_outside)
-      .def("in_iteration", &GradScaler::in_iteration)
-      .def("stage", [](const GradScaler& s, int64_t key) { return static_cast<int>(s.stage(key)); })
-      .def("found_inf_per_device", &GradScaler::found_inf_per_device)
-      .def("update", [](GradScaler& s) { guarded([&] { s.update(); }); })
-      .def("update_to", [](GradScaler& s, double v) { guarded([&] { s.update(v); }); })
-      .def("update_to_tensor", [](GradScaler& s, const at::Tensor& v) { guarded([&] { s.update(v); }); })
-      .def("get_scale", [](const GradScaler& s) { return guarded([&] { return s.get_scale(); }); })
-      .def("get_scale_async", [](const GradScaler& s) { return optional_tensor(s.get_scale_async()); })
-      .def("last_step_ran", [](const GradScaler& s) { return optional_tensor(s.last_step_ran()); })
-      .def("last_step_ran_of", [](const GradScaler& s, int64_t key) { return optional_tensor(s.last_step_ran(key)); })
-      .def("get_growth_factor", &GradScaler::get_growth_factor)
-      .def("set_growth_factor", &GradScaler::set_growth_factor)
-      .def("get_backoff_factor", &GradScaler::get_backoff_factor)
-      .def("set_backoff_factor", &GradScaler::set_backoff_factor)
-      .def("get_growth_interval", &GradScaler::get_growth_interval)
-      .def("set_growth_interval", &GradScaler::set_growth_interval)
-      .def("get_growth_tracker", [](const GradScaler& s) { return guarded([&] { return s.get_growth_tracker(); }); })
-      .def("init_scale", &GradScaler::init_scale)
-      .def("init_growth_tracker", &GradScaler::init_growth_tracker)
-      .def("get_growth_tracker_async",
-           [](const GradScaler& s) { return optional_tensor(s.get_growth_tracker_async()); })
-      .def("lazy_init_state",
-           [](GradScaler& s, const std::string& device) { guarded([&] { s.lazy_init_state(at::Device(device)); }); })
-      .def("is_enabled", &GradScaler::is_enabled)
-      .def("stats", [](const GradScaler& s) { return stats_to_py(guarded([&] { return s.stats(); })); })
-      .def("overflow_report", [](const GradScaler& s) { return guarded([&] { return s.overflow_report(); }); })
-      .def("set_parameter_names", &GradScaler::set_parameter_names)
-      .def("state_dict", [](const GradScaler& s) { return to_py(guarded([&] { return s.state_dict(); })); })
-      .def("load_state_dict",
-           [](GradScaler& s, const py::dict& d) {
-             const ampkit::ScalerState state = from_py(d);
-             guarded([&] { s.load_state_dict(state); });
-           })
-      .def("save",
-           [](const GradScaler& s, const std::string& path) {
-             guarded([&] {
-               torch::serialize::OutputArchive archive;
-               s.save(archive);
-               archive.save_to(path);
-             });
-           })
-      .def("load", [](GradScaler& s, const std::string& path) {
-        guarded([&] {
-          torch::serialize::InputArchive archive;
-          archive.load_from(path);
-          s.load(archive);
-        });
-      });
-
-  // ---- autocast ----
-  auto device_of = [](const std::string& device_type) { return c10::Device(device_type).type(); };
-  m.def("_push_autocast_overrides",
-        [device_of](const std::string& device_type, const std::vector<std::string>& fp32_ops,
-                    const std::vector<std::string>& lowp_ops) {
-          guarded([&] { ampkit::push_autocast_overrides(device_of(device_type), {fp32_ops, lowp_ops}); });
-        });
-  m.def("_pop_autocast_overrides", [] { guarded([] { ampkit::pop_autocast_overrides(); }); });
-  m.def(
-      "register_autocast",
-      [device_of](const std::string& op, const std::string& device_type, const std::string& policy) {
-        ampkit::AutocastPolicy p;
-        if (policy == "lowp") {
-          p = ampkit::AutocastPolicy::kLowerPrecision;
-        } else if (policy == "fp32") {
-          p = ampkit::AutocastPolicy::kFp32;
-        } else if (policy == "promote") {
-          p = ampkit::AutocastPolicy::kPromote;
-        } else {
-          throw py::value_error("register_autocast: policy must be 'lowp', 'fp32' or 'promote', but got '" + policy +
-                                "'");
-        }
-        guarded([&] { ampkit::register_autocast(op, device_of(device_type), p); });
-      },
-      py::arg("op"), py::arg("device_type"), py::arg("policy"));
-  m.def(
-      "precision_support",
-      [](const std::string& device) {
-        const ampkit::PrecisionSupport s = guarded([&] { return ampkit::precision_support(c10::Device(device)); });
-        py::dict d;
-        d["fp16"] = s.fp16;
-        d["bf16"] = s.bf16;
-        d["fp16_fast"] = s.fp16_fast;
-        d["bf16_fast"] = s.bf16_fast;
-        d["lowp_dtype"] = std::string(c10::toString(s.lowp_dtype));
-        d["fast"] = s.fast;
-        d["recommended"] = std::string(c10::toString(s.recommended));
-        d["reason"] = s.reason;
-        return d;
-      },
-      py::arg("device"), "ampkit::precision_support as a dict (dtypes by their c10 names).");
-  m.def(
-      "autocast_dtype_advice",
-      [](const std::string& device, bool half) {
-        return guarded([&] {
-          const c10::Device d(device);
-          return ampkit::autocast_dtype_advice(d.type(), half ? c10::kHalf : c10::kBFloat16,
-                                               ampkit::precision_support(d));
-        });
-      },
-      py::arg("device"), py::arg("half"));
-  // ampkit::GradStatsLog (C++ programs' JSON lines), bound so that the tests read its lines from Python.
-  py::class_<ampkit::GradStatsLog>(m, "GradStatsLog")
-      .def(py::init([](const std::string& path, int64_t every) {
-             return guarded([&] { return std::make_unique<ampkit::GradStatsLog>(path, every); });
-           }),
-           py::arg("path"), py::arg("every") = 100)
-      .def(
-          "log",
-          [](ampkit::GradStatsLog& self, int64_t step,
-             const std::vector<std::pair<std::string, at::Tensor>>& named_parameters, GradScaler* scaler,
-             bool grads_scaled) {
-            torch::OrderedDict<std::string, at::Tensor> named;
-            for (const auto& [name, p] : named_parameters) {
-              named.insert(name, p);
-            }
-            return guarded([&] { return self.log(step, named, scaler, grads_scaled); });
-          },
-          py::arg("step"), py::arg("named_parameters"), py::arg("scaler") = nullptr, py::arg("grads_scaled") = true);
-
-  py::class_<ampkit::OpStatsGuard>(m, "OpStatsGuard")
-      .def(py::init([](bool include_backward) {
-             return guarded([&] { return std::make_unique<ampkit::OpStatsGuard>(include_backward); });
-           }),
-           py::arg("include_backward") = false)
-      .def("counts", [](const ampkit::OpStatsGuard& g) {
-        py::dict d;
-        for (const auto& [key, n] : g.counts()) {
-          d[py::make_tuple(key.first, key.second)] = n;
-        }
-        return d;
-      });
-
-  m.def(
-      "read_scaler_state", [](const std::string& path) { return to_py(guarded([&] { return GradScaler::read_state(path); })); },
-      "The state of a GradScaler checkpoint file (torch::save(scaler, path) in C++, GradScaler.save in Python) as "
-      "a state_dict that torch.amp.GradScaler.load_state_dict accepts.");
-  m.def(
-      "write_scaler_state",
-      [](const py::dict& d, const std::string& path) {
-        const ampkit::ScalerState state = from_py(d);
-        guarded([&] { GradScaler::write_state(state, path); });
-      },
-      "Writes a state_dict (torch.amp.GradScaler's or ampkit's) as a checkpoint file that torch::load(scaler, path) "
-      "reads in C++.");
+  ampkit::python::bind_scaler(m);
+  ampkit::python::bind_autocast(m);
+  ampkit::python::bind_monitor(m);
 }

@@ -1,0 +1,65 @@
+// What the component bindings of ampkit._C share (module.cpp assembles them): the error translation every bound
+// call goes through, the holder that releases the GIL on destruction, and the Python view of optional tensors.
+#pragma once
+
+#include <torch/csrc/Exceptions.h>
+#include <torch/extension.h>
+
+#include <memory>
+
+#include "ampkit/grad_scaler.h"
+
+namespace ampkit::python {
+
+namespace py = pybind11;
+
+// Runs f under torch's warning handler (TORCH_WARN becomes a Python warning) and translates errors: c10 errors
+// keep their Python types (ValueError, TypeError, ...), ScalerAssertionError becomes AssertionError (where
+// torch.amp.GradScaler raises one).
+template <typename F>
+decltype(auto) guarded(F&& f) {
+  try {
+    torch::PyWarningHandler warnings;
+    try {
+      return f();
+    } catch (...) {
+      warnings.set_in_exception();
+      throw;
+    }
+  } catch (py::error_already_set&) {
+    throw;
+  } catch (py::builtin_exception&) {
+    throw;
+  } catch (const ampkit::ScalerAssertionError& e) {
+    PyErr_SetString(PyExc_AssertionError, e.python_message());
+    throw py::error_already_set();
+  } catch (const std::exception&) {
+    torch::translate_exception_to_python(std::current_exception());
+    throw py::error_already_set();
+  }
+}
+
+// A holder whose deleter releases the GIL while the object is destroyed.
+template <typename T>
+struct GilFreeDelete {
+  void operator()(T* p) const {
+    if (PyGILState_Check()) {
+      const py::gil_scoped_release release;
+      delete p;
+    } else {
+      delete p;
+    }
+  }
+  using Ptr = std::unique_ptr<T, GilFreeDelete>;
+};
+
+inline py::object optional_tensor(const at::Tensor& t) {
+  return t.defined() ? py::cast(t) : py::object(py::none());
+}
+
+// The component bindings, each in its own file.
+void bind_scaler(py::module_& m);    // bind_scaler.cpp: GradScaler, scaler checkpoints
+void bind_autocast(py::module_& m);  // bind_autocast.cpp: overrides, register_autocast, precision_support
+void bind_monitor(py::module_& m);   // bind_monitor.cpp: GradStatsLog, OpStatsGuard
+
+}  // namespace ampkit::python
