@@ -164,8 +164,8 @@ build() {
   (cd /tmp && "$PY" -c "import ampkit, torch; print('ampkit', ampkit.build_info())")
 }
 export -f build
-# Expected: the dry runs of 2026-12-05 built this in 251 s (torch 2.13) and 526 s (2.11, beside other builds) on
-# 2 cores, cold: 31-66 s on 16 (bench/results/2026-12-05_dry-run_gpu-check_torch-2.13.0_2.11.0.txt).
+# Expected: the dry runs of 2026-12-05 built this in 290 s (torch 2.13) and 264 s (2.11) on 2 cores, cold: about
+# 35 s on 16, plus configure and link (bench/results/2026-12-05_dry-run_gpu-check_torch-2.13.0_2.11.0.txt).
 step "build (sm_$AMPKIT_CUDA_ARCHS: libampkit, ampkit._C, cuda tests)" 70 330 0 build.log build
 printf '%s\n' "${status[@]}" | grep -q "^FAIL build" && BUILD_OK=0
 
