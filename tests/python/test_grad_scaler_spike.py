@@ -237,6 +237,7 @@ def _spike_worker(rank: int, world: int, store_path: str, grouped: bool, results
         except ValueError as e:
             results[rank] = str(e)
     finally:
+        scaler = opt = None  # the scaler holds the group: released before it is destroyed
         dist.destroy_process_group()
 
 
