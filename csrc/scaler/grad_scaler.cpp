@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "ampkit/ops.h"
+#include "scaler_internal.h"
 
 namespace ampkit {
 namespace {
@@ -221,15 +222,7 @@ void GradScaler::record_checks(int64_t key, const std::vector<at::Tensor>& param
     }
   }
   // One call per device (ampkit's ops take mixed dtypes), in order of first appearance.
-  std::vector<std::pair<at::Device, std::vector<at::Tensor>>> per_device;
-  for (const auto& g : grads) {
-    auto it = std::find_if(per_device.begin(), per_device.end(), [&](const auto& e) { return e.first == g.device(); });
-    if (it == per_device.end()) {
-      per_device.emplace_back(g.device(), std::vector<at::Tensor>{});
-      it = std::prev(per_device.end());
-    }
-    it->second.push_back(g);
-  }
+  detail::DeviceLists per_device = detail::by_device(grads);
   // The optimizer's entry is made only once the ops have passed their checks: an op that refuses its grads (an
   // overlapping grad, say) leaves the scaler outside an iteration, as it was.
   std::vector<std::pair<at::Device, at::Tensor>> found_inf;

@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "ampkit/grad_scaler.h"
+#include "scaler_internal.h"
 
 namespace ampkit {
 
@@ -31,19 +32,13 @@ void GradScaler::note_calibration_amax(const std::vector<at::Tensor>& grads, boo
   if (!calibration_amax_.defined()) {
     calibration_amax_ = at::zeros({}, scale_.options());
   }
-  std::vector<std::pair<at::Device, std::vector<at::Tensor>>> per_device;
+  std::vector<at::Tensor> measured;
   for (const at::Tensor& g : grads) {
-    if (g.numel() == 0) {
-      continue;  // no element to measure (and _foreach_norm's inf norm refuses empty tensors)
+    if (g.numel() != 0) {  // no element to measure (and _foreach_norm's inf norm refuses empty tensors)
+      measured.push_back(g);
     }
-    auto it = std::find_if(per_device.begin(), per_device.end(), [&](const auto& e) { return e.first == g.device(); });
-    if (it == per_device.end()) {
-      per_device.emplace_back(g.device(), std::vector<at::Tensor>{});
-      it = std::prev(per_device.end());
-    }
-    it->second.push_back(g);
   }
-  for (const auto& [d, list] : per_device) {
+  for (const auto& [d, list] : detail::by_device(measured)) {
     at::Tensor amax = at::stack(at::_foreach_norm(list, std::numeric_limits<double>::infinity()))
                           .to(at::kFloat)
                           .max();

@@ -11,7 +11,7 @@
 #include "ampkit/grad_scaler.h"
 #include "ampkit/ops.h"
 #include "capture.h"
-#include "state_entries.h"
+#include "scaler_internal.h"
 
 namespace ampkit {
 
@@ -128,25 +128,17 @@ at::Tensor GradScaler::spike_flag(const std::vector<at::Tensor>& grads, bool sca
               "skipping]); capture without spike_skip");
   if (o.grad_norm() && !spike_signals_[1].value.defined()) {  // else the check computed it
     // Per device, then the root of the summed squares on the scale's device.
-    std::vector<std::pair<at::Device, std::vector<at::Tensor>>> per_device;
+    std::vector<at::Tensor> measured;
     for (const at::Tensor& g : grads) {
       if (!g.defined() || g.numel() == 0) {
         continue;
       }
-      at::Tensor values = g.is_sparse() ? g.coalesce()._values() : g;
-      if (values.scalar_type() == at::kDouble) {
-        values = values.to(at::kFloat);  // grad_norm reads FP16, BF16 and FP32
-      }
-      auto it = std::find_if(per_device.begin(), per_device.end(),
-                             [&](const auto& e) { return e.first == values.device(); });
-      if (it == per_device.end()) {
-        per_device.emplace_back(values.device(), std::vector<at::Tensor>{});
-        it = std::prev(per_device.end());
-      }
-      it->second.push_back(values);
+      const at::Tensor values = g.is_sparse() ? g.coalesce()._values() : g;
+      // grad_norm reads FP16, BF16 and FP32
+      measured.push_back(values.scalar_type() == at::kDouble ? values.to(at::kFloat) : values);
     }
     at::Tensor sum_sq = at::zeros({}, scale_.options());
-    for (const auto& [d, list] : per_device) {
+    for (const auto& [d, list] : detail::by_device(measured)) {
       const at::Tensor norm = grad_norm(list, scaled ? std::optional<at::Tensor>(scale_.to(d)) : std::nullopt);
       sum_sq = sum_sq + norm.reshape({}).to(device, /*non_blocking=*/true).square();
     }

@@ -10,7 +10,7 @@
 #include <sstream>
 
 #include "ampkit/grad_scaler.h"
-#include "state_entries.h"
+#include "scaler_internal.h"
 
 namespace ampkit {
 namespace {
