@@ -135,6 +135,8 @@ AMPKIT_OP_NAME(adamw_step_)
 AMPKIT_OP_NAME(sgd_step_)
 AMPKIT_OP_NAME(lamb_step_)
 AMPKIT_OP_NAME(grad_norm)
+AMPKIT_OP_NAME(global_grad_norm)
+AMPKIT_OP_NAME(make_optim_state)
 #undef AMPKIT_OP_NAME
 
 }  // namespace
@@ -155,4 +157,6 @@ TORCH_LIBRARY_IMPL(ampkit, Autograd, m) {
   AMPKIT_BELOW_AUTOGRAD(sgd_step_);
   AMPKIT_BELOW_AUTOGRAD(lamb_step_);
   AMPKIT_BELOW_AUTOGRAD(grad_norm);
+  AMPKIT_BELOW_AUTOGRAD(global_grad_norm);
+  AMPKIT_BELOW_AUTOGRAD(make_optim_state);
 }

@@ -57,4 +57,11 @@ TORCH_LIBRARY(ampkit, m) {
   // The L2 norm of all grads together divided by grad_scale, as a 0-dim FP32 tensor on their device; summed in
   // one fixed order (NOTE [Deterministic norm]), so CPU and CUDA give the same bits.
   m.def("grad_norm(Tensor[] grads, Tensor? grad_scale=None) -> Tensor", {at::Tag::pt2_compliant_tag});
+  // New entries of a fused optimizer's state for `param`, in the order named: "step" (a 0-dim FP32 tensor holding
+  // `step`), "exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer" (FP32 zeros in param's layout),
+  // "master_param" (an FP32 copy of param), "param_remainder" (int16 zeros). Which entries a state lacks is the
+  // optimizer core's decision (ampkit::optim::core::plan_step).
+  m.def("make_optim_state(Tensor param, str[] entries, float step=0.0) -> Tensor[]", {at::Tag::pt2_compliant_tag});
+  // grad_norm over grads on several devices: each device's norm, combined in FP64 on the first grad's device.
+  m.def("global_grad_norm(Tensor[] grads, Tensor? grad_scale=None) -> Tensor", {at::Tag::pt2_compliant_tag});
 }

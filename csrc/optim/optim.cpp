@@ -278,7 +278,7 @@ void core_step(std::vector<torch::optim::OptimizerParamGroup>& groups, StateMap&
           }
         }
       }
-      *lamb_grad_norm = core::global_grad_norm(grads, grad_scale);
+      *lamb_grad_norm = ampkit::global_grad_norm(grads, grad_scale);
       for (auto& c : configs) {
         c.grad_norm = *lamb_grad_norm;
       }

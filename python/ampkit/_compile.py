@@ -14,11 +14,14 @@ statistics, errors) stays in one place, the C++ ``ampkit::GradScaler``. Two diff
   buffers, which ``update()`` rewrites in place; a fused optimizer stepped after ``unscale_()`` gets a
   ``grad_scale`` of 1 instead of ``None`` (multiplying by 1 changes no bit).
 
-ampkit.optim's step is plain Python over ``torch.ops.ampkit.*_step_`` when compiling (``_FusedOptimizer.
-_traced_step``). The group's checks and master-mode decisions are the C++ core's, made at trace time on the
-group's real values; the traced code then compares each value with the one checked, which makes it a guard of the
-graph: a changed value (a float lr set by a scheduler) recompiles and is checked again. A tensor lr is read by the
-kernels and changes without recompiling.
+ampkit.optim's step is plain Python over ``torch.ops.ampkit.*`` when compiling (ampkit/optim/_traced.py), and it
+decides nothing: at trace time the C++ core plans each group's step (``core::plan_step``, the plan the eager step
+follows: checks, master modes, which parameters the fused kernels take, the state entries to create, the fused
+calls and the entries each reads) on the group's real values, its parameters and the traced grads' layouts. The
+traced code creates the entries with ``make_optim_state`` (what the eager step creates them with) and makes the
+calls; it compares each group value with the one planned with, and the state entries and grad layouts it passes
+to the plan are read in traced code, which makes them guards of the graph: a changed value (a float lr set by a
+scheduler) recompiles and is planned again. A tensor lr is read by the kernels and changes without recompiling.
 """
 from __future__ import annotations
 

@@ -6,9 +6,6 @@ from typing import Sequence
 
 import torch
 
-from . import _C
-
-_is_compiling = torch.compiler.is_compiling
 
 
 def unscale_and_check_(grads: Sequence[torch.Tensor], found_inf: torch.Tensor, inv_scale: torch.Tensor) -> None:
@@ -73,12 +70,7 @@ def update_scale_(
     growth_interval: int,
 ) -> None:
     """One dynamic loss-scale step on the device, identical to ``torch._amp_update_scale_`` (returns None)."""
-    if _is_compiling():
-        torch.ops.ampkit.update_scale_(scale, growth_tracker, found_inf, growth_factor, backoff_factor,
-                                       growth_interval)
-        return
-    # The op by position, without torch.ops' argument parsing (NOTE [update_scale_ by position]).
-    _C._update_scale_(scale, growth_tracker, found_inf, growth_factor, backoff_factor, growth_interval)
+    torch.ops.ampkit.update_scale_(scale, growth_tracker, found_inf, growth_factor, backoff_factor, growth_interval)
 
 
 def grad_norm(grads: Sequence[torch.Tensor], grad_scale: torch.Tensor | None = None) -> torch.Tensor:
@@ -89,6 +81,15 @@ def grad_norm(grads: Sequence[torch.Tensor], grad_scale: torch.Tensor | None = N
     if not grads and grad_scale is None:
         return torch.zeros((), dtype=torch.float32)
     return torch.ops.ampkit.grad_norm(grads, grad_scale)
+
+
+def global_grad_norm(grads: Sequence[torch.Tensor], grad_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """:func:`grad_norm` over grads on any number of devices: each device's norm, combined in float64 on the first
+    grad's device (0-dim FP32, no host sync). An empty list gives 0."""
+    grads = list(grads)
+    if not grads and grad_scale is None:
+        return torch.zeros((), dtype=torch.float32)
+    return torch.ops.ampkit.global_grad_norm(grads, grad_scale)
 
 
 def lamb_step_(params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor],

@@ -73,3 +73,28 @@ def test_components_include_only_layers_below(folder, forbidden):
     bad = [f"{f.relative_to(ROOT)}: {inc}" for f in files(folder) for inc in includes(f)
            if any(inc.lstrip("<").startswith(x) or f"/{x}" in inc for x in forbidden)]
     assert not bad, "\n".join(bad)
+
+
+# What csrc/python may bind (docs/architecture.md): the public C++ API (<ampkit/...>) and its own helpers, plus the
+# one type the optimizer core owns for borrowing a caller's tensors (csrc/optim/borrowed_tensors.h). No op
+# internals, kernels or component internals: a binding translates, the components decide.
+PYTHON_BINDING_INTERNALS_ALLOWED = {"../optim/borrowed_tensors.h"}
+
+
+def test_python_bindings_include_only_the_public_api_and_their_own_helpers():
+    own = {f.name for f in files("csrc/python")}
+    bad = []
+    for f in files("csrc/python"):
+        for inc in includes(f):
+            if inc.startswith("<") or inc.startswith("ampkit/") or inc in own or inc in PYTHON_BINDING_INTERNALS_ALLOWED:
+                continue
+            bad.append(f"{f.relative_to(ROOT)}: {inc}")
+    assert not bad, "\n".join(bad)
+
+
+def test_each_python_binding_file_binds_one_component_and_module_cpp_only_assembles():
+    module = (ROOT / "csrc/python/module.cpp").read_text()
+    # module.cpp: the build's description and the calls of each component's bind_*; no class or op binding
+    assert "py::class_" not in module and "m.def(\"_optim" not in module
+    binds = set(re.findall(r"ampkit::python::(bind_\w+)\(m\)", module))
+    assert binds == {f.stem for f in (ROOT / "csrc/python").glob("bind_*.cpp")}

@@ -6,6 +6,8 @@
 #include <c10/macros/Export.h>
 
 #include <optional>
+#include <string>
+#include <vector>
 
 #include "ampkit/export.h"
 
@@ -141,6 +143,19 @@ AMPKIT_API void lamb_step_(at::TensorList params, at::TensorList grads, at::Tens
 // fixed order (NOTE [Deterministic norm] in kernels/amp_functors.h), so CPU and CUDA results are bit-identical.
 // An empty list gives 0 (on the CPU, or on grad_scale's device).
 AMPKIT_API at::Tensor grad_norm(at::TensorList grads, const std::optional<at::Tensor>& grad_scale = std::nullopt);
+
+// New entries of a fused optimizer state for `param` (FP16, BF16 or FP32), one per name of `entries`, in that
+// order: "step" (a 0-dim FP32 tensor holding `step`, on param's device), "exp_avg", "exp_avg_sq",
+// "max_exp_avg_sq", "momentum_buffer" (FP32 zeros in param's layout), "master_param" (an FP32 copy of param),
+// "param_remainder" (int16 zeros in param's layout). Reads param only. (Not through the dispatcher: one kernel
+// for every backend, registered as the op ampkit::make_optim_state.)
+// The L2 norm of all `grads` together, on any number of devices, divided by grad_scale (when given): grad_norm()
+// per device, combined in FP64 on the first grad's device; 0-dim FP32, no host sync. Undefined grads are skipped;
+// none at all gives 0 on the CPU. (Not through the dispatcher, as make_optim_state.)
+AMPKIT_API at::Tensor global_grad_norm(at::TensorList grads, const std::optional<at::Tensor>& grad_scale = std::nullopt);
+
+AMPKIT_API std::vector<at::Tensor> make_optim_state(const at::Tensor& param, const std::vector<std::string>& entries,
+                                                    double step = 0.0);
 
 // What this build of ampkit contains: whether its CUDA kernels were compiled, for which architectures, and
 // which instruction set the CPU loops use on this machine.

@@ -3,7 +3,8 @@
 // each parameter's state a core::ParamState (torch.optim's entry names); core::step() checks them, creates the
 // state a step needs, groups the parameters into fused calls by (device, master mode), stages grads whose layout
 // differs from the parameter's, and runs torch.optim's own single-tensor formulas for what the fused kernels do
-// not take (FP64 and complex parameters, sparse grads, parameters with gaps in memory).
+// not take (FP64 and complex parameters, sparse grads, parameters with gaps in memory). Those decisions are one
+// core::StepPlan, which ampkit.optim's compiled step follows too.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -63,7 +64,7 @@ struct GroupConfig {
   bool nesterov = false;
   bool maximize = false;
   // LAMB (decoupled_weight_decay is its adam_w_mode). max_grad_norm > 0 with grad_norm defined (the global norm
-  // of the unscaled grads of every group, global_grad_norm()) clips the grads to that norm.
+  // of the unscaled grads of every group, ampkit::global_grad_norm()) clips the grads to that norm.
   bool bias_correction = true, grad_averaging = true, use_nvlamb = false;
   double max_grad_norm = 0.0;
   at::Tensor grad_norm;
@@ -83,6 +84,16 @@ struct AMPKIT_API ParamState {
   static const std::vector<std::string>& names();
   // (name, member) of every entry, in names() order.
   using Field = at::Tensor ParamState::*;
+  // An entry's bit in a mask of entries (fields() order).
+  enum Bit : uint32_t {
+    kStep = 1,
+    kExpAvg = 2,
+    kExpAvgSq = 4,
+    kMaxExpAvgSq = 8,
+    kMomentumBuffer = 16,
+    kMasterParam = 32,
+    kParamRemainder = 64,
+  };
   static const std::vector<std::pair<const char*, Field>>& fields();
 };
 
@@ -102,6 +113,43 @@ AMPKIT_API MasterMode master_mode(const GroupConfig& config, const at::Tensor& p
 // first step() so that a step is all or nothing.
 AMPKIT_API void check_group(const GroupConfig& config, at::TensorList params);
 
+// What a step does with each parameter of a group that has a grad, decided before anything is written: core::step
+// follows it, and so does ampkit.optim's compiled step, which asks for it at trace time (NOTE [Compiled steps] in
+// python/ampkit/_compile.py): both paths make the same decisions by construction.
+struct StepPlan {
+  struct Param {
+    size_t index;                        // in the group's params
+    MasterMode mode;
+    bool fused;                          // else torch.optim's single-tensor formulas
+    bool staged = false;                 // fused, with a grad in another layout: the kernels read a staging copy
+    uint32_t missing = 0;                // the state entries to create (bit k: ParamState::fields()[k])
+    double first_step = 0.0;             // the value of a created step (1 after an SGD buffer from torch.optim)
+    bool remainder_from_master = false;  // the remainder is derived from a loaded master (rewrites the weight)
+  };
+  // One fused call: the parameters (indices into `params`) on one device in one master mode, and the state
+  // entries the call reads (a mask of ParamState bits).
+  struct Bucket {
+    at::Device device;
+    MasterMode mode;
+    uint32_t reads;
+    std::vector<size_t> params;
+  };
+  std::vector<Param> params;    // the parameters with a grad, in order
+  std::vector<Bucket> buckets;  // in order of first appearance
+  // The names of the entries of a `missing` mask, in ParamState::fields() order.
+  AMPKIT_API static std::vector<std::string> entry_names(uint32_t entries);
+};
+
+// Checks the group (as check_group) and plans its step; states[i] is params[i]'s state (nullptr: none yet), and
+// grads[i] its grad (undefined: none), or params[i].grad() where `grads` is empty. Writes nothing.
+AMPKIT_API StepPlan plan_step(const GroupConfig& config, at::TensorList params,
+                              const std::vector<const ParamState*>& states, at::TensorList grads = {});
+
+// Whether a step in this group may assign over a state entry that is already there (with false, a step only fills
+// entries a state lacks): true where master_weights is "remainder", whose remainder made from a loaded FP32 master
+// replaces the master. What lets a binding borrow the entries it passes (NOTE [Borrowed states]).
+AMPKIT_API bool may_replace_entries(const GroupConfig& config);
+
 // One step of a param group: params without a grad are skipped; states[i] (not null) is params[i]'s state,
 // completed here (an SGD parameter without momentum or master keeps an empty state). grad_scale/found_inf come
 // from a GradScaler: the fused kernels unscale in registers and skip on the device; the single-tensor path reads
@@ -110,10 +158,6 @@ AMPKIT_API void check_group(const GroupConfig& config, at::TensorList params);
 AMPKIT_API void step(const GroupConfig& config, at::TensorList params, const std::vector<ParamState*>& states,
                      const std::optional<at::Tensor>& grad_scale = std::nullopt,
                      const std::optional<at::Tensor>& found_inf = std::nullopt);
-
-// The L2 norm of all `grads` together divided by grad_scale (when given): ampkit::grad_norm per device, combined on
-// the first grad's device; 0-dim FP32, no host sync. Undefined grads are skipped; none at all gives 0 on the CPU.
-AMPKIT_API at::Tensor global_grad_norm(at::TensorList grads, const std::optional<at::Tensor>& grad_scale);
 
 // Gives the parameter an FP32 master copied from its current value (O2: call while the weights are FP32).
 AMPKIT_API void init_master(const at::Tensor& param, ParamState& state);

@@ -1,7 +1,7 @@
 """ampkit.optim's shared base: ``_FusedOptimizer`` (torch.optim.Optimizer's param groups, hooks and state_dict over
-ampkit::optim::core in C++: group checks, the eager step, loaded-state checks, ``__setstate__``), its step as Python
-over ``torch.ops.ampkit.*_step_`` under torch.compile (NOTE [Compiled steps] in ampkit/_compile.py), the trace-time
-group plan (``_group_plan``) and ``_core``, the lazy handle to ``ampkit._C`` that every optimizer module calls.
+ampkit::optim::core in C++: group checks, the eager step, loaded-state checks, ``__setstate__``; under
+torch.compile the step of ``_traced``) and ``_core``, the lazy handle to ``ampkit._C`` that every optimizer module
+calls.
 """
 from __future__ import annotations
 
@@ -11,40 +11,11 @@ from typing import Any, Callable, Optional
 import torch
 
 from .. import _compile, _dtensor
+from . import _traced
 
 def _core():
     from .. import _C
     return _C
-
-
-@_compile.constant
-def _group_plan(key: int, index: int, dtypes: tuple) -> tuple:
-    """At trace time, on the real group ``index`` of the optimizer ``key``: its checks (as _validate's) and the
-    master mode the core gives each parameter. Returns (the checked values, the modes)."""
-    optimizer = _compile.live(key)
-    group = optimizer.param_groups[index]
-    cls = type(optimizer)
-    try:
-        cls._check_group(group)
-    except (ValueError, TypeError, RuntimeError) as e:  # a bad value: the eager step raises it
-        return type(e).__name__, str(e)
-    # torch.optim's capturable/foreach/fused change nothing in ampkit's kernels (and Dynamo sets capturable while
-    # it traces torch optimizers): not guarded.
-    values = tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in group.items()
-                   if k not in ("params", "capturable", "foreach", "fused") and not isinstance(v, torch.Tensor))
-    by_dtype = {}
-    for dtype in set(dtypes):  # a dtype the group's master_weights refuses matters only for parameters with grads
-        try:
-            by_dtype[dtype] = _core()._optim_master_mode(cls._kind, cls.__name__, group, dtype)
-        except ValueError:
-            by_dtype[dtype] = None
-    return values, tuple(by_dtype[dtype] for dtype in dtypes)
-
-
-def _differs(value, checked) -> bool:
-    if isinstance(checked, tuple):
-        return len(value) != len(checked) or any(_differs(v, c) for v, c in zip(value, checked))
-    return value != checked
 
 
 class _FusedOptimizer(torch.optim.Optimizer):
@@ -157,10 +128,11 @@ class _FusedOptimizer(torch.optim.Optimizer):
     def step(self, closure: Optional[Callable[[], float]] = None):
         loss = self._run_closure(closure)
         if _compile.is_compiling():
-            if self._traced_step():
+            reason = _traced.step(self)
+            if reason is None:
                 return loss
             # The eager step below, outside the graph (with fullgraph=True, an error that says why).
-            torch._dynamo.graph_break(f"{type(self).__name__}.step: {self._graph_break}")
+            torch._dynamo.graph_break(f"{type(self).__name__}.step: {reason}")
         if self.__dict__.get("_groups_with_duplicates"):
             self._refuse_duplicates()
         deferred = self._validate()
@@ -170,13 +142,12 @@ class _FusedOptimizer(torch.optim.Optimizer):
         name = type(self).__name__
         grad_norm = self._global_grad_norm(grad_scale)
         get_state = self.state.get  # dict.get: no default entry created (one hash per parameter)
-        dtensor_type = _dtensor._type()
         for group in self.param_groups:
-            # The lists are assembled in C++ (NOTE [Group steps from Python] in csrc/python/module.cpp); False for
+            # The lists are assembled in C++ (NOTE [Group steps from Python] in csrc/python/bind_optim.cpp); False for
             # a group of DTensors, which steps its local shards below.
             if not group["differentiable"] and core._optim_step_group(
                     self._kind, name, group, self.state, grad_scale, found_inf, self.write_unscaled_grads,
-                    grad_norm, _dtensor._PLAIN, dtensor_type):
+                    grad_norm):
                 continue
             if deferred:  # the only group, of DTensors: checked now, before its shards are stepped
                 self._check_tensors(group)
@@ -193,164 +164,6 @@ class _FusedOptimizer(torch.optim.Optimizer):
                 if states[i]:
                     self.state[params[i]] = states[i]
         return loss
-
-    # ---- under torch.compile (NOTE [Compiled steps] in ampkit/_compile.py) ----------------------------------------
-
-    _FUSED_DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
-
-    def _traced_step(self) -> bool:
-        """step() as Python over the fused ops, which torch.compile traces into one graph. False, before anything
-        is written, when a group is one the graph does not hold (differentiable, DTensor, tensor betas, parameters
-        the fused kernels do not take, partial states): the eager step then runs, breaking the graph."""
-        grad_scale = getattr(self, "grad_scale", None)
-        found_inf = getattr(self, "found_inf", None)
-        plans = []
-        # Every parameter of a group must suit the graph, with or without a grad. (Dynamo 2.13 cannot resume after
-        # this break when the same compiled function ran the backward: compile such steps with fused groups only.)
-        for index, group in enumerate(self.param_groups):
-            params = group["params"]
-            if not self._graph_holds(group, params):
-                self._graph_break = ("a group the graph does not hold (differentiable, DTensor, tensor betas, or "
-                                     "parameters the fused kernels do not take: the eager step)")
-                return False
-            checked, modes = _group_plan(id(self), index, tuple(self._FUSED_DTYPES[p.dtype] for p in params))
-            if isinstance(checked, str):  # a bad value: the eager step raises the check's error
-                self._graph_break = f"{checked}: {modes}"
-                return False
-            for key, value in checked:  # guards: the graph runs only with the values checked
-                if _differs(group[key], value):
-                    self._graph_break = f"group option {key!r} changed while tracing"
-                    return False
-            states = []
-            for p, mode in zip(params, modes):
-                state = self.state.get(p)
-                if state is not None and not self._complete_for_graph(group, state, mode):
-                    self._graph_break = "a partial state (loaded from torch.optim): the eager step completes it"
-                    return False
-                states.append(state)
-            plans.append((group, params, modes, states))
-        for group, params, modes, states in plans:
-            for p, mode in zip(params, modes):
-                g = p.grad
-                if g is not None and mode is None:
-                    self._graph_break = "master_weights refuses a parameter's dtype: the eager step raises it"
-                    return False
-                if g is not None and (g.layout != torch.strided or g.dtype != p.dtype or g.shape != p.shape
-                                      or not g.is_contiguous()):
-                    self._graph_break = "a sparse, other-dtype or strided grad: the eager step"
-                    return False
-        plans = [(group, *zip(*[(p, m, st) for p, m, st in zip(params, modes, states) if p.grad is not None]))
-                 for group, params, modes, states in plans]
-        grad_norm = self._traced_grad_norm(grad_scale)
-        for group, *entries in plans:
-            if not entries:
-                continue
-            params, modes, states = entries
-            buckets = {}
-            for p, mode, state in zip(params, modes, states):
-                if state is None:
-                    state = self._new_state(group, p, mode)
-                    if state:
-                        self.state[p] = state
-                buckets.setdefault((p.device, mode), []).append((p, state))
-            for (device, mode), entries in buckets.items():
-                self._fused_call(group, device, mode, entries, grad_scale, found_inf, grad_norm)
-        return True
-
-    def _graph_holds(self, group: dict, params: list) -> bool:
-        """Whether the graph can hold the group's step (else the eager step)."""
-        if group.get("differentiable") or _dtensor.any_dtensor(params):
-            return False
-        for p in params:
-            if p.dtype not in self._FUSED_DTYPES or p.layout != torch.strided or not p.is_contiguous():
-                return False
-        for key, value in group.items():  # tensor options other than lr (Adam's tensor betas)
-            if key in ("lr", "params"):
-                continue
-            values = value if isinstance(value, (tuple, list)) else (value,)
-            if any(isinstance(v, torch.Tensor) for v in values):
-                return False
-        return True
-
-    def _complete_for_graph(self, group: dict, state: dict, mode: str) -> bool:
-        """Whether ``state`` has every entry the fused call reads (a state loaded from torch.optim may lack the
-        master or the step; the eager step completes it)."""
-        needed = []
-        if self._stateful(group):
-            needed += ["step", "momentum_buffer"] if self._kind == "sgd" else ["step", "exp_avg", "exp_avg_sq"]
-            if self._kind == "adam" and group["amsgrad"]:
-                needed.append("max_exp_avg_sq")
-        if mode in ("master", "remainder"):
-            needed.append("master_param" if mode == "master" else "param_remainder")
-        return all(key in state for key in needed)
-
-    def _stateful(self, group: dict) -> bool:
-        """Whether the fused op reads steps and moments (SGD without momentum reads neither)."""
-        return self._kind != "sgd" or group["momentum"] != 0
-
-    def _new_state(self, group: dict, p: torch.Tensor, mode: str) -> dict:
-        """A parameter's first state, as the core creates it (optim_core.cpp, complete_state)."""
-        state = {}
-        if self._stateful(group):
-            state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
-        if self._kind != "sgd":
-            state["exp_avg"] = torch.zeros_like(p, dtype=torch.float32, memory_format=torch.preserve_format)
-            state["exp_avg_sq"] = torch.zeros_like(p, dtype=torch.float32, memory_format=torch.preserve_format)
-            if self._kind == "adam" and group["amsgrad"]:
-                state["max_exp_avg_sq"] = torch.zeros_like(p, dtype=torch.float32,
-                                                           memory_format=torch.preserve_format)
-        elif group["momentum"] != 0:
-            state["momentum_buffer"] = torch.zeros_like(p, dtype=torch.float32, memory_format=torch.preserve_format)
-        if mode == "master":
-            state["master_param"] = p.detach().to(torch.float32, copy=True)
-        elif mode == "remainder":
-            state["param_remainder"] = torch.zeros_like(p, dtype=torch.int16, memory_format=torch.preserve_format)
-        return state
-
-    def _traced_grad_norm(self, grad_scale) -> Optional[torch.Tensor]:
-        return None
-
-    def _fused_call(self, group: dict, device, mode: str, entries: list, grad_scale, found_inf, grad_norm) -> None:
-        """One fused op over a (device, master mode) bucket, as the core's fused_call."""
-        params = [p for p, _ in entries]
-        grads = [p.grad for p in params]
-        states = [st for _, st in entries]
-        stateful = self._stateful(group)
-        masters = [st["master_param"] for st in states] if mode == "master" else []
-        remainders = [st["param_remainder"] for st in states] if mode == "remainder" else []
-        steps = [st["step"] for st in states] if stateful else []
-        lr = group["lr"]
-        lr_tensor = None
-        if isinstance(lr, torch.Tensor):  # a CPU lr stays there: the op reads it on the host (no copy per step)
-            lr_tensor, lr = lr.to(device=lr.device if lr.is_cpu else device, dtype=torch.float32), 0.0
-        on = {}
-        for name, t in (("grad_scale", grad_scale), ("found_inf", found_inf)):
-            on[name] = None if t is None else t.to(device)
-        if self._kind == "sgd":
-            buffers = [st["momentum_buffer"] for st in states] if stateful else []
-            torch.ops.ampkit.sgd_step_(
-                params, grads, masters, remainders, buffers, steps, lr=lr, momentum=group["momentum"],
-                dampening=group["dampening"], weight_decay=group["weight_decay"], nesterov=group["nesterov"],
-                maximize=group["maximize"], lr_tensor=lr_tensor, write_unscaled_grads=self.write_unscaled_grads,
-                **on)
-            return
-        beta1, beta2 = group["betas"]
-        exp_avgs = [st["exp_avg"] for st in states]
-        exp_avg_sqs = [st["exp_avg_sq"] for st in states]
-        if self._kind == "lamb":
-            torch.ops.ampkit.lamb_step_(
-                params, grads, masters, remainders, exp_avgs, exp_avg_sqs, steps, lr=lr, beta1=beta1, beta2=beta2,
-                weight_decay=group["weight_decay"], eps=group["eps"], bias_correction=group["bias_correction"],
-                adam_w_mode=group["adam_w_mode"], grad_averaging=group["grad_averaging"],
-                use_nvlamb=group["use_nvlamb"], max_grad_norm=group["max_grad_norm"],
-                grad_norm=None if grad_norm is None else grad_norm.to(device), lr_tensor=lr_tensor, **on)
-            return
-        max_sqs = [st["max_exp_avg_sq"] for st in states] if group["amsgrad"] else []
-        torch.ops.ampkit.adamw_step_(
-            params, grads, masters, remainders, exp_avgs, exp_avg_sqs, max_sqs, steps, lr=lr, beta1=beta1,
-            beta2=beta2, weight_decay=group["weight_decay"], eps=group["eps"], amsgrad=group["amsgrad"],
-            maximize=group["maximize"], decoupled_weight_decay=group["decoupled_weight_decay"], lr_tensor=lr_tensor,
-            write_unscaled_grads=self.write_unscaled_grads, **on)
 
     def _global_grad_norm(self, grad_scale) -> Optional[torch.Tensor]:
         """The global grad norm a step needs before its first update (LAMB's clipping); None: not needed."""

@@ -11,7 +11,7 @@ import torch
 from torch.optim import adam as _torch_adam
 from torch.optim import sgd as _torch_sgd
 
-from .. import _checks, _dtensor
+from .. import _checks, _dtensor, ops
 from ._base import _core, _FusedOptimizer
 from ._hparams import _capturable_devices, _check_betas, _check_fused_flags, _check_tensor_hparams
 
@@ -214,27 +214,8 @@ class LAMB(_FusedOptimizer):
         if not any(group["max_grad_norm"] > 0 for group in self.param_groups):
             return None
         grads = [p.grad for group in self.param_groups for p in group["params"] if p.grad is not None]
-        self.last_grad_norm = _core()._optim_global_grad_norm(grads, grad_scale)
+        self.last_grad_norm = ops.global_grad_norm(grads, grad_scale)
         return self.last_grad_norm
-
-    def _traced_grad_norm(self, grad_scale) -> Optional[torch.Tensor]:
-        if not any(group["max_grad_norm"] > 0 for group in self.param_groups):
-            return None
-        grads = [p.grad for group in self.param_groups for p in group["params"] if p.grad is not None]
-        by_device = {}
-        for g in grads:
-            by_device.setdefault(g.device, []).append(g)
-        norms = [torch.ops.ampkit.grad_norm(list_, None if grad_scale is None else grad_scale.to(device))
-                 for device, list_ in by_device.items()]
-        if not norms:
-            norm = torch.zeros((), dtype=torch.float32)
-        elif len(norms) == 1:
-            norm = norms[0]
-        else:  # as the core's global_grad_norm
-            first = grads[0].device
-            norm = torch.stack([n.to(first, torch.float64) for n in norms]).square().sum().sqrt().to(torch.float32)
-        self.last_grad_norm = norm
-        return norm
 
     def zero_grad(self, set_to_none: Optional[bool] = None) -> None:
         """torch.optim's zero_grad; ``set_to_none`` defaults to the constructor's ``set_grad_none`` (Apex)."""
