@@ -4,35 +4,12 @@
 #include <vector>
 
 #include "amp_launch.h"
+#include "convert.cuh"
 #include "launch.cuh"
 #include "multi_tensor_apply.cuh"
 
 namespace ampkit::kernels {
 namespace {
-
-// Loads and stores between a storage type and its opmath type, rounding to nearest-even on the way down.
-template <typename T>
-struct Storage;
-template <>
-struct Storage<__half> {
-  static __device__ AMPKIT_INLINE float load(__half v) { return __half2float(v); }
-  static __device__ AMPKIT_INLINE __half store(float v) { return __float2half_rn(v); }
-};
-template <>
-struct Storage<__nv_bfloat16> {
-  static __device__ AMPKIT_INLINE float load(__nv_bfloat16 v) { return __bfloat162float(v); }
-  static __device__ AMPKIT_INLINE __nv_bfloat16 store(float v) { return __float2bfloat16_rn(v); }
-};
-template <>
-struct Storage<float> {
-  static __device__ AMPKIT_INLINE float load(float v) { return v; }
-  static __device__ AMPKIT_INLINE float store(float v) { return v; }
-};
-template <>
-struct Storage<double> {
-  static __device__ AMPKIT_INLINE double load(double v) { return v; }
-  static __device__ AMPKIT_INLINE double store(double v) { return v; }
-};
 
 template <typename T, int kVec>
 struct alignas(16) Pack {
@@ -56,9 +33,9 @@ __device__ bool unscale_chunk(T* p, int64_t n, float inv_scale, bool write) {
       Pack<T, kVec> pk = cuda::global_load(packs + i);
 #pragma unroll
       for (int j = 0; j < kVec; ++j) {
-        const opmath x = Storage<T>::load(pk.v[j]);
+        const opmath x = cuda::to_opmath(pk.v[j]);
         bad |= is_non_finite(x);
-        pk.v[j] = Storage<T>::store(op(x));
+        pk.v[j] = cuda::from_opmath<T>(op(x));
       }
       if (write) {
         cuda::global_store(packs + i, pk);
@@ -67,10 +44,10 @@ __device__ bool unscale_chunk(T* p, int64_t n, float inv_scale, bool write) {
     scalar_begin = n_vec * kVec;
   }
   for (int64_t i = scalar_begin + threadIdx.x; i < n; i += blockDim.x) {
-    const opmath x = Storage<T>::load(cuda::global_load(p + i));
+    const opmath x = cuda::to_opmath(cuda::global_load(p + i));
     bad |= is_non_finite(x);
     if (write) {
-      cuda::global_store(p + i, Storage<T>::store(op(x)));
+      cuda::global_store(p + i, cuda::from_opmath<T>(op(x)));
     }
   }
   return bad;
@@ -124,18 +101,18 @@ __device__ bool cast_chunk(const TS* s, TO* o, int64_t n, const CastOp& op, bool
       Pack<TO, kVec> out;
 #pragma unroll
       for (int j = 0; j < kVec; ++j) {
-        const float y = Storage<TO>::load(Storage<TO>::store(Storage<TS>::load(in.v[j])));
+        const float y = cuda::to_opmath(cuda::from_opmath<TO>(cuda::to_opmath(in.v[j])));
         bad |= check && is_non_finite(y);
-        out.v[j] = Storage<TO>::store(op(y));
+        out.v[j] = cuda::from_opmath<TO>(op(y));
       }
       cuda::global_store(out_packs + i, out);
     }
     scalar_begin = n_vec * kVec;
   }
   for (int64_t i = scalar_begin + threadIdx.x; i < n; i += blockDim.x) {
-    const float y = Storage<TO>::load(Storage<TO>::store(Storage<TS>::load(cuda::global_load(s + i))));
+    const float y = cuda::to_opmath(cuda::from_opmath<TO>(cuda::to_opmath(cuda::global_load(s + i))));
     bad |= check && is_non_finite(y);
-    cuda::global_store(o + i, Storage<TO>::store(op(y)));
+    cuda::global_store(o + i, cuda::from_opmath<TO>(op(y)));
   }
   return bad;
 }
@@ -211,7 +188,7 @@ struct GradStatsChunkOp {
     unsigned long long zeros = 0;
     float max_abs = 0.f;
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {  // lane threadIdx.x (NOTE [Deterministic norm])
-      const float x = Storage<T>::load(cuda::global_load(g + i));
+      const float x = cuda::to_opmath(cuda::global_load(g + i));
       if (is_non_finite(x)) {
         ++non_finite;
       } else if (x == 0.f) {

@@ -24,7 +24,7 @@ __device__ AMPKIT_INLINE float load_weight(const Args& a, int t, int64_t i) {
                             global_load(static_cast<const int16_t*>(a.data[7][t]) + i));
     }
   }
-  return to_float(global_load(static_cast<const T*>(a.data[0][t]) + i));
+  return to_opmath(global_load(static_cast<const T*>(a.data[0][t]) + i));
 }
 
 template <typename T, typename Args>
@@ -41,7 +41,7 @@ __device__ AMPKIT_INLINE void store_weight(const Args& a, int t, int64_t i, floa
       return;
     }
   }
-  global_store(static_cast<T*>(a.data[0][t]) + i, from_float<T>(w));
+  global_store(static_cast<T*>(a.data[0][t]) + i, from_opmath<T>(w));
 }
 
 template <typename Args, typename Chunk>
@@ -87,7 +87,7 @@ struct LambMomentsChunkOp {
       // Lane threadIdx.x of NOTE [Deterministic norm]: elements threadIdx.x, + blockDim.x, ... of the chunk.
       for (int64_t i = start + threadIdx.x; i < start + n; i += blockDim.x) {
         const float w = load_weight<T>(a, t, i);
-        float g = to_float(global_load(grad + i));
+        float g = to_opmath(global_load(grad + i));
         if (divisor != 1.f) {
           g = g / divisor;
         }
@@ -233,7 +233,7 @@ struct GradSquaresChunkOp {
       using T = decltype(zero);
       const T* grad = static_cast<const T*>(a.data[0][t]) + start;
       for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-        sum = add_square(sum, to_float(global_load(grad + i)));
+        sum = add_square(sum, to_opmath(global_load(grad + i)));
       }
     });
     global_store(static_cast<double*>(a.data[1][t]) + (start / cuda::kChunkSize) * kNormLanes + threadIdx.x, sum);

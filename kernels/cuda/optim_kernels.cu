@@ -122,7 +122,7 @@ __device__ void for_each_element(const Args& a, int t, int64_t start, int64_t n,
       const PackT p = param_io.load(i);
 #pragma unroll
       for (int j = 0; j < kVec; ++j) {
-        r.w.v[j] = to_float(p.v[j]);
+        r.w.v[j] = to_opmath(p.v[j]);
       }
     }
     if (m) {
@@ -139,12 +139,12 @@ __device__ void for_each_element(const Args& a, int t, int64_t start, int64_t n,
     float gf[kVec];
 #pragma unroll
     for (int j = 0; j < kVec; ++j) {
-      gf[j] = gin.unscale ? to_float(r.g.v[j]) / gin.scale : to_float(r.g.v[j]);
+      gf[j] = gin.unscale ? to_opmath(r.g.v[j]) / gin.scale : to_opmath(r.g.v[j]);
     }
     if (gin.unscale && gin.write) {
 #pragma unroll
       for (int j = 0; j < kVec; ++j) {
-        r.g.v[j] = from_float<T>(gf[j]);
+        r.g.v[j] = from_opmath<T>(gf[j]);
       }
       grad_io.store(i, r.g);
     }
@@ -166,7 +166,7 @@ __device__ void for_each_element(const Args& a, int t, int64_t start, int64_t n,
       if (rem) {
         split_remainder(w, &b4.v[j], &q4.v[j]);
       } else {
-        p4.v[j] = from_float<T>(w);
+        p4.v[j] = from_opmath<T>(w);
       }
     }
     if (rem) {
@@ -208,12 +208,12 @@ __device__ void for_each_element(const Args& a, int t, int64_t start, int64_t n,
   for (int64_t i = n_vec * kVec + threadIdx.x; i < n; i += stride) {
     float w = master ? global_load(master + i)
               : rem  ? join_remainder(global_load(bits + i), global_load(rem + i))
-                     : to_float(global_load(param + i));
-    float g = to_float(global_load(grad + i));
+                     : to_opmath(global_load(param + i));
+    float g = to_opmath(global_load(grad + i));
     if (gin.unscale) {
       g = g / gin.scale;
       if (gin.write) {
-        global_store(grad + i, from_float<T>(g));
+        global_store(grad + i, from_opmath<T>(g));
       }
     }
     float mi = m ? global_load(m + i) : 0.f;
@@ -231,7 +231,7 @@ __device__ void for_each_element(const Args& a, int t, int64_t start, int64_t n,
       if (master) {
         global_store(master + i, w);
       }
-      global_store(param + i, from_float<T>(w));
+      global_store(param + i, from_opmath<T>(w));
     }
   }
 }

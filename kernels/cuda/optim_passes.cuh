@@ -1,11 +1,12 @@
 // The pieces the fused optimizer kernels share (optim_kernels.cu: Adam and SGD; lamb_kernels.cu: LAMB and the
-// grad norm): the FP32 conversions, the device scalars every step reads, the chunk table of the optimizer
-// streams and the kernel that bumps the step counts. Included by those two files only (file-local definitions).
+// grad norm): the device scalars every step reads, the chunk table of the optimizer streams and the kernel
+// that bumps the step counts. Included by those two files only (file-local definitions).
 #pragma once
 
 #include <type_traits>
 #include <vector>
 
+#include "convert.cuh"
 #include "launch.cuh"
 #include "multi_tensor_apply.cuh"
 #include "optim_launch.h"
@@ -17,22 +18,10 @@ namespace {
 // 7 remainder.
 constexpr int kStreams = 8;
 
+using cuda::from_opmath;
 using cuda::global_load;
 using cuda::global_store;
-
-// FP32 values of FP16/BF16/FP32 elements, and back with one rounding to nearest-even.
-__device__ AMPKIT_INLINE float to_float(__half v) { return __half2float(v); }
-__device__ AMPKIT_INLINE float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
-__device__ AMPKIT_INLINE float to_float(float v) { return v; }
-template <typename T>
-__device__ AMPKIT_INLINE T from_float(float v);
-template <>
-__device__ AMPKIT_INLINE __half from_float<__half>(float v) { return __float2half_rn(v); }
-template <>
-__device__ AMPKIT_INLINE __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
-template <>
-__device__ AMPKIT_INLINE float from_float<float>(float v) { return v; }
-
+using cuda::to_opmath;
 
 // How the elements of one chunk read their grads: divided by the scale (when `unscale`), stored back unscaled
 // (when `write`); elements from index `tail_from` of the tensor on take the scalar-tail formulas (NOTE [torch's
