@@ -55,6 +55,9 @@ __device__ bool unscale_chunk(T* p, int64_t n, float inv_scale, bool write) {
 
 // The per-chunk functor of both the unscale and the check: `inv_scale == nullptr` means check only.
 struct UnscaleChunkOp {
+  // The one stream of the chunk table: the grads (check_finite_: the tensors).
+  static constexpr int kGradsIdx = 0;
+
   float* found_inf;
   const float* inv_scale;
 
@@ -63,18 +66,18 @@ struct UnscaleChunkOp {
     const float inv = inv_scale != nullptr ? *inv_scale : 1.f;
     const bool write = inv_scale != nullptr;
     bool bad = false;
-    switch (args.dtype[0][t]) {
+    switch (args.dtype[kGradsIdx][t]) {
       case DType::kFloat16:
-        bad = unscale_chunk(static_cast<__half*>(args.data[0][t]) + start, n, inv, write);
+        bad = unscale_chunk(static_cast<__half*>(args.data[kGradsIdx][t]) + start, n, inv, write);
         break;
       case DType::kBFloat16:
-        bad = unscale_chunk(static_cast<__nv_bfloat16*>(args.data[0][t]) + start, n, inv, write);
+        bad = unscale_chunk(static_cast<__nv_bfloat16*>(args.data[kGradsIdx][t]) + start, n, inv, write);
         break;
       case DType::kFloat32:
-        bad = unscale_chunk(static_cast<float*>(args.data[0][t]) + start, n, inv, write);
+        bad = unscale_chunk(static_cast<float*>(args.data[kGradsIdx][t]) + start, n, inv, write);
         break;
       case DType::kFloat64:
-        bad = unscale_chunk(static_cast<double*>(args.data[0][t]) + start, n, inv, write);
+        bad = unscale_chunk(static_cast<double*>(args.data[kGradsIdx][t]) + start, n, inv, write);
         break;
     }
     if (bad) {
@@ -129,12 +132,15 @@ __device__ bool cast_chunk_to(const TS* s, void* o, DType out, int64_t n, const 
   }
 }
 
-// The per-chunk functor of the cast passes: stream 0 is src, stream 1 is out; `inv_scale == nullptr`: divide by
-// `divisor`, no check.
+// The per-chunk functor of the cast passes; `inv_scale == nullptr`: divide by `divisor`, no check.
 // NOTE [Kernel parameter budget] states how many tensors one launch of each pass takes.
 static_assert(cuda::MultiTensorArgsFor<1, UnscaleChunkOp>::kMaxTensors == 936, "one-list passes: 936 tensors per launch");
 
 struct CastChunkOp {
+  // Streams of the chunk table.
+  static constexpr int kSrcIdx = 0;
+  static constexpr int kOutIdx = 1;
+
   float divisor;
   const float* inv_scale;
   float* found_inf;
@@ -142,19 +148,19 @@ struct CastChunkOp {
   template <typename Args>
   __device__ void operator()(const Args& args, int t, int64_t start, int64_t n) const {
     const CastOp op = inv_scale != nullptr ? CastOp::multiply_by(*inv_scale) : CastOp::divide_by(divisor);
-    const DType out = args.dtype[1][t];
-    void* o = static_cast<char*>(args.data[1][t]) + start * dtype_size(out);
+    const DType out = args.dtype[kOutIdx][t];
+    void* o = static_cast<char*>(args.data[kOutIdx][t]) + start * dtype_size(out);
     const bool check = inv_scale != nullptr;
     bool bad = false;
-    switch (args.dtype[0][t]) {
+    switch (args.dtype[kSrcIdx][t]) {
       case DType::kFloat16:
-        bad = cast_chunk_to(static_cast<const __half*>(args.data[0][t]) + start, o, out, n, op, check);
+        bad = cast_chunk_to(static_cast<const __half*>(args.data[kSrcIdx][t]) + start, o, out, n, op, check);
         break;
       case DType::kBFloat16:
-        bad = cast_chunk_to(static_cast<const __nv_bfloat16*>(args.data[0][t]) + start, o, out, n, op, check);
+        bad = cast_chunk_to(static_cast<const __nv_bfloat16*>(args.data[kSrcIdx][t]) + start, o, out, n, op, check);
         break;
       default:
-        bad = cast_chunk_to(static_cast<const float*>(args.data[0][t]) + start, o, out, n, op, check);
+        bad = cast_chunk_to(static_cast<const float*>(args.data[kSrcIdx][t]) + start, o, out, n, op, check);
         break;
     }
     if (bad) {
@@ -163,20 +169,24 @@ struct CastChunkOp {
   }
 };
 
-// The chunk functor of grad_stats (NOTE [Gradient statistics], [Deterministic norm]). Streams: 0 the grads, 1 the
-// tensor's first row of partial sums, 2 the tensor's counter row. Each thread sums its lane in registers and
-// stores it; the histogram is counted in the block's shared memory and added to the tensor's counter row once
-// per bin and block, the other counts go there with one atomic per thread (integers and a maximum: any order
-// gives the same result).
+// The chunk functor of grad_stats (NOTE [Gradient statistics], [Deterministic norm]). Each thread sums its lane
+// in registers and stores it; the histogram is counted in the block's shared memory and added to the tensor's
+// counter row once per bin and block, the other counts go there with one atomic per thread (integers and a
+// maximum: any order gives the same result).
 struct GradStatsChunkOp {
+  // Streams of the chunk table: the grads, the tensor's first row of partial sums, the tensor's counter row.
+  static constexpr int kGradsIdx = 0;
+  static constexpr int kPartialRowsIdx = 1;
+  static constexpr int kCounterRowsIdx = 2;
+
   const float* inv_scale;
   const double* partials_base;
 
   template <typename T, typename Args>
   __device__ void chunk(const Args& args, int t, int64_t start, int64_t n, unsigned* hist) const {
-    const T* g = static_cast<const T*>(args.data[0][t]) + start;
-    auto* row = static_cast<unsigned long long*>(args.data[2][t]);
-    double* first_partial = static_cast<double*>(args.data[1][t]);
+    const T* g = static_cast<const T*>(args.data[kGradsIdx][t]) + start;
+    auto* row = static_cast<unsigned long long*>(args.data[kCounterRowsIdx][t]);
+    double* first_partial = static_cast<double*>(args.data[kPartialRowsIdx][t]);
     const int64_t chunk = start / cuda::kChunkSize;
     if (chunk == 0 && threadIdx.x == 0) {
       row[1] = static_cast<unsigned long long>((first_partial - partials_base) / kNormLanes);
@@ -220,7 +230,7 @@ struct GradStatsChunkOp {
       hist[b] = 0u;
     }
     __syncthreads();
-    switch (args.dtype[0][t]) {
+    switch (args.dtype[kGradsIdx][t]) {
       case DType::kFloat16:
         chunk<__half>(args, t, start, n, hist);
         break;
@@ -232,7 +242,7 @@ struct GradStatsChunkOp {
         break;
     }
     __syncthreads();
-    auto* row = static_cast<unsigned long long*>(args.data[2][t]);
+    auto* row = static_cast<unsigned long long*>(args.data[kCounterRowsIdx][t]);
     for (int b = threadIdx.x; b < kGradHistBins; b += blockDim.x) {
       if (hist[b] != 0u) {
         atomicAdd(row + 4 + b, static_cast<unsigned long long>(hist[b]));
@@ -296,18 +306,22 @@ __global__ void update_scale_kernel(float* scale, int32_t* growth_tracker, int32
 
 LaunchStatus launch_unscale_and_check(const TensorRef* grads, int64_t n, float* found_inf, const float* inv_scale,
                                       cudaStream_t stream) {
-  const TensorRef* lists[1] = {grads};
+  const TensorRef* lists[1];
+  lists[UnscaleChunkOp::kGradsIdx] = grads;
   return cuda::multi_tensor_apply<1>(lists, n, UnscaleChunkOp{found_inf, inv_scale}, stream);
 }
 
 LaunchStatus launch_check_finite(const TensorRef* tensors, int64_t n, float* found_inf, cudaStream_t stream) {
-  const TensorRef* lists[1] = {tensors};
+  const TensorRef* lists[1];
+  lists[UnscaleChunkOp::kGradsIdx] = tensors;
   return cuda::multi_tensor_apply<1>(lists, n, UnscaleChunkOp{found_inf, nullptr}, stream);
 }
 
 LaunchStatus launch_cast(const TensorRef* src, const TensorRef* out, int64_t n, float divisor, const float* inv_scale,
                          float* found_inf, cudaStream_t stream) {
-  const TensorRef* lists[2] = {src, out};
+  const TensorRef* lists[2];
+  lists[CastChunkOp::kSrcIdx] = src;
+  lists[CastChunkOp::kOutIdx] = out;
   return cuda::multi_tensor_apply<2>(lists, n, CastChunkOp{divisor, inv_scale, found_inf}, stream);
 }
 
@@ -323,7 +337,10 @@ LaunchStatus launch_grad_stats(const TensorRef* grads, int64_t n, const float* i
     counter_rows[i] = {counters + i * kGradStatsCounterColumns, grads[i].numel, DType::kFloat64};
     row += grad_stats_chunks(grads[i].numel);
   }
-  const TensorRef* lists[3] = {grads, partial_rows.data(), counter_rows.data()};
+  const TensorRef* lists[3];
+  lists[GradStatsChunkOp::kGradsIdx] = grads;
+  lists[GradStatsChunkOp::kPartialRowsIdx] = partial_rows.data();
+  lists[GradStatsChunkOp::kCounterRowsIdx] = counter_rows.data();
   LaunchStatus status = cuda::multi_tensor_apply<3>(lists, n, GradStatsChunkOp{inv_scale, partials}, stream);
   if (!status.ok() || n == 0) {
     return status;

@@ -5,48 +5,51 @@
 namespace ampkit::kernels {
 namespace {
 
-// The chunk table of the moments and apply passes has the streams of the other steps (launch_step), with stream 5
-// (no max_exp_avg_sq in LAMB) pointing at the tensor's first row of scratch: lane sums in the moments pass, the
-// tensor's norms in the apply pass. One CUDA thread is one lane of NOTE [Deterministic norm]. Between the two,
-// lane_sums_kernel turns each chunk's lanes into its chunk sums and tensor_norms_kernel each tensor's chunk sums
-// (in chunk order) into its two sums of squares, stored over its first row: the apply pass reads two doubles per
-// chunk instead of every thread re-adding all chunk sums of its tensor (O(chunks^2) per tensor).
+// The chunk table of the moments and apply passes has the streams of the other steps (launch_step), with stream
+// kNormRowIdx (max_exp_avg_sq's: LAMB has none) pointing at the tensor's first row of scratch: lane sums in the
+// moments pass, the tensor's norms in the apply pass. One CUDA thread is one lane of NOTE [Deterministic norm].
+// Between the two, lane_sums_kernel turns each chunk's lanes into its chunk sums and tensor_norms_kernel each
+// tensor's chunk sums (in chunk order) into its two sums of squares, stored over its first row: the apply pass
+// reads two doubles per chunk instead of every thread re-adding all chunk sums of its tensor (O(chunks^2) per
+// tensor).
 static_assert(cuda::kBlockThreads == kNormLanes, "a block's threads are the lanes of the deterministic norm");
+constexpr int kNormRowIdx = kMaxExpAvgSqIdx;
 
 template <typename T, typename Args>
 __device__ AMPKIT_INLINE float load_weight(const Args& a, int t, int64_t i) {
-  if (a.data[2][t] != nullptr) {
-    return global_load(static_cast<const float*>(a.data[2][t]) + i);
+  if (a.data[kMasterIdx][t] != nullptr) {
+    return global_load(static_cast<const float*>(a.data[kMasterIdx][t]) + i);
   }
   if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    if (a.data[7][t] != nullptr) {
-      return join_remainder(global_load(static_cast<const uint16_t*>(a.data[0][t]) + i),
-                            global_load(static_cast<const int16_t*>(a.data[7][t]) + i));
+    if (a.data[kRemainderIdx][t] != nullptr) {
+      return join_remainder(global_load(static_cast<const uint16_t*>(a.data[kParamIdx][t]) + i),
+                            global_load(static_cast<const int16_t*>(a.data[kRemainderIdx][t]) + i));
     }
   }
-  return to_opmath(global_load(static_cast<const T*>(a.data[0][t]) + i));
+  return to_opmath(global_load(static_cast<const T*>(a.data[kParamIdx][t]) + i));
 }
 
 template <typename T, typename Args>
 __device__ AMPKIT_INLINE void store_weight(const Args& a, int t, int64_t i, float w) {
-  if (a.data[2][t] != nullptr) {
-    global_store(static_cast<float*>(a.data[2][t]) + i, w);
+  if (a.data[kMasterIdx][t] != nullptr) {
+    global_store(static_cast<float*>(a.data[kMasterIdx][t]) + i, w);
   } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    if (a.data[7][t] != nullptr) {
+    if (a.data[kRemainderIdx][t] != nullptr) {
       uint16_t bits;
       int16_t rem;
       split_remainder(w, &bits, &rem);
-      global_store(static_cast<uint16_t*>(a.data[0][t]) + i, bits);
-      global_store(static_cast<int16_t*>(a.data[7][t]) + i, rem);
+      global_store(static_cast<uint16_t*>(a.data[kParamIdx][t]) + i, bits);
+      global_store(static_cast<int16_t*>(a.data[kRemainderIdx][t]) + i, rem);
       return;
     }
   }
-  global_store(static_cast<T*>(a.data[0][t]) + i, from_opmath<T>(w));
+  global_store(static_cast<T*>(a.data[kParamIdx][t]) + i, from_opmath<T>(w));
 }
 
+// Calls chunk(T{}) with T the element type of stream `stream` of tensor t.
 template <typename Args, typename Chunk>
-__device__ AMPKIT_INLINE void dispatch_weight_dtype(const Args& a, int t, const Chunk& chunk) {
-  switch (a.dtype[0][t]) {
+__device__ AMPKIT_INLINE void dispatch_stream_dtype(const Args& a, int stream, int t, const Chunk& chunk) {
+  switch (a.dtype[stream][t]) {
     case DType::kFloat16:
       chunk(__half{});
       break;
@@ -74,16 +77,16 @@ struct LambMomentsChunkOp {
     if (dev.skipped()) {
       return;
     }
-    const LambStepFactors f = LambStepFactors::at_step(op.p, *static_cast<const float*>(a.data[6][t]) + 1.f);
+    const LambStepFactors f = LambStepFactors::at_step(op.p, *static_cast<const float*>(a.data[kStepIdx][t]) + 1.f);
     const float divisor = lamb_grad_divisor(dev.grad_scale != nullptr ? *dev.grad_scale : 1.f, grad_norm,
                                             op.p.max_grad_norm);
-    float* m = static_cast<float*>(a.data[3][t]);
-    float* v = static_cast<float*>(a.data[4][t]);
+    float* m = static_cast<float*>(a.data[kExpAvgIdx][t]);
+    float* v = static_cast<float*>(a.data[kExpAvgSqIdx][t]);
     double w_sq = 0.0;
     double u_sq = 0.0;
-    dispatch_weight_dtype(a, t, [&](auto zero) {
+    dispatch_stream_dtype(a, kParamIdx, t, [&](auto zero) {
       using T = decltype(zero);
-      const T* grad = static_cast<const T*>(a.data[1][t]);
+      const T* grad = static_cast<const T*>(a.data[kGradIdx][t]);
       // Lane threadIdx.x of NOTE [Deterministic norm]: elements threadIdx.x, + blockDim.x, ... of the chunk.
       for (int64_t i = start + threadIdx.x; i < start + n; i += blockDim.x) {
         const float w = load_weight<T>(a, t, i);
@@ -101,7 +104,7 @@ struct LambMomentsChunkOp {
       }
     });
     if (op.trust_ratio()) {
-      double* row = static_cast<double*>(a.data[5][t]) + (start / cuda::kChunkSize) * 2 * kNormLanes;
+      double* row = static_cast<double*>(a.data[kNormRowIdx][t]) + (start / cuda::kChunkSize) * 2 * kNormLanes;
       global_store(row + threadIdx.x, w_sq);
       global_store(row + kNormLanes + threadIdx.x, u_sq);
     }
@@ -188,19 +191,19 @@ struct LambApplyChunkOp {
     if (dev.skipped()) {
       return;
     }
-    const LambStepFactors f = LambStepFactors::at_step(op.p, *static_cast<const float*>(a.data[6][t]) + 1.f);
+    const LambStepFactors f = LambStepFactors::at_step(op.p, *static_cast<const float*>(a.data[kStepIdx][t]) + 1.f);
     // The tensor's norms, summed once by tensor_norms_kernel.
     double w_sq = 0.0;
     double u_sq = 0.0;
     if (op.trust_ratio()) {
-      const double* norms = static_cast<const double*>(a.data[5][t]);
+      const double* norms = static_cast<const double*>(a.data[kNormRowIdx][t]);
       w_sq = norms[0];
       u_sq = norms[1];
     }
     const float factor = lamb_update_factor(dev.lr_or(op.p.lr), w_sq, u_sq, op.trust_ratio());
-    const float* m = static_cast<const float*>(a.data[3][t]);
-    const float* v = static_cast<const float*>(a.data[4][t]);
-    dispatch_weight_dtype(a, t, [&](auto zero) {
+    const float* m = static_cast<const float*>(a.data[kExpAvgIdx][t]);
+    const float* v = static_cast<const float*>(a.data[kExpAvgSqIdx][t]);
+    dispatch_stream_dtype(a, kParamIdx, t, [&](auto zero) {
       using T = decltype(zero);
       for (int64_t i = start + threadIdx.x; i < start + n; i += blockDim.x) {
         const float w = load_weight<T>(a, t, i);
@@ -224,19 +227,24 @@ __global__ void grad_norm_finish_kernel(const double* sums, int64_t rows, const 
   *out = static_cast<float>(sqrt(total) / (grad_scale != nullptr ? static_cast<double>(*grad_scale) : 1.0));
 }
 
-// The lane sums of the squares of the raw grads. Streams: 0 the grads, 1 the tensor's first row of lane sums.
+// The lane sums of the squares of the raw grads.
 struct GradSquaresChunkOp {
+  // Streams of the chunk table: the grads, and the tensor's first row of lane sums.
+  static constexpr int kGradsIdx = 0;
+  static constexpr int kLaneRowsIdx = 1;
+
   template <typename Args>
   __device__ void operator()(const Args& a, int t, int64_t start, int64_t n) const {
     double sum = 0.0;
-    dispatch_weight_dtype(a, t, [&](auto zero) {
+    dispatch_stream_dtype(a, kGradsIdx, t, [&](auto zero) {
       using T = decltype(zero);
-      const T* grad = static_cast<const T*>(a.data[0][t]) + start;
+      const T* grad = static_cast<const T*>(a.data[kGradsIdx][t]) + start;
       for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
         sum = add_square(sum, to_opmath(global_load(grad + i)));
       }
     });
-    global_store(static_cast<double*>(a.data[1][t]) + (start / cuda::kChunkSize) * kNormLanes + threadIdx.x, sum);
+    global_store(static_cast<double*>(a.data[kLaneRowsIdx][t]) + (start / cuda::kChunkSize) * kNormLanes + threadIdx.x,
+                 sum);
   }
 };
 
@@ -265,7 +273,9 @@ LaunchStatus launch_grad_norm(const TensorRef* grads, int64_t n, const float* gr
     rows[i] = {lanes + row * kNormLanes, grads[i].numel, DType::kFloat64};
     row += norm_chunks(grads[i].numel);
   }
-  const TensorRef* lists[2] = {grads, rows.data()};
+  const TensorRef* lists[2];
+  lists[GradSquaresChunkOp::kGradsIdx] = grads;
+  lists[GradSquaresChunkOp::kLaneRowsIdx] = rows.data();
   LaunchStatus status = cuda::multi_tensor_apply<2>(lists, n, GradSquaresChunkOp{}, stream);
   auto then = [&status](LaunchStatus next) {
     status.error = next.error;
@@ -288,8 +298,8 @@ LaunchStatus launch_lamb_step(const OptimTensor* tensors, int64_t n, const LambP
                               const float* grad_norm, double* lanes, double* sums, cudaStream_t stream) {
   const LambOp op{params};
   const DeviceScalars dev{grad_scale, found_inf, lr};
-  // Stream 5 of each tensor: its first row of lane sums (moments pass), then of sums (the apply pass reads the
-  // tensor's norms there).
+  // Stream kNormRowIdx of each tensor: its first row of lane sums (moments pass), then of sums (the apply pass
+  // reads the tensor's norms there).
   std::vector<OptimTensor> with_rows(tensors, tensors + n);
   std::vector<OptimTensor> with_sums(tensors, tensors + n);
   int64_t row = 0;

@@ -78,19 +78,19 @@ __device__ void for_each_element(const Args& a, int t, int64_t start, int64_t n,
   using PackF = Pack<float, kVec>;
   using PackB = Pack<uint16_t, kVec>;
   using PackR = Pack<int16_t, kVec>;
-  auto* param = static_cast<T*>(a.data[0][t]) + start;
-  auto* grad = static_cast<T*>(a.data[1][t]) + start;
+  auto* param = static_cast<T*>(a.data[kParamIdx][t]) + start;
+  auto* grad = static_cast<T*>(a.data[kGradIdx][t]) + start;
   // Index (in the chunk) of the first scalar-tail element.
   const int64_t tail_from = tail_start(a.numel[t], gin.tail_width) - start;
   auto offset = [&](int s) { return a.data[s][t] ? static_cast<float*>(a.data[s][t]) + start : nullptr; };
-  float* master = offset(2);
-  float* m = offset(3);
-  float* v = offset(4);
-  float* vmax = offset(5);
+  float* master = offset(kMasterIdx);
+  float* m = offset(kExpAvgIdx);
+  float* v = offset(kExpAvgSqIdx);
+  float* vmax = offset(kMaxExpAvgSqIdx);
   // BF16 weight + int16 remainder: the exact FP32 master without a FP32 copy.
   int16_t* rem = nullptr;
   if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    rem = a.data[7][t] ? static_cast<int16_t*>(a.data[7][t]) + start : nullptr;
+    rem = a.data[kRemainderIdx][t] ? static_cast<int16_t*>(a.data[kRemainderIdx][t]) + start : nullptr;
   }
   auto* bits = reinterpret_cast<uint16_t*>(param);
   const auto param_io = stream_io<kVec>(param);
@@ -239,7 +239,7 @@ __device__ void for_each_element(const Args& a, int t, int64_t start, int64_t n,
 template <typename Args, typename Body>
 __device__ void dispatch_dtype(const Args& a, int t, int64_t start, int64_t n, const GradIn& gin,
                                const Body& body) {
-  switch (a.dtype[0][t]) {
+  switch (a.dtype[kParamIdx][t]) {
     case DType::kFloat16:
       for_each_element<__half>(a, t, start, n, gin, body);
       break;
@@ -262,7 +262,7 @@ struct AdamChunkOp {
     if (dev.skipped()) {
       return;
     }
-    const float step = *static_cast<const float*>(a.data[6][t]) + 1.f;
+    const float step = *static_cast<const float*>(a.data[kStepIdx][t]) + 1.f;
     const AdamStepFactors f = AdamStepFactors::at_step(op.p, dev.lr_or(op.p.lr), step);
     dispatch_dtype(a, t, start, n, dev.grad_in(op.p.write_unscaled_grads, op.p.tail_width),
                    [&](float& w, float g, float* m, float* v, float* vmax, bool tail) {
@@ -283,7 +283,7 @@ struct SgdChunkOp {
     SgdParams p = op.p;
     p.lr = dev.lr_or(p.lr);
     const SgdOp step_op(p);
-    const bool first = a.data[6][t] == nullptr || *static_cast<const float*>(a.data[6][t]) == 0.f;
+    const bool first = a.data[kStepIdx][t] == nullptr || *static_cast<const float*>(a.data[kStepIdx][t]) == 0.f;
     dispatch_dtype(a, t, start, n, dev.grad_in(p.write_unscaled_grads, p.tail_width),
                    [&](float& w, float g, float* buf, float*, float*, bool tail) {
                      step_op(w, g, buf, first, tail);

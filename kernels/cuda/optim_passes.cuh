@@ -1,6 +1,6 @@
 // The pieces the fused optimizer kernels share (optim_kernels.cu: Adam and SGD; lamb_kernels.cu: LAMB and the
-// grad norm): the device scalars every step reads, the chunk table of the optimizer streams and the kernel
-// that bumps the step counts. Included by those two files only (file-local definitions).
+// grad norm): the names of the optimizer streams, the device scalars every step reads, the chunk table of those
+// streams and the kernel that bumps the step counts. Included by those two files only (file-local definitions).
 #pragma once
 
 #include <type_traits>
@@ -14,8 +14,16 @@
 namespace ampkit::kernels {
 namespace {
 
-// Streams in the chunk table: 0 param, 1 grad, 2 master, 3 exp_avg, 4 exp_avg_sq, 5 max_exp_avg_sq, 6 step,
-// 7 remainder.
+// The streams of the chunk table, one per field of OptimTensor (named as ATen's fused_adam_utils.cuh names its
+// tensor lists).
+constexpr int kParamIdx = 0;
+constexpr int kGradIdx = 1;
+constexpr int kMasterIdx = 2;
+constexpr int kExpAvgIdx = 3;
+constexpr int kExpAvgSqIdx = 4;
+constexpr int kMaxExpAvgSqIdx = 5;
+constexpr int kStepIdx = 6;
+constexpr int kRemainderIdx = 7;
 constexpr int kStreams = 8;
 
 using cuda::from_opmath;
@@ -71,10 +79,18 @@ LaunchStatus launch_passes(const OptimTensor* tensors, int64_t n, const ChunkOp&
   std::vector<TensorRef> lists(static_cast<size_t>(kStreams * n));
   for (int64_t i = 0; i < n; ++i) {
     const OptimTensor& t = tensors[i];
-    void* streams[kStreams] = {t.param, t.grad, t.master, t.exp_avg, t.exp_avg_sq,
-                               t.max_exp_avg_sq, t.step, t.remainder};
+    void* streams[kStreams];
+    streams[kParamIdx] = t.param;
+    streams[kGradIdx] = t.grad;
+    streams[kMasterIdx] = t.master;
+    streams[kExpAvgIdx] = t.exp_avg;
+    streams[kExpAvgSqIdx] = t.exp_avg_sq;
+    streams[kMaxExpAvgSqIdx] = t.max_exp_avg_sq;
+    streams[kStepIdx] = t.step;
+    streams[kRemainderIdx] = t.remainder;
     for (int s = 0; s < kStreams; ++s) {
-      lists[s * n + i] = TensorRef{streams[s], t.numel, s < 2 ? t.dtype : DType::kFloat32};
+      const bool weight_typed = s == kParamIdx || s == kGradIdx;
+      lists[s * n + i] = TensorRef{streams[s], t.numel, weight_typed ? t.dtype : DType::kFloat32};
     }
   }
   const TensorRef* heads[kStreams];
