@@ -3,13 +3,12 @@
 #include <ATen/MemoryOverlap.h>
 #include <c10/util/Exception.h>
 
-#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
-#include <string>
 #include <vector>
 
+#include "alias_check.h"
 #include "descriptors.h"
 #include "op_args.h"
 
@@ -98,163 +97,6 @@ void check_scale_factors(const char* op, double growth_factor, double backoff_fa
   TORCH_CHECK_VALUE(growth_interval >= 1 && growth_interval <= std::numeric_limits<int32_t>::max(), "ampkit::", op,
                     ": growth_interval must be in [1, 2^31 - 1], but got ", growth_interval);
 }
-
-// NOTE [Aliasing]
-// The tensors an op writes (and the device scalars it reads while writing) must not share memory: two views of
-// one buffer in a list would be updated twice, a master aliasing a moment would corrupt the weight, found_inf
-// aliasing inv_scale would change the scale mid-launch. Byte ranges are sorted to find candidate pairs in
-// O(n log n); a candidate is confirmed with ATen's overlap test, as ATen's own in-place ops do: full or partial
-// overlap is refused, while views it cannot decide (interleaved strided views of one buffer, such as the even and
-// odd columns of a matrix, which share no element) are accepted.
-class AliasCheck {
- public:
-  explicit AliasCheck(const char* op) : op_(op) {}
-
-  void add(const char* arg, const at::Tensor& t, int64_t index = -1, bool read_only = false) {
-    if (t.defined()) {
-      add_range(arg, t, index, read_only, nullptr);
-    }
-  }
-
-  // add() of a defined tensor that also returns its data pointer when `data` (t.mutable_data_ptr(): its metadata
-  // and storage read once for both; nullptr without `data`).
-  void* add_defined(const char* arg, const at::Tensor& t, int64_t index, bool read_only, bool data) {
-    void* ptr = data ? t.mutable_data_ptr() : nullptr;
-    add_range(arg, t, index, read_only, ptr);
-    return ptr;
-  }
-
-  void reserve(size_t more) {
-    // Growing geometrically (an exact reserve per list would copy every earlier record).
-    if (ranges_.capacity() < ranges_.size() + more) {
-      ranges_.reserve(std::max(ranges_.size() + more, 2 * ranges_.capacity()));
-      entries_.reserve(ranges_.capacity());
-    }
-  }
-
- private:
-  // `ptr`: t's data pointer when the caller has it.
-  void add_range(const char* arg, const at::Tensor& t, int64_t index, bool read_only, const void* ptr) {
-    const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
-    if (impl->device_type() == c10::DeviceType::Meta || impl->numel() == 0 || !impl->has_storage()) {
-      return;
-    }
-    int64_t extent = 1;  // elements from the first to one past the last (a contiguous tensor: its numel)
-    if (impl->is_contiguous()) {
-      extent = impl->numel();
-    } else {
-      all_contiguous_ = false;
-      const auto sizes = impl->sizes();
-      const auto strides = impl->strides();
-      for (size_t d = 0; d < sizes.size(); ++d) {
-        extent += (sizes[d] - 1) * strides[d];
-      }
-    }
-    const auto begin = reinterpret_cast<uintptr_t>(ptr != nullptr ? ptr : t.const_data_ptr());
-    ranges_.push_back({begin, begin + static_cast<uintptr_t>(extent * static_cast<int64_t>(impl->itemsize())),
-                       static_cast<uint32_t>(entries_.size())});
-    entries_.push_back({arg, index, &t, read_only});
-  }
-
- public:
-  // `read_only`: the list is only read, so its tensors may share memory with each other (never with the others).
-  void add(const char* arg, at::TensorList list, bool read_only = false) {
-    reserve(list.size());
-    for (size_t i = 0; i < list.size(); ++i) {
-      add(arg, list[i], static_cast<int64_t>(i), read_only);
-    }
-  }
-
-  void add(const char* arg, const std::optional<at::Tensor>& t, bool read_only = false) {
-    if (t.has_value()) {
-      add(arg, *t, -1, read_only);
-    }
-  }
-
-  // Throws, naming both arguments, if any two added tensors share an element. Ranges are sorted by start (small
-  // records); a range that starts at or after the end of every earlier one overlaps none of them, so only the
-  // others are compared with the ranges still open.
-  void check() {
-    // NOTE [Alias check memo]
-    // An optimizer's lists are the same tensors step after step (and, with grads kept between steps or reused
-    // by the allocator, the same memory). The verdict depends only on the ranges and which of them are read-only
-    // when every tensor is contiguous (two contiguous tensors share an element iff their ranges overlap), so the
-    // last call that passed on this thread is kept: the same ranges in the same order pass again without the sort.
-    // Compared in place; the key is built (before the sort reorders the ranges) only when it differs.
-    thread_local std::vector<uintptr_t> passed;
-    thread_local const char* passed_op = nullptr;
-    std::vector<uintptr_t> key;
-    if (all_contiguous_) {
-      bool same = passed_op == op_ && passed.size() == ranges_.size() * 3;
-      for (size_t i = 0; same && i < ranges_.size(); ++i) {
-        const Range& r = ranges_[i];
-        same = passed[3 * i] == r.begin && passed[3 * i + 1] == r.end &&
-               passed[3 * i + 2] == (entries_[r.entry].read_only ? 1u : 0u);
-      }
-      if (same) {
-        return;
-      }
-      key.reserve(ranges_.size() * 3);
-      for (const Range& r : ranges_) {
-        key.push_back(r.begin);
-        key.push_back(r.end);
-        key.push_back(entries_[r.entry].read_only ? 1 : 0);
-      }
-    }
-    std::sort(ranges_.begin(), ranges_.end(), [](const Range& a, const Range& b) { return a.begin < b.begin; });
-    std::vector<const Range*> open;
-    uintptr_t max_end = 0;
-    for (const Range& r : ranges_) {
-      if (r.begin >= max_end) {
-        open.clear();
-      } else {
-        open.erase(std::remove_if(open.begin(), open.end(), [&](const Range* o) { return o->end <= r.begin; }),
-                   open.end());
-        const Entry& e = entries_[r.entry];
-        for (const Range* o : open) {
-          const Entry& oe = entries_[o->entry];
-          if (oe.read_only && e.read_only) {
-            continue;
-          }
-          const at::MemOverlapStatus status = at::get_overlap_status(*oe.t, *e.t);
-          if (status == at::MemOverlapStatus::Full || status == at::MemOverlapStatus::Partial) {
-            TORCH_CHECK(false, "ampkit::", op_, ": ", name(oe), " and ", name(e),
-                        " share memory, but every tensor the op writes (and each device scalar it reads) must be "
-                        "distinct: the same tensor twice in a list, or two overlapping views of one buffer?");
-          }
-        }
-      }
-      open.push_back(&r);
-      max_end = std::max(max_end, r.end);
-    }
-    if (all_contiguous_) {
-      passed = std::move(key);
-      passed_op = op_;
-    }
-  }
-
- private:
-  struct Range {
-    uintptr_t begin;
-    uintptr_t end;
-    uint32_t entry;
-  };
-  struct Entry {
-    const char* arg;
-    int64_t index;
-    const at::Tensor* t;
-    bool read_only;
-  };
-
-  static std::string name(const Entry& e) {
-    return e.index < 0 ? std::string(e.arg) : std::string(e.arg) + "[" + std::to_string(e.index) + "]";
-  }
-
-  const char* op_;
-  std::vector<Range> ranges_;
-  std::vector<Entry> entries_;
-  bool all_contiguous_ = true;
-};
 
 // A list entry of the FP16/BF16/FP32-only ops (cast passes, grad_stats): defined, strided, of one of those dtypes,
 // on `device` (the first entry's when not set yet; `like` names what set it).
