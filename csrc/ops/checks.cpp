@@ -245,8 +245,9 @@ struct StepLists {
 // grads are read while the rest is written, and stored back when unscaled. A step that only reads its grads
 // (LAMB) lets them, and its device scalars (`grad_norm` among them), share memory with each other, never with what
 // it writes.
-void check_step(const char* op, const OptimLists& l, const StepLists& spec, const StepScalars& s,
-                const std::optional<at::Tensor>& grad_norm, std::vector<kernels::OptimTensor>* tensors) {
+void check_step_and_build_descriptors(const char* op, const OptimLists& l, const StepLists& spec,
+                                      const StepScalars& s, const std::optional<at::Tensor>& grad_norm,
+                                      std::vector<kernels::OptimTensor>* tensors) {
   const size_t n = l.params.size();
   check_list_length(op, "grads", l.grads, n, true);
   check_list_length(op, "master_params", l.master_params, n, false);
@@ -348,23 +349,25 @@ void check_step(const char* op, const OptimLists& l, const StepLists& spec, cons
 
 }  // namespace
 
-void check(const AdamStepArgs& a, std::vector<kernels::OptimTensor>* tensors) {
+void check_and_build_descriptors(const AdamStepArgs& a, std::vector<kernels::OptimTensor>* tensors) {
   check_adam_hparams(a.op, a.lr, a.beta1, a.beta2, a.weight_decay, a.eps);
-  check_step(a.op, a.lists, {"exp_avgs", true, true, a.amsgrad, true, false}, a.scalars, std::nullopt, tensors);
+  check_step_and_build_descriptors(a.op, a.lists, {"exp_avgs", true, true, a.amsgrad, true, false}, a.scalars,
+                                   std::nullopt, tensors);
 }
 
-void check(const SgdStepArgs& a, std::vector<kernels::OptimTensor>* tensors) {
+void check_and_build_descriptors(const SgdStepArgs& a, std::vector<kernels::OptimTensor>* tensors) {
   check_sgd_hparams(a.op, a.lr, a.momentum, a.dampening, a.weight_decay, a.nesterov);
   const bool momentum = a.momentum != 0.0;
-  check_step(a.op, a.lists, {"momentum_buffers", momentum, false, false, momentum, false}, a.scalars, std::nullopt,
-             tensors);
+  check_step_and_build_descriptors(a.op, a.lists, {"momentum_buffers", momentum, false, false, momentum, false},
+                                   a.scalars, std::nullopt, tensors);
 }
 
-void check(const LambStepArgs& a, std::vector<kernels::OptimTensor>* tensors) {
+void check_and_build_descriptors(const LambStepArgs& a, std::vector<kernels::OptimTensor>* tensors) {
   check_adam_hparams(a.op, a.lr, a.beta1, a.beta2, a.weight_decay, a.eps);
   TORCH_CHECK_VALUE(a.max_grad_norm >= 0.0 && std::isfinite(a.max_grad_norm), "ampkit::", a.op,
                     ": max_grad_norm must be a finite number >= 0 (0: no clipping), but got ", a.max_grad_norm);
-  check_step(a.op, a.lists, {"exp_avgs", true, true, false, true, true}, a.scalars, a.grad_norm, tensors);
+  check_step_and_build_descriptors(a.op, a.lists, {"exp_avgs", true, true, false, true, true}, a.scalars,
+                                   a.grad_norm, tensors);
 }
 
 void check(const GradNormArgs& a) {

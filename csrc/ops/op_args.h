@@ -134,12 +134,13 @@ void check(const UnscaleArgs& a);
 void check(const UpdateScaleArgs& a);
 void check(const CastArgs& a);
 void check(const GradStatsArgs& a);
-// The fused steps also fill `tensors`, when given, with one kernel descriptor per parameter (zero-size params
-// included: their step counts advance), built in the same pass as the checks (NOTE [One pass per parameter]).
-void check(const AdamStepArgs& a, std::vector<kernels::OptimTensor>* tensors = nullptr);
-void check(const SgdStepArgs& a, std::vector<kernels::OptimTensor>* tensors = nullptr);
-void check(const LambStepArgs& a, std::vector<kernels::OptimTensor>* tensors = nullptr);
 void check(const GradNormArgs& a);
+// The same for the fused steps, which also fill `tensors`, when given (the Meta kernels check only), with one
+// kernel descriptor per parameter (zero-size params included: their step counts advance), built in the same
+// pass as the checks (NOTE [One pass per parameter]).
+void check_and_build_descriptors(const AdamStepArgs& a, std::vector<kernels::OptimTensor>* tensors = nullptr);
+void check_and_build_descriptors(const SgdStepArgs& a, std::vector<kernels::OptimTensor>* tensors = nullptr);
+void check_and_build_descriptors(const LambStepArgs& a, std::vector<kernels::OptimTensor>* tensors = nullptr);
 
 // The functors' parameters from checked arguments (`lr` replaces the op's lr: the CPU reads lr_tensor on the
 // host; `tail_width`: NOTE [torch's scalar tail]).

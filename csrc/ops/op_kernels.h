@@ -31,10 +31,10 @@ template <typename Args, StepRunFn<Args> Run>
 void check_and_run_step(const Args& args) {
   if constexpr (Run != nullptr) {
     std::vector<kernels::OptimTensor> tensors;
-    check(args, &tensors);
+    check_and_build_descriptors(args, &tensors);
     Run(args, tensors);
   } else {
-    check(args);
+    check_and_build_descriptors(args);
   }
 }
 
