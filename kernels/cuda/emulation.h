@@ -2,8 +2,8 @@
 // kernel sources compiled by the host compiler and run on the CPU, so that every kernel executes in tests on
 // machines without a GPU. It supplies the CUDA keywords, the built-in index variables, block-shared memory, the
 // barriers and warp primitives, and the grid runner; the FP16/BF16 types and their host conversions come from the
-// toolkit's own cuda_fp16.h / cuda_bf16.h. The scheduler behind it (fibers, barriers, error reports) lives in
-// emulation_runtime.h / emulation_runtime.cpp.
+// toolkit's own cuda_fp16.h / cuda_bf16.h. The scheduler behind it lives in emulation_runtime.h (its interface),
+// emulation_runtime.cpp (fibers, blocks, shared memory) and emulation_sync.cpp (barriers, error reports).
 //
 // NOTE [Emulated execution]
 // A grid runs block after block on the calling host thread: in blockIdx order, or in a seeded random order with

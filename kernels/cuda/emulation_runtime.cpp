@@ -1,8 +1,8 @@
 // The scheduler of the emulated CUDA build (NOTE [Emulated execution] in emulation.h): per host thread, a pool
-// of fibers that run a block's threads, the block's shared-memory arena, the barriers and warp primitives that
-// suspend and resume fibers, the report of a block that cannot go on, and the order of a grid's blocks. The
+// of fibers that run a block's threads, the block's shared-memory arena and the order of a grid's blocks. The
 // fiber switch is a dozen instructions of assembly on x86-64 (swapcontext elsewhere, which costs a sigprocmask
-// system call per switch), annotated for AddressSanitizer.
+// system call per switch), annotated for AddressSanitizer. The barriers and warp primitives that suspend and
+// resume fibers, and the report of a block that cannot go on, are in emulation_sync.cpp.
 #include "emulation_runtime.h"
 
 #include <sys/mman.h>
@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "emulation.h"
+#include "emulation_scheduler.h"
 
 #if defined(__SANITIZE_ADDRESS__)
 #define AMPKIT_EMULATION_ASAN 1
@@ -29,13 +30,7 @@
 #include <sanitizer/common_interface_defs.h>
 #endif
 
-#if defined(__x86_64__) && defined(__linux__) && !defined(AMPKIT_EMULATION_UCONTEXT)
-#define AMPKIT_EMULATION_ASM_SWITCH 1
-#else
-#include <ucontext.h>
-#endif
-
-namespace ampkit::kernels::emulation {
+namespace ampkit::kernels::emulation::detail {
 namespace {
 
 // ---- contexts ----------------------------------------------------------------------------------------------------
@@ -43,7 +38,7 @@ namespace {
 
 #if defined(AMPKIT_EMULATION_ASM_SWITCH)
 }  // namespace
-}  // namespace ampkit::kernels::emulation
+}  // namespace ampkit::kernels::emulation::detail
 
 // Saves the callee-saved registers of the System V ABI on the current stack, stores the stack pointer in
 // *save_sp, and continues on load_sp's stack, whose registers it pops. The floating-point control words are one
@@ -74,12 +69,9 @@ ampkit_emulation_switch:
   .size ampkit_emulation_switch, .-ampkit_emulation_switch
 )");
 
-namespace ampkit::kernels::emulation {
+namespace ampkit::kernels::emulation::detail {
 namespace {
 
-struct Context {
-  void* sp = nullptr;
-};
 void context_switch(Context* from, Context* to) { ampkit_emulation_switch(&from->sp, to->sp); }
 // A stack whose first switch pops six zero registers and returns into fiber_entry, with the stack pointer as
 // after a call (8 mod 16) and a zero return address above it, where unwinders stop.
@@ -94,9 +86,6 @@ void context_init(Context* c, char* lo, size_t size) {
   c->sp = slots - 8;
 }
 #else
-struct Context {
-  ucontext_t uc;
-};
 void context_switch(Context* from, Context* to) { swapcontext(&from->uc, &to->uc); }
 void context_init(Context* c, char* lo, size_t size) {
   getcontext(&c->uc);
@@ -144,6 +133,8 @@ constexpr size_t kStackBytes = 512 * 1024;  // ASan's redzones make frames sever
 constexpr size_t kStackBytes = 256 * 1024;
 #endif
 
+}  // namespace
+
 struct Fiber {
   Context ctx;
   char* map = nullptr;  // guard page, then the stack
@@ -176,142 +167,23 @@ struct Fiber {
   Fiber& operator=(const Fiber&) = delete;
 };
 
-enum class State : uint8_t { kRunnable, kBarrier, kWarp, kExited };
-
-struct ThreadState {
-  uint3 idx{};
-  State state = State::kRunnable;
-  detail::BarrierKind barrier = detail::BarrierKind::kSync;
-  int pred = 0;
-  const char* file = nullptr;
-  int line = 0;
-  detail::WarpOp warp{};
-  uint64_t result = 0;
-  int fiber = -1;  // -1 until the thread starts
-};
-
-constexpr size_t kRedzone = 64;
-constexpr size_t kArenaBytes = 2 * kMaxSharedBytes + 64 * kRedzone;
-
-struct SharedSite {
-  const void* site;
-  unsigned char* ptr;
-};
-
-struct Scheduler {
-  std::vector<std::unique_ptr<Fiber>> fibers;
-  std::vector<ThreadState> threads;
-  Context host;
-  void* host_fake_stack = nullptr;
-  const void* host_stack_bottom = nullptr;
-  size_t host_stack_size = 0;
-  void (*body)(const void*) = nullptr;
-  const void* ctx = nullptr;
-  bool in_launch = false;
-  // The block being run: the running thread and fiber, the next thread to start, the parked fibers.
-  int current = 0;
-  int current_fiber = 0;
-  int next_unstarted = 0;
-  std::vector<int> free_fibers;
-  int n_threads = 0;
-  int live = 0;
-  int arrived = 0;
-  bool failed = false;
-  cudaError_t failure = cudaSuccess;
-  std::string error;
-  // Shared memory: [dynamic | redzone | static array | redzone | ...].
-  std::vector<unsigned char> arena_storage;
-  unsigned char* arena = nullptr;
-  size_t dynamic_bytes = 0;
-  size_t static_begin = 0;
-  size_t arena_used = 0;
-  std::vector<SharedSite> sites;
-  // Block order.
-  bool order_set = false;
-  BlockOrder order;
-  uint64_t launches_since_order = 0;
-  std::vector<uint64_t> last_order;
-
-  Scheduler() : arena_storage(kArenaBytes + 64) {
-    arena = arena_storage.data() + (64 - reinterpret_cast<uintptr_t>(arena_storage.data()) % 64) % 64;
-  }
-};
+Scheduler::Scheduler() : arena_storage(kArenaBytes + 64) {
+  arena = arena_storage.data() + (64 - reinterpret_cast<uintptr_t>(arena_storage.data()) % 64) % 64;
+}
 
 Scheduler& scheduler() {
   thread_local Scheduler s;
   return s;
 }
+
+namespace {
+
 // The scheduler of the launch running on this host thread (set for its duration; primitives called outside a
 // launch find none).
 thread_local Scheduler* tls_active = nullptr;
 
-std::string thread_name(const uint3& t) {
-  return "thread (" + std::to_string(t.x) + "," + std::to_string(t.y) + "," + std::to_string(t.z) + ")";
-}
-std::string block_name() {
-  return "block (" + std::to_string(blockIdx.x) + "," + std::to_string(blockIdx.y) + "," +
-         std::to_string(blockIdx.z) + ")";
-}
-std::string site_name(const char* file, int line) { return std::string(file) + ":" + std::to_string(line); }
+}  // namespace
 
-const char* barrier_name(detail::BarrierKind k) {
-  switch (k) {
-    case detail::BarrierKind::kSync:
-      return "__syncthreads()";
-    case detail::BarrierKind::kCount:
-      return "__syncthreads_count()";
-    case detail::BarrierKind::kAnd:
-      return "__syncthreads_and()";
-    case detail::BarrierKind::kOr:
-      return "__syncthreads_or()";
-  }
-  return "?";
-}
-const char* warp_name(detail::WarpKind k) {
-  switch (k) {
-    case detail::WarpKind::kSync:
-      return "__syncwarp";
-    case detail::WarpKind::kShfl:
-      return "__shfl_sync";
-    case detail::WarpKind::kShflUp:
-      return "__shfl_up_sync";
-    case detail::WarpKind::kShflDown:
-      return "__shfl_down_sync";
-    case detail::WarpKind::kShflXor:
-      return "__shfl_xor_sync";
-    case detail::WarpKind::kBallot:
-      return "__ballot_sync";
-    case detail::WarpKind::kAny:
-      return "__any_sync";
-    case detail::WarpKind::kAll:
-      return "__all_sync";
-    case detail::WarpKind::kMatchAny:
-      return "__match_any_sync";
-  }
-  return "?";
-}
-std::string hex(unsigned v) {
-  char buf[16];
-  std::snprintf(buf, sizeof buf, "0x%08x", v);
-  return buf;
-}
-// Where a waiting or exited thread is, for a report.
-std::string where(const ThreadState& t) {
-  switch (t.state) {
-    case State::kExited:
-      return "exited";
-    case State::kBarrier:
-      return std::string("waits at ") + barrier_name(t.barrier) + " at " + site_name(t.file, t.line);
-    case State::kWarp:
-      return std::string("waits at ") + warp_name(t.warp.kind) + "(mask " + hex(t.warp.mask) + ") at " +
-             site_name(t.warp.file, t.warp.line);
-    case State::kRunnable:
-      break;
-  }
-  return "runs";
-}
-
-// Back to the host stack; returns when the scheduler resumes this fiber.
 void yield_to_host(Scheduler& s) {
   Fiber& f = *s.fibers[static_cast<size_t>(s.current_fiber)];
   asan_start_switch(&f.fake_stack, s.host_stack_bottom, s.host_stack_size);
@@ -319,7 +191,6 @@ void yield_to_host(Scheduler& s) {
   asan_finish_switch(f.fake_stack, &s.host_stack_bottom, &s.host_stack_size);
 }
 
-// Reports an error of the running thread's block and never returns: the host abandons the block's fibers.
 [[noreturn]] void fail(Scheduler& s, cudaError_t code, const std::string& message) {
   s.failed = true;
   s.failure = code;
@@ -336,6 +207,8 @@ Scheduler& active(const char* what) {
   }
   return *tls_active;
 }
+
+namespace {
 
 // A fiber runs its thread and, when that exits, the next thread not started yet, on the same stack without a
 // switch: a block that never waits runs on one fiber. A fiber with no thread left to start parks on the host.
@@ -405,42 +278,6 @@ void abandon_block(Scheduler& s) {
   }
 }
 
-// The message for a block in which no fiber can run: the first waiting thread and a thread it waits for.
-std::string stuck_message(const Scheduler& s) {
-  const auto& th = s.threads;
-  for (int t = 0; t < s.n_threads; ++t) {
-    const ThreadState& me = th[static_cast<size_t>(t)];
-    if (me.state == State::kBarrier) {
-      for (int o = 0; o < s.n_threads; ++o) {
-        const ThreadState& other = th[static_cast<size_t>(o)];
-        if (other.state != State::kBarrier) {
-          return block_name() + " " + thread_name(me.idx) + " waits at " + barrier_name(me.barrier) + " at " +
-                 site_name(me.file, me.line) + ", which " + thread_name(other.idx) + " never reaches: it " +
-                 where(other) + " (divergent barrier)";
-        }
-      }
-    }
-    if (me.state == State::kWarp) {
-      const int warp_base = t / 32 * 32;
-      for (int l = 0; l < 32 && warp_base + l < s.n_threads; ++l) {
-        const ThreadState& other = th[static_cast<size_t>(warp_base + l)];
-        if (((me.warp.mask >> l) & 1u) == 0 || &other == &me) {
-          continue;
-        }
-        if (other.state != State::kWarp || other.warp.kind != me.warp.kind || other.warp.mask != me.warp.mask ||
-            other.warp.width != me.warp.width || other.warp.bytes != me.warp.bytes) {
-          return block_name() + " " + thread_name(me.idx) + " (lane " + std::to_string(t % 32) + ") waits at " +
-                 warp_name(me.warp.kind) + "(mask " + hex(me.warp.mask) + ") at " +
-                 site_name(me.warp.file, me.warp.line) + ", but lane " + std::to_string(l) + " named in the mask, " +
-                 thread_name(other.idx) + ", " + where(other) +
-                 (other.state == State::kExited ? " (it cannot arrive)" : " (mask mismatch)");
-        }
-      }
-    }
-  }
-  return block_name() + " cannot go on";
-}
-
 uint64_t splitmix64(uint64_t& x) {
   uint64_t z = (x += 0x9e3779b97f4a7c15ull);
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
@@ -449,8 +286,11 @@ uint64_t splitmix64(uint64_t& x) {
 }
 
 }  // namespace
+}  // namespace ampkit::kernels::emulation::detail
 
-const std::string& last_error() { return scheduler().error; }
+namespace ampkit::kernels::emulation {
+
+const std::string& last_error() { return detail::scheduler().error; }
 
 bool parse_block_order(const char* text, BlockOrder* out) {
   if (text == nullptr || *text == '\0' || std::strcmp(text, "in_order") == 0) {
@@ -481,7 +321,7 @@ bool parse_block_order(const char* text, BlockOrder* out) {
 }
 
 void set_block_order(const BlockOrder* order) {
-  Scheduler& s = scheduler();
+  detail::Scheduler& s = detail::scheduler();
   s.order_set = order != nullptr;
   if (order != nullptr) {
     s.order = *order;
@@ -490,14 +330,14 @@ void set_block_order(const BlockOrder* order) {
 }
 
 const uint64_t* last_block_order(size_t* count) {
-  Scheduler& s = scheduler();
+  detail::Scheduler& s = detail::scheduler();
   *count = s.last_order.size();
   return s.last_order.data();
 }
 
 FiberStats fiber_stats() {
-  const Scheduler& s = scheduler();
-  return FiberStats{s.fibers.size(), s.fibers.size() * kStackBytes};
+  const detail::Scheduler& s = detail::scheduler();
+  return FiberStats{s.fibers.size(), s.fibers.size() * detail::kStackBytes};
 }
 
 namespace detail {
@@ -637,162 +477,6 @@ void* block_shared(const void* site, size_t bytes, size_t align) {
 }
 
 void* dynamic_shared() { return active("AMPKIT_DYNAMIC_SHARED").arena; }
-
-int block_barrier(BarrierKind kind, int pred, const char* file, int line) {
-  Scheduler& s = active(barrier_name(kind));
-  ThreadState& me = s.threads[static_cast<size_t>(s.current)];
-  me.state = State::kBarrier;
-  me.barrier = kind;
-  me.pred = pred != 0 ? 1 : 0;
-  me.file = file;
-  me.line = line;
-  s.arrived += 1;
-  if (s.arrived < s.n_threads) {
-    yield_to_host(s);
-    return static_cast<int>(me.result);
-  }
-  // Every thread waits here: the same barrier (line and kind) for all, or the block is divergent.
-  int count = 0;
-  const ThreadState& first = s.threads[0];
-  for (const ThreadState& t : s.threads) {
-    if (t.barrier != first.barrier || t.line != first.line || std::strcmp(t.file, first.file) != 0) {
-      fail(s, cudaErrorIllegalInstruction,
-           block_name() + " " + thread_name(first.idx) + " waits at " + barrier_name(first.barrier) + " at " +
-               site_name(first.file, first.line) + ", but " + thread_name(t.idx) +
-               " waits at " + barrier_name(t.barrier) + " at " + site_name(t.file, t.line) + " (divergent barrier)");
-    }
-    count += t.pred;
-  }
-  const int r = kind == BarrierKind::kCount ? count
-                : kind == BarrierKind::kAnd ? (count == s.n_threads ? 1 : 0)
-                : kind == BarrierKind::kOr  ? (count > 0 ? 1 : 0)
-                                            : 0;
-  for (ThreadState& t : s.threads) {
-    t.state = State::kRunnable;
-    t.result = static_cast<uint64_t>(r);
-  }
-  s.arrived = 0;
-  return r;
-}
-
-uint64_t warp_op(const WarpOp& op) {
-  Scheduler& s = active(warp_name(op.kind));
-  const int me_index = s.current;
-  ThreadState& me = s.threads[static_cast<size_t>(me_index)];
-  const int lane = me_index % 32;
-  const int base = me_index - lane;
-  const int lanes = s.n_threads - base < 32 ? s.n_threads - base : 32;
-  const unsigned existing = lanes == 32 ? 0xffffffffu : (1u << lanes) - 1u;
-  const std::string here = block_name() + " " + thread_name(me.idx) + " (lane " + std::to_string(lane) + "): " +
-                           warp_name(op.kind) + "(mask " + hex(op.mask) + ") at " + site_name(op.file, op.line);
-  if (((op.mask >> lane) & 1u) == 0) {
-    fail(s, cudaErrorIllegalInstruction, here + " is called by a lane outside its mask");
-  }
-  if (op.width < 1 || op.width > 32 || (op.width & (op.width - 1)) != 0) {
-    fail(s, cudaErrorIllegalInstruction, here + ": width " + std::to_string(op.width) +
-                                             " is not a power of two from 1 to 32");
-  }
-  me.state = State::kWarp;
-  me.warp = op;
-  const unsigned lanes_in = op.mask & existing;
-  for (int l = 0; l < lanes; ++l) {
-    if (((lanes_in >> l) & 1u) == 0) {
-      continue;
-    }
-    const ThreadState& t = s.threads[static_cast<size_t>(base + l)];
-    if (t.state != State::kWarp || t.warp.kind != op.kind || t.warp.mask != op.mask || t.warp.width != op.width ||
-        t.warp.bytes != op.bytes) {
-      yield_to_host(s);  // a lane named in the mask has not arrived: the last to arrive completes the primitive
-      return me.result;
-    }
-  }
-  // Every lane of the mask waits here: each gets its result.
-  auto value = [&](int l) { return s.threads[static_cast<size_t>(base + l)].warp.value; };
-  auto takes_part = [&](int l) { return l >= 0 && l < 32 && ((lanes_in >> l) & 1u) != 0; };
-  unsigned votes = 0;
-  for (int l = 0; l < lanes; ++l) {
-    if (takes_part(l) && value(l) != 0) {
-      votes |= 1u << l;
-    }
-  }
-  const uint64_t poison = ~uint64_t{0};
-  for (int l = 0; l < lanes; ++l) {
-    if (!takes_part(l)) {
-      continue;
-    }
-    ThreadState& t = s.threads[static_cast<size_t>(base + l)];
-    const int w = op.width;
-    const int seg_lo = l & ~(w - 1);
-    const int seg_hi = seg_lo + w - 1;
-    const int arg = t.warp.lane_arg;
-    int src = l;
-    switch (op.kind) {
-      case WarpKind::kShfl:
-        src = seg_lo + (arg & (w - 1));
-        break;
-      case WarpKind::kShflUp:
-        src = l - arg >= seg_lo ? l - arg : l;
-        break;
-      case WarpKind::kShflDown:
-        src = l + arg <= seg_hi ? l + arg : l;
-        break;
-      case WarpKind::kShflXor:
-        src = (l ^ arg) <= seg_hi ? (l ^ arg) : l;
-        break;
-      default:
-        break;
-    }
-    uint64_t r = 0;
-    switch (op.kind) {
-      case WarpKind::kSync:
-        break;
-      case WarpKind::kShfl:
-      case WarpKind::kShflUp:
-      case WarpKind::kShflDown:
-      case WarpKind::kShflXor:
-        r = takes_part(src) ? value(src) : poison;  // CUDA leaves a value from a lane not taking part undefined
-        break;
-      case WarpKind::kBallot:
-        r = votes;
-        break;
-      case WarpKind::kAny:
-        r = votes != 0 ? 1 : 0;
-        break;
-      case WarpKind::kAll:
-        r = votes == lanes_in ? 1 : 0;
-        break;
-      case WarpKind::kMatchAny: {
-        unsigned same = 0;
-        for (int k = 0; k < lanes; ++k) {
-          if (takes_part(k) && value(k) == value(l)) {
-            same |= 1u << k;
-          }
-        }
-        r = same;
-        break;
-      }
-    }
-    t.result = r;
-  }
-  for (int l = 0; l < lanes; ++l) {
-    if (takes_part(l)) {
-      s.threads[static_cast<size_t>(base + l)].state = State::kRunnable;
-    }
-  }
-  return me.result;
-}
-
-unsigned active_mask() {
-  Scheduler& s = active("__activemask");
-  const int base = s.current / 32 * 32;
-  unsigned mask = 0;
-  for (int l = 0; l < 32 && base + l < s.n_threads; ++l) {
-    if (s.threads[static_cast<size_t>(base + l)].state != State::kExited) {
-      mask |= 1u << l;
-    }
-  }
-  return mask;
-}
 
 }  // namespace detail
 }  // namespace ampkit::kernels::emulation

@@ -1,6 +1,7 @@
 // The scheduler of the emulated CUDA build (NOTE [Emulated execution] in emulation.h): the entry points the
 // kernel-facing header calls (a grid's blocks, shared memory, barriers, warp primitives) and what a test can ask
-// of it (the last error, the block order, the fiber pool). Implemented in emulation_runtime.cpp; host only.
+// of it (the last error, the block order, the fiber pool). Implemented in emulation_runtime.cpp and
+// emulation_sync.cpp; host only.
 #pragma once
 
 #include <cuda_runtime_api.h>
