@@ -110,6 +110,14 @@ at::Tensor grad_norm(at::TensorList grads, const std::optional<at::Tensor>& grad
   return op_handle<grad_norm>("ampkit::grad_norm").call(grads, grad_scale);
 }
 
+GradStats grad_stats_by_name(const at::Tensor& rows) {
+  TORCH_CHECK_VALUE(rows.dim() == 2 && rows.size(1) == kGradStatsColumns && rows.scalar_type() == at::kDouble,
+                    "ampkit::grad_stats_by_name: rows must be grad_stats' [n, ", kGradStatsColumns,
+                    "] float64 rows, but got a ", rows.scalar_type(), " tensor of shape ", rows.sizes());
+  return {rows.select(1, 0), rows.select(1, 1), rows.select(1, 2), rows.select(1, 3),
+          rows.narrow(1, kGradStatsHistFirst, kGradStatsColumns - kGradStatsHistFirst)};
+}
+
 BuildInfo build_info() {
 #if defined(AMPKIT_WITH_CUDA)
   constexpr bool kCuda = true;

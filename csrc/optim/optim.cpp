@@ -1,5 +1,6 @@
-// ampkit::optim::Adam, AdamW and SGD (see <ampkit/optim.h>): LibTorch optimizers whose step() groups each param
-// group's params by (device, has master) and runs one fused op per group.
+// ampkit::optim::Adam, AdamW, SGD and LAMB (see <ampkit/optim.h>): LibTorch optimizers over ampkit::optim::core,
+// which checks, plans and runs each group's step; what they share is the templates below (construction, the
+// step of every group, checked loads, masters), their archives' reading and writing is libtorch_archive.cpp's.
 #include "ampkit/optim.h"
 
 #include <ATen/ATen.h>
@@ -12,9 +13,12 @@
 #include <tuple>
 
 #include "ampkit/ops.h"
+#include "libtorch_archive.h"
 
 namespace ampkit::optim {
 namespace {
+
+using namespace archive;  // NOLINT(google-build-using-namespace): the archive helpers of this file's classes
 
 // Throws unless every group that carries options carries this optimizer's (groups[i] becomes group first + i).
 template <typename Options>
@@ -56,112 +60,6 @@ void add_group(const char* optimizer, torch::optim::Optimizer& self,
   keep_group_options(self.param_groups(), self.param_groups().size() - 1, {param_group});
 }
 
-// A bool option that archives from before it existed do not hold: left at its default when absent.
-void read_optional_flag(torch::serialize::InputArchive& archive, const char* key, bool& value) {
-  c10::IValue ivalue;
-  if (archive.try_read(key, ivalue)) {
-    TORCH_CHECK_VALUE(ivalue.isBool(), "ampkit::optim: option '", key, "' in the archive must be a bool, but it is a ",
-                      ivalue.tagKind());
-    value = ivalue.toBool();
-  }
-}
-
-// NOTE [LibTorch archives]
-// torch::optim::{Adam,AdamW,SGD} and these classes write torch::optim::serialize's layout, and each reads only the
-// keys it knows. LibTorch writes a state's step as an int64 and has no maximize, master_weights,
-// write_unscaled_grads or lr_tensor option. So that LibTorch reads ampkit's archives, ampkit writes steps as int64
-// too (a tensor only for a value no int64 holds exactly, which no count of steps is). Reading, a step is an int
-// (LibTorch's, and ampkit's) or a one-element tensor (ampkit's archives before); a param group whose options have
-// no master_weights (ampkit writes it always) is LibTorch's, and the options LibTorch lacks take this optimizer's
-// defaults, as ampkit.optim's load_state_dict of a torch.optim state dict does; a parameter whose state has no
-// master_param gets its master from the weight at its next step (init_master_params() after the load, while the
-// weights are FP32, takes it from the FP32 weights). What LibTorch does not take from ampkit's archives: it
-// ignores master_param, param_remainder and the options above (an O2 archive continues from the rounded
-// weights), and its reader asserts on a state that has a master but no step (init_master_params() before the
-// first step). SGD::save leaves out states that equal no state (see there).
-
-// A required option of `options` ("AdamOptions") in the archive, with a message that names the key.
-c10::IValue read_required(torch::serialize::InputArchive& archive, const char* options, const char* key) {
-  c10::IValue ivalue;
-  TORCH_CHECK_VALUE(archive.try_read(key, ivalue), "ampkit::optim::", options, "::serialize: the options in the "
-                    "archive must hold '", key, "', but they do not (an archive of another optimizer?)");
-  return ivalue;
-}
-
-double read_double(torch::serialize::InputArchive& archive, const char* options, const char* key) {
-  const c10::IValue ivalue = read_required(archive, options, key);
-  TORCH_CHECK_VALUE(ivalue.isDouble(), "ampkit::optim::", options, "::serialize: option '", key, "' in the archive "
-                    "must be a float, but got ", ivalue.tagKind());
-  return ivalue.toDouble();
-}
-
-bool read_bool(torch::serialize::InputArchive& archive, const char* options, const char* key) {
-  const c10::IValue ivalue = read_required(archive, options, key);
-  TORCH_CHECK_VALUE(ivalue.isBool(), "ampkit::optim::", options, "::serialize: option '", key, "' in the archive "
-                    "must be a bool, but got ", ivalue.tagKind());
-  return ivalue.toBool();
-}
-
-std::tuple<double, double> read_betas(torch::serialize::InputArchive& archive, const char* options) {
-  const c10::IValue ivalue = read_required(archive, options, "betas");
-  const bool pair = ivalue.isTuple() && ivalue.toTupleRef().elements().size() == 2 &&
-                    ivalue.toTupleRef().elements()[0].isDouble() && ivalue.toTupleRef().elements()[1].isDouble();
-  TORCH_CHECK_VALUE(pair, "ampkit::optim::", options, "::serialize: option 'betas' in the archive must be a tuple "
-                    "of two floats, but got ", ivalue.tagKind());
-  return {ivalue.toTupleRef().elements()[0].toDouble(), ivalue.toTupleRef().elements()[1].toDouble()};
-}
-
-// A state's step (NOTE [LibTorch archives]): an int64 (LibTorch's, ampkit's) becomes the one-element FP32 tensor
-// ampkit keeps (on the CPU here; the load moves a fused parameter's to its device); a tensor is taken as it is.
-at::Tensor read_step(torch::serialize::InputArchive& archive, const char* state) {
-  c10::IValue ivalue;
-  if (!archive.try_read("step", ivalue)) {
-    return {};
-  }
-  if (ivalue.isInt()) {
-    TORCH_CHECK_VALUE(ivalue.toInt() >= 0, "ampkit::optim::", state, "::serialize: 'step' in the archive must be "
-                      ">= 0, but got ", ivalue.toInt());
-    return at::scalar_tensor(static_cast<double>(ivalue.toInt()), at::TensorOptions().dtype(at::kFloat));
-  }
-  TORCH_CHECK_VALUE(ivalue.isTensor(), "ampkit::optim::", state, "::serialize: 'step' in the archive must be an "
-                    "int (LibTorch's format) or a tensor (ampkit's), but got ", ivalue.tagKind());
-  return ivalue.toTensor();
-}
-
-// Writes a state's step as an int64 where it holds a count (every step does), else as the tensor; returns its
-// value (nullopt: no step). Reads the step on the host: one sync per state, at save time only.
-std::optional<double> write_step(torch::serialize::OutputArchive& archive, const at::Tensor& step) {
-  if (!step.defined()) {
-    return std::nullopt;
-  }
-  const double value = step.item<double>();
-  if (value >= 0 && value == std::floor(value) && value <= 9007199254740992.0) {  // 2^53
-    archive.write("step", c10::IValue(static_cast<int64_t>(value)));
-  } else {
-    archive.write("step", step);
-  }
-  return value;
-}
-
-// Which param groups of the archive LibTorch wrote (NOTE [LibTorch archives]): those whose options have no
-// master_weights. Called after torch::optim::serialize has read the same archive, so its layout is known good.
-std::vector<bool> groups_written_by_libtorch(torch::serialize::InputArchive& archive) {
-  torch::serialize::InputArchive groups;
-  archive.read("param_groups", groups);
-  at::Tensor size;
-  groups.read("param_groups/size", size);
-  std::vector<bool> out;
-  for (int64_t i = 0; i < size.item<int64_t>(); ++i) {
-    torch::serialize::InputArchive group;
-    groups.read("param_groups/" + std::to_string(i), group);
-    torch::serialize::InputArchive options;
-    group.read("options", options);
-    c10::IValue ivalue;
-    out.push_back(!options.try_read("master_weights", ivalue));
-  }
-  return out;
-}
-
 // The options a LibTorch archive lacks, from this optimizer's defaults.
 template <bool kDecoupled>
 void take_defaults_libtorch_lacks(AdamOptionsT<kDecoupled>& o, const AdamOptionsT<kDecoupled>& d) {
@@ -176,51 +74,6 @@ void take_defaults_libtorch_lacks(SGDOptions& o, const SGDOptions& d) {
 
 void take_defaults_libtorch_lacks(LAMBOptions& o, const LAMBOptions& d) {
   o.master_weights(d.master_weights()).lr_tensor(d.lr_tensor());
-}
-
-// Writes a master_weights option: a bool or none (as archives before remainder mode), or "remainder".
-void write_master_weights(torch::serialize::OutputArchive& archive, MasterWeights mw) {
-  switch (mw.mode()) {
-    case MasterWeights::kRemainder:
-      archive.write("master_weights", c10::IValue(std::string(mw.name())));
-      break;
-    case MasterWeights::kAuto:
-      archive.write("master_weights", c10::IValue());
-      break;
-    default:
-      archive.write("master_weights", c10::IValue(mw == MasterWeights::kOn));
-  }
-}
-
-void read_master_weights(torch::serialize::InputArchive& archive, MasterWeights& mw) {
-  c10::IValue ivalue;
-  if (!archive.try_read("master_weights", ivalue)) {
-    return;
-  }
-  if (ivalue.isNone()) {
-    mw = MasterWeights::kAuto;
-  } else if (ivalue.isBool()) {
-    mw = MasterWeights(ivalue.toBool());
-  } else {
-    TORCH_CHECK_VALUE(ivalue.isString(), "ampkit::optim: option 'master_weights' in the archive must be a bool, none "
-                      "or a string, but it is a ", ivalue.tagKind());
-    mw = MasterWeights::from_name(ivalue.toStringRef());
-  }
-}
-
-void write_lr_tensor(torch::serialize::OutputArchive& archive, const at::Tensor& lr_tensor) {
-  if (lr_tensor.defined()) {
-    archive.write("lr_tensor", lr_tensor);
-  }
-}
-
-void read_lr_tensor(torch::serialize::InputArchive& archive, at::Tensor& lr_tensor) {
-  c10::IValue ivalue;
-  if (archive.try_read("lr_tensor", ivalue)) {
-    TORCH_CHECK_VALUE(ivalue.isTensor(), "ampkit::optim: option 'lr_tensor' in the archive must be a tensor, but it is a ",
-                      ivalue.tagKind());
-    lr_tensor = ivalue.toTensor();
-  }
 }
 
 // The entries of a LibTorch param state, as the core names them (and back).

@@ -19,7 +19,7 @@ from typing import Any, Iterable, Optional, Union
 
 import torch
 
-from .ops import GRAD_STATS_COLUMNS, GRAD_STATS_HIST_FIRST, GRAD_STATS_HIST_MIN_EXP, grad_stats
+from .ops import GRAD_STATS_COLUMNS, GRAD_STATS_HIST_FIRST, GRAD_STATS_HIST_MIN_EXP
 
 __all__ = ["GradMonitor", "grad_records", "write_records", "convert"]
 
@@ -39,7 +39,7 @@ def grad_records(named_parameters: Iterable[tuple[str, torch.Tensor]], inv_scale
     """One record per parameter with a gradient (the JSON-lines schema of ``ampkit::GradStatsLog``): max_abs, norm,
     non_finite, zeros, below/above (exponents outside -133..127) and ``counts`` of exponents from ``first_exp``.
     ``inv_scale_of(device)`` gives the factor that unscales the grads (None: they are unscaled). One
-    :func:`grad_stats` call per device, then one copy to the host."""
+    :func:`ampkit.grad_stats` op call per device, then one copy to the host."""
     by_device: dict[torch.device, list[tuple[str, torch.Tensor]]] = {}
     for name, p in named_parameters:
         g = p.grad
@@ -51,7 +51,7 @@ def grad_records(named_parameters: Iterable[tuple[str, torch.Tensor]], inv_scale
     records = []
     for device, pairs in by_device.items():
         inv = inv_scale_of(device) if inv_scale_of is not None else None
-        rows = grad_stats([g for _, g in pairs], inv).cpu().tolist()
+        rows = torch.ops.ampkit.grad_stats([g for _, g in pairs], inv).cpu().tolist()  # one copy of every row
         records += [_row_record(name, row) for (name, _), row in zip(pairs, rows)]
     return records
 

@@ -6,6 +6,7 @@ from typing import Sequence
 
 import torch
 
+from . import _C
 
 
 def unscale_and_check_(grads: Sequence[torch.Tensor], found_inf: torch.Tensor, inv_scale: torch.Tensor) -> None:
@@ -40,25 +41,30 @@ def cast_unscale_and_check_(src: Sequence[torch.Tensor], out: Sequence[torch.Ten
     torch.ops.ampkit.cast_unscale_and_check_(list(src), list(out), found_inf, inv_scale)
 
 
-GRAD_STATS_COLUMNS = 267
-"""Columns of :func:`grad_stats`' rows: 0 max |g| (finite), 1 L2 norm (finite), 2 Inf/NaN count, 3 zero count, then
-the exponent histogram (:data:`GRAD_STATS_HIST_FIRST`)."""
-GRAD_STATS_HIST_FIRST = 4
+GRAD_STATS_COLUMNS: int = _C.GRAD_STATS_COLUMNS
+"""Columns of ``torch.ops.ampkit.grad_stats``' rows: 0 max |g| (finite), 1 L2 norm (finite), 2 Inf/NaN count, 3 zero
+count, then the exponent histogram (:data:`GRAD_STATS_HIST_FIRST`)."""
+GRAD_STATS_HIST_FIRST: int = _C.GRAD_STATS_HIST_FIRST
 """Column of the histogram's first bin (exponents below ``GRAD_STATS_HIST_MIN_EXP``); column
 ``GRAD_STATS_HIST_FIRST + 1 + e - GRAD_STATS_HIST_MIN_EXP`` counts exponent ``e`` up to 127; the last column counts
 exponents above 127."""
-GRAD_STATS_HIST_MIN_EXP = -133
+GRAD_STATS_HIST_MIN_EXP: int = _C.GRAD_STATS_HIST_MIN_EXP
 
 
-def grad_stats(grads: Sequence[torch.Tensor], inv_scale: torch.Tensor | None = None) -> torch.Tensor:
-    """Per gradient, one FP64 row of statistics of ``g * inv_scale`` in one pass, on the grads' device, no host sync:
-    max |x| and L2 norm over finite values, the Inf/NaN and zero counts, and counts by ``floor(log2 |x|)`` over
-    BF16's whole exponent range (which holds FP16's). The norm's summation order is fixed (the same bits on the CPU
-    and CUDA); the other columns do not depend on order."""
+def grad_stats(grads: Sequence[torch.Tensor], inv_scale: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    """Statistics of ``g * inv_scale`` for each gradient, in one pass, on the grads' device, no host sync: a dict of
+    float64 tensors, one element (or row) per gradient: ``amax`` (max |x| over finite values), ``l2_norm`` (over
+    finite values), ``nonfinite`` (Inf/NaN count), ``zeros``, and ``exp_hist`` (counts by ``floor(log2 |x|)``
+    over BF16's whole exponent range, which holds FP16's: column 0 below ``GRAD_STATS_HIST_MIN_EXP``, column
+    ``1 + e - GRAD_STATS_HIST_MIN_EXP`` exponent ``e`` up to 127, the last column above 127). The values are views
+    of ``torch.ops.ampkit.grad_stats``' rows. The norm's summation order is fixed (the same bits on the CPU and
+    CUDA); the other values do not depend on order."""
     grads = list(grads)
     if not grads and inv_scale is None:
-        return torch.empty(0, GRAD_STATS_COLUMNS, dtype=torch.float64)
-    return torch.ops.ampkit.grad_stats(grads, inv_scale)
+        rows = torch.empty(0, GRAD_STATS_COLUMNS, dtype=torch.float64)
+    else:
+        rows = torch.ops.ampkit.grad_stats(grads, inv_scale)
+    return _C.grad_stats_by_name(rows)
 
 
 def update_scale_(

@@ -10,13 +10,21 @@ import pytest
 import torch
 
 import ampkit
-from conftest import DEVICES
+from conftest import DEVICES, bits_equal
 
 COLS = ampkit.GRAD_STATS_COLUMNS
 FIRST = ampkit.GRAD_STATS_HIST_FIRST
 MIN_EXP = ampkit.GRAD_STATS_HIST_MIN_EXP
 SIZES = [0, 1, 7, 8, 9, 4095, 4096, 4097, 65535, 65536, 65537, 200003]
 
+
+
+def stats_rows(grads, inv_scale=None):
+    """The op's rows rebuilt from ampkit.grad_stats' named view, so that every test below goes through it."""
+    named = ampkit.grad_stats(grads, inv_scale)
+    assert sorted(named) == ["amax", "exp_hist", "l2_norm", "nonfinite", "zeros"]
+    return torch.cat([named["amax"][:, None], named["l2_norm"][:, None], named["nonfinite"][:, None],
+                      named["zeros"][:, None], named["exp_hist"]], dim=1)
 
 def reference(g: torch.Tensor, inv: float) -> torch.Tensor:
     row = torch.zeros(COLS, dtype=torch.float64)
@@ -62,7 +70,7 @@ def test_matches_a_float64_reference(device, seed):
     grads = _grads(rng, device)
     inv = rng.choice([None, 1.0, 2.0 ** -16, 1 / 3.0, 2.0 ** 100 / 2.0 ** 90])
     inv_t = None if inv is None else torch.full((1,), inv, device=device)
-    stats = ampkit.grad_stats(grads, inv_t)
+    stats = stats_rows(grads, inv_t)
     assert stats.shape == (len(grads), COLS) and stats.dtype == torch.float64 and stats.device.type == device
     used_inv = torch.tensor(1.0 if inv is None else inv, dtype=torch.float32).item()
     for g, row in zip(grads, stats.cpu()):
@@ -71,10 +79,10 @@ def test_matches_a_float64_reference(device, seed):
         assert torch.equal(row[FIRST:], ref[FIRST:]), (row[FIRST:].nonzero(), ref[FIRST:].nonzero())
         assert row[0].item() == ref[0].item()
         torch.testing.assert_close(row[1], ref[1], rtol=1e-12, atol=0)
-    again = ampkit.grad_stats(grads, inv_t)
+    again = stats_rows(grads, inv_t)
     assert torch.equal(again, stats)  # the norm's order is fixed
     if device != "cpu":
-        on_cpu = ampkit.grad_stats([g.cpu() for g in grads], None if inv_t is None else inv_t.cpu())
+        on_cpu = stats_rows([g.cpu() for g in grads], None if inv_t is None else inv_t.cpu())
         assert torch.equal(on_cpu, stats.cpu())
 
 
@@ -116,7 +124,7 @@ def test_norm_follows_the_documented_order_bit_for_bit(device, dtype, n, inv):
         x[-1] = math.nan
     g = x.to(dtype).to(device)
     inv32 = torch.tensor(inv, dtype=torch.float32).item()
-    row = ampkit.grad_stats([g], torch.full((1,), inv, device=device))[0].cpu()
+    row = stats_rows([g], torch.full((1,), inv, device=device))[0].cpu()
     assert row[1].item() == math.sqrt(deterministic_sum_of_squares(g)) * inv32
     ref = reference(g, inv32)
     assert torch.equal(row[2:4], ref[2:4]) and torch.equal(row[FIRST:], ref[FIRST:]) and row[0] == ref[0]
@@ -125,18 +133,18 @@ def test_norm_follows_the_documented_order_bit_for_bit(device, dtype, n, inv):
 @pytest.mark.parametrize("device", DEVICES)
 def test_fp16_range_lands_in_its_documented_columns(device):
     g = torch.tensor([2.0 ** -24, 65504.0, -1.0, 0.0, math.inf, math.nan], dtype=torch.float16, device=device)
-    row = ampkit.grad_stats([g])[0].cpu()
+    row = stats_rows([g])[0].cpu()
     assert row[114] == 1 and row[153] == 1 and row[FIRST + 1 - MIN_EXP] == 1  # 2^-24, 65504, 1.0
     assert row[2] == 2 and row[3] == 1 and row[0] == 65504.0 and row[FIRST:].sum() == 3
-    scaled = ampkit.grad_stats([g], torch.full((1,), 2.0 ** -149, device=device))[0].cpu()
+    scaled = stats_rows([g], torch.full((1,), 2.0 ** -149, device=device))[0].cpu()
     assert scaled[FIRST] == 3  # all below 2^-133 once unscaled
-    huge = ampkit.grad_stats([torch.full((3,), 2.0 ** 100, device=device)], torch.full((1,), 2.0 ** 60, device=device))
+    huge = stats_rows([torch.full((3,), 2.0 ** 100, device=device)], torch.full((1,), 2.0 ** 60, device=device))
     assert huge[0, -1].item() == 3 and huge[0, 0].item() == 2.0 ** 160
 
 
 def test_empty_lists_and_zero_size_tensors():
-    assert ampkit.grad_stats([]).shape == (0, COLS)
-    stats = ampkit.grad_stats([torch.empty(0), torch.ones(3), torch.empty(2, 0, dtype=torch.bfloat16)])
+    assert stats_rows([]).shape == (0, COLS)
+    stats = stats_rows([torch.empty(0), torch.ones(3), torch.empty(2, 0, dtype=torch.bfloat16)])
     assert torch.equal(stats[0], torch.zeros(COLS)) and torch.equal(stats[2], torch.zeros(COLS))
     assert stats[1, 1].item() == math.sqrt(3.0)
 
@@ -154,7 +162,7 @@ def test_empty_lists_and_zero_size_tensors():
 def test_bad_input_raises_naming_the_argument(make, message):
     grads, inv = make()
     with pytest.raises((RuntimeError, TypeError, ValueError), match=message):
-        ampkit.grad_stats(grads, inv)
+        stats_rows(grads, inv)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -165,5 +173,25 @@ def test_opcheck_and_fake_tensors(device):
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     with FakeTensorMode():
-        out = ampkit.grad_stats([torch.empty(5), torch.empty(6, dtype=torch.float16)])
+        out = stats_rows([torch.empty(5), torch.empty(6, dtype=torch.float16)])
         assert out.shape == (2, COLS) and out.dtype == torch.float64
+
+
+def test_the_named_view_is_views_of_the_ops_rows_column_by_column():
+    torch.manual_seed(9)
+    grads = [torch.randn(50), torch.tensor([float("nan"), 0.0, 2.0 ** -140, 3.0]), torch.randn(7).half()]
+    rows = torch.ops.ampkit.grad_stats(grads)
+    named = ampkit.grad_stats(grads)
+    assert bits_equal(named["amax"], rows[:, 0]) and bits_equal(named["l2_norm"], rows[:, 1])
+    assert named["nonfinite"].tolist() == [0.0, 1.0, 0.0] and named["zeros"].tolist() == [0.0, 1.0, 0.0]
+    assert named["exp_hist"].shape == (3, ampkit.GRAD_STATS_COLUMNS - ampkit.GRAD_STATS_HIST_FIRST)
+    assert named["exp_hist"][1, 0].item() == 1.0  # 2^-140: below the histogram's first exponent
+    assert named["exp_hist"][1, 1 + 1 - ampkit.GRAD_STATS_HIST_MIN_EXP].item() == 1.0  # 3.0: exponent 1
+    again = ampkit._C.grad_stats_by_name(rows)
+    assert all(again[k].data_ptr() >= rows.data_ptr() and again[k].untyped_storage().data_ptr()
+               == rows.untyped_storage().data_ptr() for k in again)  # views: no copy
+    with pytest.raises(ValueError, match=r"grad_stats_by_name: rows must be grad_stats' \[n, 267\] float64 rows, "
+                                         r"but got a Float tensor of shape \[3, 267\]"):
+        ampkit._C.grad_stats_by_name(rows.float())
+    empty = ampkit.grad_stats([])
+    assert empty["amax"].shape == (0,) and empty["exp_hist"].shape == (0, 263)

@@ -45,7 +45,7 @@ def test_tensorboard_scalars_and_histograms_are_the_unscaled_grad_stats(tmp_path
     names = [n for n, _ in model.named_parameters()]
     assert [g["name"] for g in record["grads"]] == names
     inv = torch.full((1,), 1 / 1024.0)
-    expect = ampkit.grad_stats([p.grad for p in model.parameters()], inv)
+    expect = torch.ops.ampkit.grad_stats([p.grad for p in model.parameters()], inv)
     acc = _read(str(tmp_path))
     for (name, p), row in zip(model.named_parameters(), expect):
         norm = acc.Scalars(f"grad_norm/{name}")

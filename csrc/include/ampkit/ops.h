@@ -66,6 +66,15 @@ constexpr int kGradStatsColumns = 267;
 constexpr int kGradStatsHistFirst = 4;      // column of the "below 2^-133" bin
 constexpr int kGradStatsHistMinExp = -133;  // exponent of column kGradStatsHistFirst + 1
 
+// grad_stats' rows by name: views of `rows` ([n, kGradStatsColumns] FP64), no copy and no sync. amax (max |x| over
+// finite x), l2_norm (over finite x), nonfinite (Inf/NaN count) and zeros ([n] each), exp_hist ([n, 263]: column 0
+// counts exponents below kGradStatsHistMinExp, column 1 + e - kGradStatsHistMinExp exponent e up to 127, the last
+// one exponents above 127).
+struct GradStats {
+  at::Tensor amax, l2_norm, nonfinite, zeros, exp_hist;
+};
+AMPKIT_API GradStats grad_stats_by_name(const at::Tensor& rows);
+
 // One step of dynamic loss scaling on the device, identical to torch._amp_update_scale_: if found_inf is
 // nonzero, scale *= backoff_factor and growth_tracker = 0; otherwise growth_tracker += 1 and, when it reaches
 // growth_interval, scale *= growth_factor (unless that overflows FP32) and growth_tracker = 0.

@@ -108,16 +108,20 @@ class _FusedOptimizer(torch.optim.Optimizer):
         with torch.enable_grad():
             return closure()
 
-    def _validate(self) -> bool:
+    def _core_checks_the_group(self) -> bool:
+        """Whether the step's only group is left to the core's own checks, which run before it writes anything
+        (one pass over the parameters instead of two); a step over several groups checks them all first."""
+        return (self._core_checks_first and len(self.param_groups) == 1
+                and not self.param_groups[0].get("differentiable"))
+
+    def _validate(self) -> None:
         """Checks every group before anything is written (an optimizer step is atomic: a bad group raises before
-        the first group is updated). True when the check of the only group is left to step(): the core checks a
-        group of plain tensors before writing anything, and step() checks a DTensor group before its shards."""
+        the first group is updated): the options, and the tensors unless the core checks them (above)."""
+        checked_by_core = self._core_checks_the_group()
         for group in self.param_groups:
             self._check_group(group)
-            if self._core_checks_first and len(self.param_groups) == 1 and not group.get("differentiable"):
-                return True
-            self._check_tensors(group)
-        return False
+            if not checked_by_core:
+                self._check_tensors(group)
 
     def _check_tensors(self, group: dict) -> None:
         name = type(self).__name__
@@ -135,7 +139,8 @@ class _FusedOptimizer(torch.optim.Optimizer):
             torch._dynamo.graph_break(f"{type(self).__name__}.step: {reason}")
         if self.__dict__.get("_groups_with_duplicates"):
             self._refuse_duplicates()
-        deferred = self._validate()
+        self._validate()
+        checked_by_core = self._core_checks_the_group()
         core = _core()
         grad_scale = getattr(self, "grad_scale", None)
         found_inf = getattr(self, "found_inf", None)
@@ -149,7 +154,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
                     self._kind, name, group, self.state, grad_scale, found_inf, self.write_unscaled_grads,
                     grad_norm):
                 continue
-            if deferred:  # the only group, of DTensors: checked now, before its shards are stepped
+            if checked_by_core:  # the only group, of DTensors (the core did not see it): checked now
                 self._check_tensors(group)
             params = [p for p in group["params"] if p.grad is not None]
             if group["differentiable"]:

@@ -57,8 +57,8 @@ class Adam(_FusedOptimizer):
             _checks.number(None, f"betas[{i}]", beta)
         cls._check_ranges(group)
 
-    def _validate(self) -> bool:
-        deferred = super()._validate()
+    def _validate(self) -> None:
+        super()._validate()
         for group in self.param_groups:
             if group["capturable"] and not torch.compiler.is_compiling():
                 supported = _capturable_devices()
@@ -66,7 +66,6 @@ class Adam(_FusedOptimizer):
                     if p.device.type not in supported:
                         raise AssertionError(f"If capturable=True, params and state_steps must be on supported "
                                              f"devices: {supported}.")
-        return deferred
 
     def _torch_step(self, group: dict, params: list) -> None:
         """torch.optim's own single-tensor Adam (differentiable=True), on torch's state."""
@@ -201,14 +200,13 @@ class LAMB(_FusedOptimizer):
             _checks.number("LAMB", f"betas[{i}]", beta)
         cls._check_ranges(group)
 
-    def _validate(self) -> bool:
-        deferred = super()._validate()
+    def _validate(self) -> None:
+        super()._validate()
         for group in self.param_groups:
             if group["max_grad_norm"] > 0 and _dtensor.any_dtensor(group["params"]):
                 raise NotImplementedError(
                     "LAMB: max_grad_norm > 0 with DTensor parameters (FSDP2) needs a norm over every rank's shards, "
                     "which LAMB does not compute; clip with torch.nn.utils.clip_grad_norm_ and pass max_grad_norm=0")
-        return deferred
 
     def _global_grad_norm(self, grad_scale) -> Optional[torch.Tensor]:
         if not any(group["max_grad_norm"] > 0 for group in self.param_groups):
