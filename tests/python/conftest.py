@@ -31,6 +31,20 @@ def pytest_collection_modifyitems(config, items):
         if _runs_on_cuda(item):
             item.add_marker(pytest.mark.cuda)
 
+
+@pytest.fixture
+def fresh_accelerate_state():
+    """Accelerate's state is a process-wide singleton: a test that uses it builds its Accelerator from scratch and
+    leaves none behind."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    yield
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+
+
 _INT_OF_SIZE = {2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
@@ -43,12 +57,3 @@ def bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
         return False
     it = _INT_OF_SIZE[a.element_size()]
     return torch.equal(a.masked_fill(nan_a, 0).contiguous().view(it), b.masked_fill(nan_a, 0).contiguous().view(it))
-
-
-def reference_unscale(g: torch.Tensor, inv: float) -> torch.Tensor:
-    """float64 reference: the product is exact in double, then rounded once to opmath and once to the dtype."""
-    if inv == 1.0:
-        return g.clone()
-    if g.dtype == torch.float64:
-        return g * float(torch.tensor(inv, dtype=torch.float32))
-    return (g.double() * float(torch.tensor(inv, dtype=torch.float32))).float().to(g.dtype)

@@ -15,15 +15,7 @@ from ampkit.integrations.accelerate import attach  # noqa: E402
 
 STEPS = 6
 
-
-@pytest.fixture(autouse=True)
-def _fresh_accelerate_state():
-    # Accelerate's state is a process-wide singleton: each test builds its Accelerator from scratch.
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
-    yield
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
+pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")
 
 
 def _data(seed=5):

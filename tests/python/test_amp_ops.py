@@ -11,7 +11,8 @@ import pytest
 import torch
 
 import ampkit
-from conftest import CUDA_ONLY, DEVICES, bits_equal, reference_unscale
+from conftest import CUDA_ONLY, DEVICES, bits_equal
+from reference import reference_unscale
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 # Around the CPU vector widths (8/16/32 elements), the CPU work-item size (32768) and the CUDA chunk (65536).
@@ -318,100 +319,67 @@ def test_build_info_and_cmake_prefix_path():
     assert os.path.isfile(os.path.join(ampkit.cmake_prefix_path, "include", "ampkit", "ampkit.h"))
 
 
-def test_every_op_has_an_unboxed_autograd_kernel_that_bumps_what_it_writes():
-    # NOTE [Autograd kernels]: without one, torch's boxed autograd fallback converts every tensor of every list.
-    names = [n.split("::", 1)[1] for n in torch._C._dispatch_get_all_op_names()
-             if n.startswith("ampkit::") and not n.startswith("ampkit::_scaler_")]
-    assert "adamw_step_" in names and "grad_norm" in names
-    for name in names:
-        dump = torch._C._dispatch_dump(f"ampkit::{name}")
-        line = next((ln for ln in dump.splitlines() if ln.startswith("Autograd[alias]")), "")
-        assert "autograd_kernels.cpp" in line and "unboxed" in line, f"{name}: {line or 'no Autograd kernel'}"
-    # With grad mode on and leaves that require grad: the op runs, its results carry no graph, and every tensor it
-    # writes gets a new version (as torch's in-place ops), read-only ones keep theirs.
-    w = torch.randn(6, requires_grad=True)
-    g = torch.randn(6)
-    scale = torch.full((1,), 2.0)
-    before, g_before = w.detach().clone(), g.clone()
-    versions = (w._version, g._version, scale._version)
-    torch.ops.ampkit.sgd_step_([w], [g], [], [], [], [], lr=0.5, momentum=0.0, dampening=0.0, weight_decay=0.0,
-                               nesterov=False, maximize=False, grad_scale=scale)
-    assert torch.equal(g, g_before / 2.0)  # unscaled in place
-    assert torch.equal(w.detach(), before - 0.5 * g)
-    assert (w._version, g._version, scale._version) == (versions[0] + 1, versions[1] + 1, versions[2])
-    # So autograd refuses a backward through a weight an optimizer step changed after the forward saved it.
-    x = torch.randn(6, requires_grad=True)
-    y = (x * x).sum()
-    x.grad = torch.ones(6)
-    ampkit.optim.SGD([x], lr=0.1).step()
-    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
-        y.backward()
-    with pytest.raises(ValueError):  # a bad call raises before the op and bumps nothing
-        torch.ops.ampkit.sgd_step_([w], [g], [], [], [], [], lr=-1.0, momentum=0.0, dampening=0.0,
-                                   weight_decay=0.0, nesterov=False, maximize=False)
-    assert w._version == versions[0] + 1
-    norm = torch.ops.ampkit.grad_norm([w])
-    assert norm.grad_fn is None and not norm.requires_grad
-    assert torch.allclose(norm, torch.linalg.vector_norm(w.detach().double()).float(), rtol=1e-6, atol=0)
+def _adamw(params, grads, masters, exp_avgs, exp_avg_sqs, steps, **kw):
+    torch.ops.ampkit.adamw_step_(params, grads, masters, [], exp_avgs, exp_avg_sqs, [], steps, lr=1e-3, beta1=0.9,
+                                 beta2=0.999, weight_decay=0.0, eps=1e-8, amsgrad=False, maximize=False,
+                                 decoupled_weight_decay=True, **kw)
 
 
-@pytest.mark.parametrize("op", ["adamw_step_", "sgd_step_"])
-def test_optimizer_steps_bump_the_grads_versions_only_when_they_write_them(op):
-    def call(w, g, **kw):
-        if op == "adamw_step_":
-            torch.ops.ampkit.adamw_step_([w], [g], [], [], [torch.zeros(6)], [torch.zeros(6)], [], [torch.zeros(())],
-                                         lr=0.1, beta1=0.9, beta2=0.999, weight_decay=0.0, eps=1e-8, amsgrad=False,
-                                         maximize=False, decoupled_weight_decay=True, **kw)
-        else:
-            torch.ops.ampkit.sgd_step_([w], [g], [], [], [], [], lr=0.1, momentum=0.0, dampening=0.0,
-                                       weight_decay=0.0, nesterov=False, maximize=False, **kw)
-
-    scale = torch.full((1,), 4.0)
-    for kw, grads_written in [({}, False), ({"grad_scale": scale}, True),
-                              ({"grad_scale": scale, "write_unscaled_grads": False}, False),
-                              ({"write_unscaled_grads": True}, False)]:
-        w = torch.randn(6, requires_grad=True)
-        g = torch.randn(6)
-        g_before = g.clone()
-        wv, gv = w._version, g._version
-        call(w, g, **kw)
-        assert w._version == wv + 1, kw
-        assert g._version == gv + (1 if grads_written else 0), kw
-        assert torch.equal(g, g_before / 4.0 if grads_written else g_before), kw
-
-
-def test_an_overlap_after_calls_that_passed_is_still_refused():
-    # The alias check keeps the last call that passed (NOTE [Alias check memo]): the same lists pass again, and
-    # any change that makes two tensors share memory (a moment replaced by a view of another, the same tensor
-    # twice, one read-only list turned into a written one) is refused, naming both, with nothing written.
-    n = 3
-    ps = [torch.randn(37) for _ in range(n)]
-    gs = [torch.randn(37) for _ in range(n)]
-    ms = [torch.zeros(37) for _ in range(n)]
-    vs = [torch.zeros(37) for _ in range(n)]
-    steps = [torch.zeros(()) for _ in range(n)]
-
-    def call(m, v):
-        torch.ops.ampkit.adamw_step_(ps, gs, [], [], m, v, [], steps, lr=1e-3, beta1=0.9, beta2=0.999,
-                                     weight_decay=0.0, eps=1e-8, amsgrad=False, maximize=False,
-                                     decoupled_weight_decay=True)
-
-    call(ms, vs)
-    call(ms, vs)  # the memo's hit
-    before = [t.clone() for t in ps + ms + vs + steps]
-    for m, v, pattern in [([ms[0], ms[1], ms[2]], [vs[0], ms[1], vs[2]]) + (r"exp_avgs\[1\] and exp_avg_sqs\[1\]|"
-                                                                           r"exp_avg_sqs\[1\] and exp_avgs\[1\]",),
-                          ([ms[0], ms[1], vs[2][0:37]], vs) + (r"exp_avgs\[2\] and exp_avg_sqs\[2\]|"
-                                                              r"exp_avg_sqs\[2\] and exp_avgs\[2\]",)]:
-        with pytest.raises(RuntimeError, match=pattern):
-            call(m, v)
-        assert all(torch.equal(a, b) for a, b in zip(before, ps + ms + vs + steps))
-    # The same tensor twice in a written list, right after a call that passed.
-    call(ms, vs)
-    with pytest.raises(RuntimeError, match=r"params\[0\] and params\[1\]|params\[1\] and params\[0\]"):
-        torch.ops.ampkit.adamw_step_([ps[0], ps[0], ps[2]], gs, [], [], ms, vs, [], steps, lr=1e-3, beta1=0.9,
+def test_ops_refuse_aliased_outputs_and_change_nothing():
+    p = torch.randn(8)
+    g = torch.randn(8)
+    m, v, m2, v2 = (torch.zeros(8) for _ in range(4))
+    s, s2 = torch.zeros(1), torch.zeros(1)
+    before = p.clone()
+    with pytest.raises(RuntimeError, match=r"adamw_step_: params\[0\] and params\[1\] share memory"):
+        _adamw([p, p], [g, g.clone()], [], [m, m2], [v, v2], [s, s2])
+    with pytest.raises(RuntimeError, match=r"adamw_step_: grads\[0\] and grads\[1\] share memory"):
+        _adamw([p, p.clone()], [g, g], [], [m, m2], [v, v2], [s, s2])  # grads are stored back unscaled
+    with pytest.raises(RuntimeError, match="share memory"):  # a moment aliasing another one
+        _adamw([p], [g], [], [m], [m], [s])
+    half = torch.randn(8, dtype=torch.float16)
+    with pytest.raises(RuntimeError, match="share memory"):  # a master aliasing a moment
+        torch.ops.ampkit.adamw_step_([half], [half.clone()], [m], [], [m], [v], [], [s], lr=1e-3, beta1=0.9,
                                      beta2=0.999, weight_decay=0.0, eps=1e-8, amsgrad=False, maximize=False,
                                      decoupled_weight_decay=True)
+    assert torch.equal(p, before) and torch.equal(m, torch.zeros(8)) and s.item() == 0.0
+    buf = torch.randn(10)
+    keep = buf.clone()
+    with pytest.raises(RuntimeError, match=r"grads\[0\] and grads\[1\] share memory"):
+        torch.ops.ampkit.unscale_and_check_([buf[:6], buf[4:]], torch.zeros(1), torch.full((1,), 0.5))
+    assert torch.equal(buf, keep)
+    both = torch.tensor([0.0, 0.5])
+    with pytest.raises(RuntimeError, match="found_inf and inv_scale share memory|inv_scale and found_inf share"):
+        torch.ops.ampkit.unscale_and_check_([torch.randn(4)], both[:1], both[:1])
+
+
+def test_interleaved_views_of_one_buffer_are_distinct_tensors():
+    buf = torch.randn(4, 6)
+    ref = buf.clone()
+    found = torch.zeros(1)
+    torch.ops.ampkit.unscale_and_check_([buf[:, ::2], buf[:, 1::2]], found, torch.full((1,), 0.5))
+    assert torch.equal(buf, ref * 0.5) and found.item() == 0.0
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("make,what", [
+    (lambda: torch.eye(3).to_sparse_csr(), "layout SparseCsr"),
+    (lambda: torch.quantize_per_tensor(torch.randn(4), 0.1, 0, torch.qint8), "a quantized tensor"),
+    (lambda: torch.nested.nested_tensor([torch.randn(2), torch.randn(3)]), "a nested tensor"),
+])
+def test_non_strided_layouts_get_an_error_that_names_the_argument(make, what):
+    good = torch.randn(2)
+    keep = good.clone()
+    with pytest.raises(RuntimeError, match=rf"ampkit::unscale_and_check_: grads\[1\] must be a strided .*{what}"):
+        torch.ops.ampkit.unscale_and_check_([good, make()], torch.zeros(1), torch.full((1,), 0.5))
+    assert torch.equal(good, keep)
+
+
+def test_import_refuses_a_torch_other_than_the_one_ampkit_was_built_for():
+    assert ampkit._BUILT_TORCH.split("+")[0] == torch.__version__.split("+")[0]
+    with pytest.raises(ImportError, match=r"built against torch 2\.13\.0, but torch 2\.11\.0\+cu130 is running"):
+        ampkit._check_torch_version("2.11.0+cu130", "2.13.0")
+    ampkit._check_torch_version("2.13.0+cu130", "2.13.0")  # local build tags do not matter
 
 
 def test_ampkit_ops_update_scale_matches_torch_and_goes_through_torch_ops():

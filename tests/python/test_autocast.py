@@ -424,3 +424,32 @@ def test_fp16_autocast_on_the_cpu_warns_once_exactly_where_the_cpu_has_no_fp16_u
     fast, said = r.stdout.splitlines()[0].split()
     assert said == ("0" if fast == "True" else "1")
     assert r.stdout.splitlines()[1] == "True"  # BF16 on the CPU: nothing to say
+
+
+def test_register_autocast_on_an_aten_op_says_it_is_process_wide():
+    with pytest.warns(UserWarning, match="changes plain torch.autocast"):
+        ampkit.register_autocast("aten::relu", "cpu", "fp32")
+    ampkit.register_autocast("aten::relu", "cpu", "promote")  # relu: no cast, as ATen
+
+
+def test_decorate_owns_only_the_optimizers_parameters_validates_excluded_and_runs_once():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4), torch.nn.Linear(4, 2))
+    opt = ampkit.optim.AdamW(model[2].parameters())  # a subset of the model
+    with pytest.raises(ValueError, match="excluded names 'nope'"):
+        ampkit.decorate(model, opt, excluded=["nope"])
+    with pytest.raises(TypeError, match="excluded takes module names"):
+        ampkit.decorate(model, opt, excluded=[42])
+    assert model[0].weight.dtype == torch.float32 and len(opt.state) == 0  # the failed calls changed nothing
+    ampkit.decorate(model, opt, level="O2")
+    assert model[0].weight.dtype == torch.bfloat16  # CPU: BF16 when no dtype is given
+    assert set(opt.state) == set(model[2].parameters())
+    opt.state_dict()  # no state for parameters the optimizer does not own
+    with pytest.raises(RuntimeError, match="already decorated"):
+        ampkit.decorate(model, opt)
+
+
+def test_decorate_warns_when_masters_would_copy_rounded_weights():
+    model = torch.nn.Linear(4, 4).to(torch.bfloat16)
+    opt = ampkit.optim.AdamW(model.parameters())
+    with pytest.warns(UserWarning, match="copies of rounded weights"):
+        ampkit.decorate(model, opt)

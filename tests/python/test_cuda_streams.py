@@ -4,7 +4,7 @@ counted; the inverse scale read from another stream waits for the update() that 
 hooks run on pool streams skips a step whose Inf sits in any one bucket; update() with min_scale makes no host
 sync, tells the host one update() late while the device runs behind, and is captured in a CUDA graph. A stream
 kept busy by torch.cuda._sleep makes the order of two streams' work certain. Skipped without a device; the CPU
-side of the same state: tests/cpp/test_grad_scaler_buffers.cpp, tests/python/test_reliability.py and
+side of the same state: tests/cpp/test_grad_scaler_buffers.cpp, tests/python/test_grad_scaler_buffers.py and
 tests/python/test_distributed_ddp.py."""
 from __future__ import annotations
 

@@ -11,12 +11,12 @@ import torch
 
 import ampkit
 from conftest import DEVICES, bits_equal
+from reference import grad_stats_row
 
 COLS = ampkit.GRAD_STATS_COLUMNS
 FIRST = ampkit.GRAD_STATS_HIST_FIRST
 MIN_EXP = ampkit.GRAD_STATS_HIST_MIN_EXP
 SIZES = [0, 1, 7, 8, 9, 4095, 4096, 4097, 65535, 65536, 65537, 200003]
-
 
 
 def stats_rows(grads, inv_scale=None):
@@ -25,22 +25,6 @@ def stats_rows(grads, inv_scale=None):
     assert sorted(named) == ["amax", "exp_hist", "l2_norm", "nonfinite", "zeros"]
     return torch.cat([named["amax"][:, None], named["l2_norm"][:, None], named["nonfinite"][:, None],
                       named["zeros"][:, None], named["exp_hist"]], dim=1)
-
-def reference(g: torch.Tensor, inv: float) -> torch.Tensor:
-    row = torch.zeros(COLS, dtype=torch.float64)
-    x = g.detach().cpu().float().double().flatten()
-    finite = x.isfinite()
-    row[2] = (~finite).sum()
-    row[3] = (x == 0).sum()
-    live = x[finite & (x != 0)].abs() * inv
-    if live.numel():
-        row[0] = live.max()
-        row[1] = x[finite].square().sum().sqrt() * inv
-        _, e = torch.frexp(live)
-        e = e.long() - 1  # floor(log2)
-        bins = torch.where(e < MIN_EXP, 0, torch.where(e > 127, COLS - FIRST - 1, 1 + e - MIN_EXP))
-        row[FIRST:] = torch.bincount(bins, minlength=COLS - FIRST).double()
-    return row
 
 
 def _grads(rng: random.Random, device: str) -> list[torch.Tensor]:
@@ -74,7 +58,7 @@ def test_matches_a_float64_reference(device, seed):
     assert stats.shape == (len(grads), COLS) and stats.dtype == torch.float64 and stats.device.type == device
     used_inv = torch.tensor(1.0 if inv is None else inv, dtype=torch.float32).item()
     for g, row in zip(grads, stats.cpu()):
-        ref = reference(g, used_inv)
+        ref = grad_stats_row(g, used_inv)
         assert torch.equal(row[2:4], ref[2:4])
         assert torch.equal(row[FIRST:], ref[FIRST:]), (row[FIRST:].nonzero(), ref[FIRST:].nonzero())
         assert row[0].item() == ref[0].item()
@@ -126,7 +110,7 @@ def test_norm_follows_the_documented_order_bit_for_bit(device, dtype, n, inv):
     inv32 = torch.tensor(inv, dtype=torch.float32).item()
     row = stats_rows([g], torch.full((1,), inv, device=device))[0].cpu()
     assert row[1].item() == math.sqrt(deterministic_sum_of_squares(g)) * inv32
-    ref = reference(g, inv32)
+    ref = grad_stats_row(g, inv32)
     assert torch.equal(row[2:4], ref[2:4]) and torch.equal(row[FIRST:], ref[FIRST:]) and row[0] == ref[0]
 
 
@@ -152,7 +136,8 @@ def test_empty_lists_and_zero_size_tensors():
 @pytest.mark.parametrize(
     "make, message",
     [
-        (lambda: ([torch.ones(3, dtype=torch.float64)], None), r"grad_stats: grads\[0\] must be Half, BFloat16 or Float"),
+        (lambda: ([torch.ones(3, dtype=torch.float64)], None),
+         r"grad_stats: grads\[0\] must be Half, BFloat16 or Float"),
         (lambda: ([torch.ones(3), torch.ones(2, dtype=torch.int32)], None), r"grads\[1\] must be Half"),
         (lambda: ([torch.ones(3)], torch.ones(2)), "inv_scale must have exactly one element"),
         (lambda: ([torch.ones(3)], torch.ones(1, dtype=torch.float16)), "inv_scale must be a Float tensor"),

@@ -14,6 +14,8 @@ from ampkit.integrations.accelerate import attach  # noqa: E402
 STEPS = 6
 POISONED_STEP = 2
 
+pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")
+
 
 class _Tokens(torch.utils.data.Dataset):
     def __init__(self, n=STEPS * 4, length=16, vocab=64):
@@ -40,17 +42,6 @@ class _Weights(transformers.TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         self.after.append([p.detach().clone() for p in self.model.parameters()])
-
-
-@pytest.fixture(autouse=True)
-def _fresh_accelerate_state():
-    from accelerate.state import AcceleratorState, GradientState
-
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
-    yield
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
 
 
 def test_trainer_with_ampkit_scaler_and_optimizer_skips_without_advancing_the_schedule(tmp_path):

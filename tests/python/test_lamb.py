@@ -14,40 +14,9 @@ import ampkit
 import ampkit.ops as ops
 from ampkit.optim import LAMB
 from conftest import DEVICES, bits_equal
+from reference import lamb_step
 
 SHAPES = [(7,), (33, 5), (65536 + 9,), (0,), (1,), (8, 8)]
-
-
-def ref_lamb(ws, gs, ms, vs, steps, *, lr, beta1=0.9, beta2=0.999, weight_decay=0.01, eps=1e-6,
-             bias_correction=True, adam_w_mode=True, grad_averaging=True, use_nvlamb=False, max_grad_norm=0.0,
-             scale=1.0, norm_grads=None):
-    """One LAMB step in float64 (Apex FusedLAMB's formulas); returns new (w, m, v) per tensor. `norm_grads`: the
-    grads whose global norm clips (default: gs)."""
-    gs = [g.double() / scale for g in gs]
-    norm_of = gs if norm_grads is None else [g.double() / scale for g in norm_grads]
-    gnorm = math.sqrt(sum(float((g * g).sum()) for g in norm_of))
-    clip = gnorm / max_grad_norm if max_grad_norm > 0 and gnorm > max_grad_norm else 1.0
-    out = []
-    for w, g, m, v, step in zip(ws, gs, ms, vs, steps):
-        w, m, v = w.double(), m.double(), v.double()
-        g = g / clip
-        if not adam_w_mode and weight_decay:
-            g = g + weight_decay * w
-        m = beta1 * m + ((1 - beta1) if grad_averaging else 1.0) * g
-        v = beta2 * v + (1 - beta2) * g * g
-        t = step + 1
-        c1 = 1 - beta1 ** t if bias_correction else 1.0
-        c2 = 1 - beta2 ** t if bias_correction else 1.0
-        u = (m / c1) / ((v / c2).sqrt() + eps)
-        if adam_w_mode and weight_decay:
-            u = u + weight_decay * w
-        ratio = 1.0
-        if weight_decay or use_nvlamb:
-            wn, un = float(w.norm()), float(u.norm())
-            if wn > 0 and un > 0:
-                ratio = wn / un
-        out.append((w - lr * ratio * u, m, v))
-    return out
 
 
 def _state(shapes, dtype, master, device, seed):
@@ -94,7 +63,7 @@ def test_op_matches_a_float64_reference(device, dtype, master, opts):
         gen = torch.Generator().manual_seed(100 + it)
         grads = [(torch.randn(s, generator=gen) * 0.05 * scale).to(dtype).to(device) for s in SHAPES]
         w0 = _weights(params, masters, rems)
-        expect = ref_lamb(w0, grads, ms, vs, [float(s) for s in steps], lr=1e-2, scale=scale, **opts)
+        expect = lamb_step(w0, grads, ms, vs, [float(s) for s in steps], lr=1e-2, scale=scale, **opts)
         grad_scale = torch.tensor(scale, device=device)
         norm = ops.grad_norm(grads, grad_scale) if opts.get("max_grad_norm") else None
         grads_before = [g.clone() for g in grads]
@@ -127,7 +96,7 @@ def test_zero_norms_take_ratio_one(device):
     m = [torch.zeros(10, device=device) for _ in range(2)]
     v = [torch.zeros(10, device=device) for _ in range(2)]
     steps = [torch.tensor(0.0, device=device) for _ in range(2)]
-    expect = ref_lamb([x.double().cpu() for x in w], [x.cpu() for x in g], [x.cpu() for x in m],
+    expect = lamb_step([x.double().cpu() for x in w], [x.cpu() for x in g], [x.cpu() for x in m],
                       [x.cpu() for x in v], [0.0, 0.0], lr=0.1, weight_decay=0.0, use_nvlamb=True)
     ops.lamb_step_(w, g, [], [], m, v, steps, lr=0.1, beta1=0.9, beta2=0.999, weight_decay=0.0, eps=1e-6,
                    use_nvlamb=True)
@@ -197,7 +166,7 @@ def test_optimizer_matches_the_reference_with_groups_and_a_global_norm(device, m
         _set_grads(net, it)
         grads = [p.grad.cpu() for p in params]
         for i, p in enumerate(params):
-            (w, m, v), = ref_lamb([ref_w[i]], [grads[i]], [ref_m[i]], [ref_v[i]], [float(it)], lr=1e-2,
+            (w, m, v), = lamb_step([ref_w[i]], [grads[i]], [ref_m[i]], [ref_v[i]], [float(it)], lr=1e-2,
                                   weight_decay=wd_of[id(p)], max_grad_norm=max_grad_norm, norm_grads=grads)
             ref_w[i], ref_m[i], ref_v[i] = w, m, v
         opt.step()

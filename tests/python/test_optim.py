@@ -12,6 +12,7 @@ import torch
 
 import ampkit
 from conftest import DEVICES, bits_equal
+from factories import grads_for, make_params
 
 ADAM_OPTIONS = [dict(weight_decay=wd, amsgrad=ams, maximize=mx)
                 for wd, ams, mx in itertools.product([0.0, 0.1], [False, True], [False, True])]
@@ -20,17 +21,6 @@ SGD_OPTIONS = [dict(momentum=0.0), dict(momentum=0.9), dict(momentum=0.9, dampen
 CASES = ([(ampkit.optim.AdamW, torch.optim.AdamW, o) for o in ADAM_OPTIONS]
          + [(ampkit.optim.Adam, torch.optim.Adam, o) for o in ADAM_OPTIONS]
          + [(ampkit.optim.SGD, torch.optim.SGD, o) for o in SGD_OPTIONS])
-
-
-def make_params(device, dtype=torch.float32, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    shapes = [(64, 33), (33,), (7, 5, 3), (1,), (0,), (4097,)]
-    return [torch.randn(s, generator=g).to(device, dtype).requires_grad_() for s in shapes]
-
-
-def grads_for(params, step, dtype=None):
-    g = torch.Generator().manual_seed(1000 + step)
-    return [torch.randn(p.shape, generator=g).to(p.device, dtype or p.dtype) for p in params]
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -340,40 +330,6 @@ def test_a_single_differentiable_group_is_still_checked_before_the_step():
     assert torch.equal(p, torch.zeros(3, dtype=torch.float64)) and not opt.state
 
 
-def test_group_steps_read_the_states_and_grads_of_this_step():
-    # The lists are assembled in C++ each step: a state entry or a grad the caller replaced between steps is the
-    # one the next step reads and writes, parameters without a grad get no state, and no empty entry is left in
-    # optimizer.state (a defaultdict).
-    params = make_params("cpu")
-    ref_params = [p.detach().clone().requires_grad_() for p in params]
-    ours = ampkit.optim.AdamW(params, lr=1e-2)
-    ref = torch.optim.AdamW(ref_params, lr=1e-2)
-    gen = torch.Generator().manual_seed(3)
-    for step in range(3):
-        for i, (p, q) in enumerate(zip(params, ref_params)):
-            if i == 1 and step == 0:
-                p.grad, q.grad = None, None  # no grad in the first step: no state
-                continue
-            g = torch.randn(p.shape, generator=gen)
-            p.grad, q.grad = g.clone(), g.clone()
-        if step == 0:
-            assert params[1] not in ours.state
-        if step == 1:
-            assert params[1] not in ours.state
-            # Replace a moment by a copy of it: the step must update the new tensor, not the old one.
-            old = ours.state[params[0]]["exp_avg"]
-            ours.state[params[0]]["exp_avg"] = old.clone()
-            frozen = old.clone()
-        ours.step()
-        ref.step()
-        if step == 1:
-            assert bits_equal(old, frozen), "the replaced exp_avg was written"
-    assert len(ours.state) == len(params)
-    for p, q in zip(params, ref_params):
-        torch.testing.assert_close(p.detach(), q.detach(), rtol=1e-6, atol=1e-7)
-        torch.testing.assert_close(ours.state[p]["exp_avg"], ref.state[q]["exp_avg"], rtol=1e-6, atol=1e-7)
-
-
 def test_a_step_that_refuses_a_later_parameter_leaves_earlier_weights_alone():
     # Completing a remainder from a master rewrites the BF16 weight (a master the weight does not hold is split
     # anew), so every parameter of the group is checked before any state is completed.
@@ -391,120 +347,114 @@ def test_a_step_that_refuses_a_later_parameter_leaves_earlier_weights_alone():
         assert set(opt.state[p]) == {"master_param"} and bits_equal(opt.state[p]["master_param"], master)
 
 
-class _OwnHash(torch.Tensor):
-    """A tensor subclass whose hash is not its address."""
-
-    def __hash__(self):
-        return 12345
-
-
-@pytest.mark.parametrize("patch", ["subclass", "parameter"])
-def test_group_steps_find_states_by_the_hash_python_gives(monkeypatch, patch):
-    # The group step looks plain tensors' states up by their address (NOTE [State lookups by known hash]): a
-    # parameter whose hash is something else (a subclass with its own __hash__, or nn.Parameter.__hash__ replaced)
-    # must still find its state, step after step, as torch.optim does.
-    if patch == "parameter":
-        monkeypatch.setattr(torch.nn.Parameter, "__hash__", lambda self: hash((id(self), "other")))
-    base = make_params("cpu")
-    if patch == "subclass":
-        params = [torch.nn.Parameter(p.detach().clone()) for p in base[:-1]]
-        params.append(torch.Tensor._make_subclass(_OwnHash, base[-1].detach().clone(), True))
-    else:  # a plain tensor first: its hash is its address, the Parameters' are not
-        params = [base[0].detach().clone().requires_grad_()]
-        params += [torch.nn.Parameter(p.detach().clone()) for p in base[1:]]
-    ref_params = [torch.nn.Parameter(p.detach().clone()) for p in base]
-    ours = ampkit.optim.AdamW(params, lr=1e-2)
-    ref = torch.optim.AdamW(ref_params, lr=1e-2, fused=True)
-    gen = torch.Generator().manual_seed(5)
-    for _ in range(3):
-        for p, q in zip(params, ref_params):
-            g = torch.randn(p.shape, generator=gen)
-            p.grad, q.grad = g.clone(), g.clone()
-        ours.step()
-        ref.step()
-    assert len(ours.state) == len(params)
-    for p, q in zip(params, ref_params):
-        assert ours.state[p]["step"].item() == 3.0
-        assert bits_equal(p.detach().as_subclass(torch.Tensor), q.detach())
-
-
-def test_group_steps_refuse_a_state_that_is_not_a_dict_and_change_nothing():
-    params = make_params("cpu")
+@pytest.mark.parametrize("cls,kwargs", [(ampkit.optim.AdamW, dict(amsgrad=True)), (ampkit.optim.Adam, {}),
+                                        (ampkit.optim.SGD, dict(momentum=0.9))])
+@pytest.mark.parametrize("master", [None, True, False, "remainder"])
+@pytest.mark.parametrize("first_step_skipped", [True, False])
+def test_a_skipped_step_changes_nothing_in_every_master_mode(cls, kwargs, master, first_step_skipped):
+    torch.manual_seed(2)
+    params = [torch.nn.Parameter(torch.randn(n).to(torch.bfloat16)) for n in (5, 33, 1000)]
+    opt = cls(params, lr=0.1, master_weights=master, **kwargs)
+    if master == "remainder":
+        opt.init_master_params()
+    scaler = ampkit.GradScaler("cpu", init_scale=256.0)
+    steps = [True] if first_step_skipped else [False, True]
+    for skipped in steps:
+        opt.zero_grad()
+        scaler.scale(sum(p.float().sum() for p in params)).backward()
+        if skipped:
+            params[-1].grad[-1] = float("nan")
+            before_params = [p.detach().clone() for p in params]
+            before_state = {id(p): {k: v.clone() for k, v in opt.state[p].items() if torch.is_tensor(v)}
+                            for p in params if p in opt.state}
+        scaler.step(opt)
+        scaler.update()
+    for p, b in zip(params, before_params):
+        assert torch.equal(p.detach().view(torch.int16), b.view(torch.int16))
     for p in params:
-        p.grad = torch.randn_like(p)
-    opt = ampkit.optim.SGD(params, lr=0.1, momentum=0.9)
-    opt.state[params[2]] = ["not", "a", "dict"]
-    before = [p.detach().clone() for p in params]
-    with pytest.raises(TypeError, match=r"SGD.step: the state of params\[2\] must be a dict, but got"):
+        for key, value in opt.state[p].items():
+            if not torch.is_tensor(value):
+                continue
+            if id(p) in before_state and key in before_state[id(p)]:
+                old = before_state[id(p)][key]
+                assert torch.equal(value.reshape(-1).view(torch.uint8), old.reshape(-1).view(torch.uint8)), key
+            elif key not in ("master_param", "param_remainder"):  # created lazily on the skipped step
+                assert value.count_nonzero().item() == 0, key
+
+
+@pytest.mark.parametrize("bad", [dict(lr=-1.0), dict(betas=(0.9, 1.5)), dict(eps=-1e-8), dict(weight_decay=-0.1),
+                                 dict(master_weights="remainder")])
+def test_an_optimizer_step_is_atomic_across_param_groups(bad):
+    torch.manual_seed(0)
+    a = torch.nn.Parameter(torch.randn(8, dtype=torch.float16))
+    b = torch.nn.Parameter(torch.randn(8, dtype=torch.float16))
+    opt = ampkit.optim.AdamW([{"params": [a]}, {"params": [b]}], lr=1e-3)
+    opt.param_groups[1].update(bad)
+    a.grad = torch.randn(8, dtype=torch.float16)
+    b.grad = torch.randn(8, dtype=torch.float16)
+    before = (a.detach().clone(), b.detach().clone())
+    with pytest.raises(ValueError):
         opt.step()
-    assert all(bits_equal(a, p.detach()) for a, p in zip(before, params))
-    assert not any(isinstance(s, dict) and s for s in opt.state.values())
+    assert torch.equal(a, before[0]) and torch.equal(b, before[1])
+    assert len(opt.state) == 0  # no state created for parameters that never stepped
 
 
-@pytest.mark.parametrize("master_weights", [None, "remainder"])
-def test_group_steps_leave_every_reference_count_as_it_was(master_weights):
-    # The group step borrows the parameters and (outside remainder mode) the state tensors (NOTE [Borrowed
-    # states]): after many steps every Python reference count is unchanged, the states are still the tensors the
-    # dicts hold (alive after the optimizer is gone) and the result is the owned-reference path's bit for bit.
-    import gc
-    import sys
-
-    def run(group_steps):
-        params = [p.detach().to(torch.bfloat16).requires_grad_() for p in make_params("cpu")]
-        opt = ampkit.optim.AdamW(params, lr=1e-2, master_weights=master_weights)
-        gen = torch.Generator().manual_seed(11)
-        counts = None
-        for step in range(12):
-            for p in params:
-                p.grad = torch.randn(p.shape, generator=gen).to(torch.bfloat16)
-            if group_steps:
-                opt.step()
-            else:  # the list-based entry point, which takes references
-                group = opt.param_groups[0]
-                states = [opt.state.setdefault(p, {}) for p in params]
-                ampkit._C._optim_step("adam", "AdamW", group, params, states, None, None, True, None)
-            if step == 1:
-                counts = [(sys.getrefcount(t), t._use_count()) for st in opt.state.values() for t in st.values()] + \
-                         [(sys.getrefcount(p), p._use_count()) for p in params]
-        # Python's counts and the C++ ones (a borrow given back with a decrement, or never, would show here)
-        assert counts == [(sys.getrefcount(t), t._use_count()) for st in opt.state.values() for t in st.values()] + \
-               [(sys.getrefcount(p), p._use_count()) for p in params]
-        states = [dict(opt.state[p]) for p in params]
-        del opt
-        gc.collect()
-        return params, states
-
-    ours, ours_states = run(True)
-    ref, ref_states = run(False)
-    for a, b, sa, sb in zip(ours, ref, ours_states, ref_states):
-        assert bits_equal(a.detach(), b.detach())
-        assert sa.keys() == sb.keys()
-        for key in sa:
-            assert bits_equal(sa[key], sb[key]), key
-
-
-def test_a_group_step_that_raises_after_borrowing_gives_every_state_back_unchanged():
-    # An error raised inside the core's step (here: an FP64 parameter, which takes torch's single-tensor path,
-    # with only some of its Adam state) leaves every borrowed state tensor alive, unchanged and with its reference
-    # counts as they were, and the next step with a whole state works.
-    import gc
-    import sys
-
-    params = make_params("cpu") + [torch.randn(5, dtype=torch.float64, requires_grad=True)]
-    for p in params:
-        p.grad = torch.randn_like(p)
-    opt = ampkit.optim.Adam(params, lr=1e-2)
-    opt.step()
-    opt.state[params[-1]].pop("exp_avg_sq")
-    saved = {id(t): t.clone() for st in opt.state.values() for t in st.values()}
-    counts = [(sys.getrefcount(t), t._use_count()) for st in opt.state.values() for t in st.values()]
-    with pytest.raises(ValueError, match=r"has only some of step, exp_avg and exp_avg_sq"):
+def test_an_sgd_step_is_atomic_across_param_groups():
+    a = torch.nn.Parameter(torch.ones(4))
+    b = torch.nn.Parameter(torch.ones(4))
+    opt = ampkit.optim.SGD([{"params": [a]}, {"params": [b]}], lr=0.1, momentum=0.9)
+    opt.param_groups[1]["momentum"] = -0.5
+    a.grad, b.grad = torch.ones(4), torch.ones(4)
+    with pytest.raises(ValueError, match="momentum"):
         opt.step()
-    gc.collect()
-    assert counts == [(sys.getrefcount(t), t._use_count()) for st in opt.state.values() for t in st.values()]
-    for st in opt.state.values():
-        for t in st.values():
-            assert bits_equal(t, saved[id(t)])
-    opt.state[params[-1]]["exp_avg_sq"] = torch.zeros_like(params[-1])
+    assert torch.equal(a, torch.ones(4)) and len(opt.state) == 0
+
+
+def test_a_skipped_first_step_in_remainder_mode_writes_no_weight():
+    # State is created lazily inside step(); splitting an FP32 master into weight + remainder must not rewrite
+    # the weight (exact ties used to be re-rounded away from zero), since the scaler may skip that very step.
+    torch.manual_seed(4)
+    n = 1 << 18
+    w32 = torch.randn(n)
+    w32.view(torch.int32)[:500] = (w32.view(torch.int32)[:500] & ~0xFFFF) | 0x8000  # exact BF16 ties
+    p = torch.nn.Parameter(w32.clone())
+    opt = ampkit.optim.AdamW([p], master_weights="remainder")
+    opt.init_master_params()
+    p.data = p.data.to(torch.bfloat16)
+    before = p.detach().clone()
+    p.grad = torch.randn(n).to(torch.bfloat16)
+    scaler = ampkit.GradScaler("cpu")
+    scaler.scale(torch.zeros((), requires_grad=True))  # creates the scale
+    p.grad[-1] = math.inf
+    scaler.step(opt)
+    scaler.update()
+    assert torch.equal(p.detach().view(torch.int16), before.view(torch.int16))
+    master = opt.master_from_remainder(p, opt.state[p]["param_remainder"])
+    ulps = (master.view(torch.int32).long() - w32.view(torch.int32).long()).abs()
+    tie = (w32.view(torch.int32) & 0xFFFF) == 0x8000
+    assert ulps.max().item() <= 1 and ulps[~tie].max().item() == 0  # exact but at ties rounded to even below
+
+
+def _saved_adamw():
+    p = torch.nn.Parameter(torch.randn(6, dtype=torch.bfloat16))
+    opt = ampkit.optim.AdamW([p])
+    p.grad = torch.randn(6, dtype=torch.bfloat16)
     opt.step()
-    assert all(torch.isfinite(p).all() for p in params)
+    return opt.state_dict()
+
+
+@pytest.mark.parametrize("corrupt,match", [
+    (lambda sd: sd["state"][0].update(master_param=torch.zeros(5)), "must have the parameter's shape"),
+    (lambda sd: sd["state"][0].pop("exp_avg_sq"), "partial state"),
+    (lambda sd: sd["state"][0].pop("step"), "partial state"),
+    (lambda sd: sd["state"][0].update(exp_avg=torch.zeros(6, dtype=torch.int32)), "must be a floating tensor"),
+    (lambda sd: sd["state"].update({7: {"step": torch.zeros(())}}), "no param group of the state dict holds"),
+])
+def test_optimizer_load_state_dict_refuses_what_cannot_be_right_and_changes_nothing(corrupt, match):
+    sd = _saved_adamw()
+    corrupt(sd)
+    p = torch.nn.Parameter(torch.randn(6, dtype=torch.bfloat16))
+    opt = ampkit.optim.AdamW([p], lr=5e-4)
+    with pytest.raises(ValueError, match=match):
+        opt.load_state_dict(sd)
+    assert len(opt.state) == 0 and opt.param_groups[0]["lr"] == 5e-4

@@ -15,6 +15,7 @@ import torch
 
 import ampkit
 from conftest import bits_equal
+from factories import make_params
 
 pytestmark = pytest.mark.skipif(
     torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"),
@@ -26,9 +27,7 @@ SIZES = [1, 7, 8, 9, 15, 16, 17, 31, 33, 100, 32768 + 19, 70000 + 5]
 
 
 def _params(seed: int) -> list[torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randn(n, generator=g).requires_grad_() for n in SIZES] + \
-        [torch.randn(3, 5, 7, generator=g).requires_grad_()]
+    return make_params(seed=seed, shapes=[(n,) for n in SIZES] + [(3, 5, 7)])
 
 
 def _run(ref_cls, ours_cls, kwargs, steps, scale=None, write_unscaled_grads=True, seed=0):

@@ -13,6 +13,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import ampkit
 from conftest import bits_equal
+from factories import grads_for, make_params
 
 common_optimizers = pytest.importorskip("torch.testing._internal.common_optimizers")
 OptimizerErrorEnum = common_optimizers.OptimizerErrorEnum
@@ -36,14 +37,15 @@ def _inputs():
     return out
 
 
-def _params(seed=0, dtype=torch.float32):
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randn(s, generator=g, dtype=dtype).requires_grad_() for s in [(7, 5), (5,), (3, 2, 4), (1,)]]
+SHAPES = [(7, 5), (5,), (3, 2, 4), (1,)]
+
+
+def _params():
+    return make_params(shapes=SHAPES)
 
 
 def _grads(params, step):
-    g = torch.Generator().manual_seed(100 + step)
-    return [torch.randn(p.shape, generator=g, dtype=p.dtype) for p in params]
+    return grads_for(params, step, first_seed=100)
 
 
 def _run(cls, kwargs, params, steps, start=0, optimizer=None):
@@ -66,7 +68,7 @@ def test_torch_db_inputs_match_torch_optim_and_resume_its_checkpoints(info, kwar
             _run(ours_cls, kwargs, _params(), 4)
         return
     ours_params = _params()
-    ours = _run(ours_cls, kwargs, ours_params, 4)
+    _run(ours_cls, kwargs, ours_params, 4)
     for a, b in zip(ours_params, ref_params):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     # Where torch's fused CPU kernel takes the input, FP32 results are its bits exactly.
