@@ -2,7 +2,7 @@
 // memory, across lists and within one, which views of one storage it lets pass, the read-only lists, and that
 // its memo (NOTE [Alias check memo]) never lets a refused set pass.
 
-#include "catch_torch.h"
+#include "support/catch_torch.h"
 
 #include <optional>
 #include <string>
@@ -20,8 +20,7 @@ at::Tensor seeded(at::IntArrayRef sizes, at::ScalarType dtype = at::kFloat) {
 
 // Checks `a` and `b` (each a one-tensor argument, written unless `*_read_only`) and returns the error message,
 // empty when the check passes. The message names the argument whose memory starts first first.
-std::string check_pair(const at::Tensor& a, const at::Tensor& b, bool a_read_only = false,
-                       bool b_read_only = false) {
+std::string check_pair(const at::Tensor& a, const at::Tensor& b, bool a_read_only = false, bool b_read_only = false) {
   AliasCheck alias("test_op");
   alias.add("a", a, -1, a_read_only);
   alias.add("b", b, -1, b_read_only);

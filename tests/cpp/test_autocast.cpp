@@ -1,6 +1,6 @@
 // ampkit::AutocastGuard: the scope sets and restores autocast state exactly as torch.autocast, nests, survives
 // exceptions, and clears the cast cache when the outermost scope exits.
-#include "catch_torch.h"
+#include "support/catch_torch.h"
 
 #include <ATen/autocast_mode.h>
 #include <torch/library.h>
@@ -8,7 +8,7 @@
 #include <sstream>
 #include <thread>
 
-#include "test_helpers.h"
+#include "support/test_helpers.h"
 
 using ampkit::test::bits_equal;
 
@@ -106,9 +106,9 @@ TEST_CASE("AutocastGuard: per-scope overrides force FP32 or low precision, nest,
   }
   ampkit::AutocastGuard plain(at::kCPU, at::kBFloat16);
   CHECK(at::linear(a, w).scalar_type() == at::kBFloat16);
-  REQUIRE_THROWS_WITH(ampkit::AutocastGuard(at::kCPU, at::kBFloat16, true, std::nullopt,
-                                            ampkit::AutocastOverrides{{"no_such_op"}, {}}),
-                      Catch::Contains("no operator named 'aten::no_such_op'"));
+  REQUIRE_THROWS_WITH(
+      ampkit::AutocastGuard(at::kCPU, at::kBFloat16, true, std::nullopt, ampkit::AutocastOverrides{{"no_such_op"}, {}}),
+      Catch::Contains("no operator named 'aten::no_such_op'"));
 }
 
 TEST_CASE("AutocastGuard: overrides act on the op autocast sees (torch::nn::Linear runs addmm/matmul, not linear)",
@@ -194,10 +194,10 @@ TEST_CASE("OpStatsGuard: counts ops per dtype", "[autocast][cpu]") {
 
 TEST_CASE("OpStatsGuard: integer ops, tensor-list outputs and boolean outputs", "[autocast][cpu]") {
   ampkit::OpStatsGuard stats;
-  at::arange(8).add(0);                                   // no floating tensor anywhere: read its inputs at its start
-  torch::randn({6}).split(2);                             // a tensor list out
+  at::arange(8).add(0);        // no floating tensor anywhere: read its inputs at its start
+  torch::randn({6}).split(2);  // a tensor list out
   torch::randn({4}, torch::kBFloat16).chunk(2);
-  torch::randn({4}, torch::kHalf).gt(0);                  // a boolean output: the input's dtype
+  torch::randn({4}, torch::kHalf).gt(0);  // a boolean output: the input's dtype
   const auto counts = stats.counts();
   CHECK(counts.at({"aten::add", "other"}) == 1);
   CHECK(counts.at({"aten::split", "Float"}) == 1);
@@ -346,10 +346,10 @@ TEST_CASE("decorate: a second O2/O3 decorate is refused and changes nothing, ano
                                         "from rounded weights"));
     REQUIRE_THROWS_WITH(ampkit::decorate(*model, level, at::kHalf), Catch::Contains("decorated at O2 already"));
   }
-  CHECK(bits_equal(model->parameters()[0].detach(), weight));  // still BF16, not cast to FP16
+  CHECK(bits_equal(model->parameters()[0].detach(), weight));                // still BF16, not cast to FP16
   CHECK(model->named_parameters()["1.weight"].scalar_type() == at::kFloat);  // O3 did not cast the norm
-  CHECK(bits_equal(state->master_param(), master_before));      // not retaken from the rounded weight
-  REQUIRE_NOTHROW(ampkit::decorate(*model, opt, ampkit::OptLevel::kO1));  // O0/O1 change nothing, as in Python
+  CHECK(bits_equal(state->master_param(), master_before));                   // not retaken from the rounded weight
+  REQUIRE_NOTHROW(ampkit::decorate(*model, opt, ampkit::OptLevel::kO1));     // O0/O1 change nothing, as in Python
   // A new module (even at a freed one's address) is not the decorated one.
   for (int i = 0; i < 3; ++i) {
     torch::nn::Sequential other(torch::nn::Linear(4, 4));

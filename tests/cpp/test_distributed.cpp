@@ -2,7 +2,7 @@
 // Python tests run it on Gloo ranks and the ddp_demo example as separate processes): ranks agree bit for bit, an
 // FP32 all-reduce follows one process over the global batch, FP16 compression with a scaler skips an Inf on one
 // rank on every rank, and bad arguments throw.
-#include "catch_torch.h"
+#include "support/catch_torch.h"
 
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 
@@ -110,8 +110,7 @@ TEST_CASE("distributed: an FP32 GradientAllReduce follows one process over the g
   CHECK(results[0].ran == std::vector<bool>{true, true, true, true});
 }
 
-TEST_CASE("distributed: FP16 compression with a scaler skips an Inf on one rank on every rank",
-          "[distributed][cpu]") {
+TEST_CASE("distributed: FP16 compression with a scaler skips an Inf on one rank on every rank", "[distributed][cpu]") {
   const auto results = run_ranks(2, ampkit::distributed::Compression::kFP16, true);
   for (const auto& r : results) {
     CHECK(r.ran == std::vector<bool>{true, true, false, true});
@@ -139,7 +138,8 @@ TEST_CASE("distributed: GradientAllReduce and store_process_group refuse bad arg
   CHECK_THROWS_WITH(GradientAllReduce({p}, nullptr), Catch::Contains("process_group must not be null"));
   CHECK_THROWS_WITH(GradientAllReduce({p}, pg, ampkit::distributed::GradientAllReduceOptions().bucket_bytes(0)),
                     Catch::Contains("bucket_bytes must be positive"));
-  CHECK_THROWS_WITH(ampkit::distributed::store_process_group(store, 2, 2), Catch::Contains("expected 0 <= rank < size"));
+  CHECK_THROWS_WITH(ampkit::distributed::store_process_group(store, 2, 2),
+                    Catch::Contains("expected 0 <= rank < size"));
   // One rank: the all-reduce is the identity (divided by 1), the bytes are counted.
   GradientAllReduce one({p}, pg);
   (p * 2).sum().backward();

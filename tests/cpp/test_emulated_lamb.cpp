@@ -3,26 +3,22 @@
 // CPU op: bit for bit with the real chunk size (the CPU sums the norms in the CUDA chunks, NOTE [Deterministic
 // norm]), up to the order of the norms' sums with small chunks. Built and run as test_emulated.cpp is.
 
-#include "catch_torch.h"
+#include "support/catch_torch.h"
 
 #include <cmath>
 #include <optional>
 #include <vector>
 
-#include "emulated_optim_helpers.h"
+#include "support/emulated_optim_helpers.h"
 
-namespace kern = ampkit::kernels;
-namespace emu = ampkit::kernels::emulation;
-using ampkit::test::bits_equal;
-using ampkit::test::random_grad;
 using namespace ampkit::test::emulated;
 
 namespace {
 
 // LAMB through the CPU op and the emulated CUDA op on copies of `cpu`; the grad norm (when clipping) is the CPU
 // op's, given to both. Returns the emulated CUDA op's traffic.
-emu::Traffic run_lamb_both(std::vector<ParamState>& cpu, std::vector<ParamState>& emu_state,
-                           const kern::LambParams& hp, const Scalars& sc) {
+emu::Traffic run_lamb_both(std::vector<ParamState>& cpu, std::vector<ParamState>& emu_state, const kern::LambParams& hp,
+                           const Scalars& sc) {
   std::optional<at::Tensor> norm;
   if (hp.max_grad_norm > 0) {
     norm = ampkit::grad_norm(list_of(cpu, &ParamState::grad), sc.t(sc.use_scale, sc.grad_scale));
@@ -82,8 +78,11 @@ TEST_CASE("emulated lamb step: every master mode and option, clipping, skip, sca
                    << c.max_grad_norm << ", dtype " << dtype << ", master " << static_cast<int>(master));
         auto cpu = make_params(sizes, dtype, master, true, false, false, offset);
         std::vector<ParamState> emu_state = clones(cpu);
-        const kern::LambParams hp{1e-2, 0.9, 0.999, c.weight_decay, 1e-6, c.bias_correction, c.adam_w_mode,
-                                  c.grad_averaging, c.use_nvlamb, c.max_grad_norm};
+        const kern::LambParams hp{1e-2,          0.9,
+                                  0.999,         c.weight_decay,
+                                  1e-6,          c.bias_correction,
+                                  c.adam_w_mode, c.grad_averaging,
+                                  c.use_nvlamb,  c.max_grad_norm};
         const Scalars sc{256.f, 0.f, 3e-3f, true, true, offset == 1};
         for (int step = 0; step < 2; ++step) {
           run_lamb_both(cpu, emu_state, hp, sc);

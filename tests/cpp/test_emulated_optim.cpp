@@ -5,15 +5,12 @@
 // numel % tail_width elements of each tensor, which are within a stated tolerance. Built and run as
 // test_emulated.cpp is (two chunk sizes, sanitizers).
 
-#include "catch_torch.h"
+#include "support/catch_torch.h"
 
 #include <vector>
 
-#include "emulated_optim_helpers.h"
+#include "support/emulated_optim_helpers.h"
 
-namespace kern = ampkit::kernels;
-namespace emu = ampkit::kernels::emulation;
-using ampkit::test::bits_equal;
 using namespace ampkit::test::emulated;
 
 TEST_CASE("emulated adam step: AdamW/Adam, every master mode, skip, grad scale and device lr match the CPU",
@@ -23,7 +20,8 @@ TEST_CASE("emulated adam step: AdamW/Adam, every master mode, skip, grad scale a
   int64_t tail_differences = 0;
   for (const auto dtype : {at::kFloat, at::kHalf, at::kBFloat16}) {
     for (const Master master : {Master::kNone, Master::kFp32, Master::kRemainder}) {
-      if ((master == Master::kRemainder && dtype != at::kBFloat16) || (master != Master::kNone && dtype == at::kFloat)) {
+      if ((master == Master::kRemainder && dtype != at::kBFloat16) ||
+          (master != Master::kNone && dtype == at::kFloat)) {
         continue;
       }
       for (const bool decoupled : {true, false}) {
@@ -49,14 +47,16 @@ TEST_CASE("emulated adam step: AdamW/Adam, every master mode, skip, grad scale a
 }
 
 TEST_CASE("emulated optimizer steps: one misaligned stream goes element-wise, the others stay vectorized, and "
-          "all match the CPU", "[emulated]") {
+          "all match the CPU",
+          "[emulated]") {
   // NOTE [Optimizer chunk loop]: alignment is decided per stream. Each case moves one stream 1 element off its
   // 16-byte boundary (a copy of the same values) and compares AdamW (amsgrad) and SGD with momentum to the CPU.
   torch::manual_seed(11);
   const std::vector<int64_t> sizes = {3, 9, 4 * 512 * 2 + 7, kChunk + 6};
   for (const auto dtype : {at::kFloat, at::kHalf, at::kBFloat16}) {
     for (const Master master : {Master::kNone, Master::kFp32, Master::kRemainder}) {
-      if ((master == Master::kRemainder && dtype != at::kBFloat16) || (master != Master::kNone && dtype == at::kFloat)) {
+      if ((master == Master::kRemainder && dtype != at::kBFloat16) ||
+          (master != Master::kNone && dtype == at::kFloat)) {
         continue;
       }
       for (auto field : {&ParamState::param, &ParamState::grad, &ParamState::master, &ParamState::remainder,

@@ -241,16 +241,22 @@ __global__ void early_return_kernel(int* out) {
   if (blockIdx.x == 1 && threadIdx.x >= blockDim.x / 2) {
     return;
   }
+  // __LINE__ names the line of the call after it, so the two stay on one line.
+  // clang-format off
   g_barrier_line = __LINE__; __syncthreads();  // NOLINT: one line, so the report can be checked
+  // clang-format on
   out[blockIdx.x * blockDim.x + threadIdx.x] = 1;
 }
 
 __global__ void two_barriers_kernel(int* out) {
+  // __LINE__ names the line of the call after it, so the two stay on one line.
+  // clang-format off
   if (threadIdx.x % 2 == 0) {
     g_barrier_line = __LINE__; __syncthreads();  // NOLINT
   } else {
     g_other_line = __LINE__; __syncthreads_count(1);  // NOLINT
   }
+  // clang-format on
   out[threadIdx.x] = 1;
 }
 
@@ -308,7 +314,10 @@ int g_shfl_line = 0;
 __global__ void mismatched_mask_kernel(int* out) {
   const unsigned lane = threadIdx.x % 32;
   const unsigned mask = lane == 0 ? 0x00000003u : 0xffffffffu;  // lane 0 waits for 1, lane 1 for all
+  // __LINE__ names the line of the call after it, so the two stay on one line.
+  // clang-format off
   g_shfl_line = __LINE__; out[threadIdx.x] = __shfl_xor_sync(mask, static_cast<int>(lane), 1);  // NOLINT
+  // clang-format on
 }
 
 __global__ void exited_lane_kernel(int* out) {
@@ -323,8 +332,7 @@ __global__ void outside_own_mask_kernel(int* out) { out[threadIdx.x] = static_ca
 TEST_CASE("emulation: a warp primitive whose mask does not match the arriving lanes is reported", "[emulated]") {
   std::vector<int> out(32, 0);
   SECTION("lanes with different masks") {
-    CHECK(launch_kernel(mismatched_mask_kernel, dim3(1), dim3(32), nullptr, out.data()) ==
-          cudaErrorIllegalInstruction);
+    CHECK(launch_kernel(mismatched_mask_kernel, dim3(1), dim3(32), nullptr, out.data()) == cudaErrorIllegalInstruction);
     const std::string& msg = emu::last_error();
     INFO(msg);
     CHECK(msg.find("block (0,0,0) thread (0,0,0) (lane 0) waits at __shfl_xor_sync(mask 0x00000003)") !=

@@ -189,9 +189,20 @@ TEST_CASE("split_remainder / join_remainder: the FP32 master survives exactly, t
     std::memcpy(&f, &b, sizeof(f));
     return f;
   };
-  std::vector<float> values = {0.f, -0.f, 1.f, -1.f, FLT_MAX, -FLT_MAX, FLT_MIN, std::numeric_limits<float>::denorm_min(),
-                               from_bits(0x3F808000u), from_bits(0x3F818000u), from_bits(0xBF808000u),
-                               from_bits(0x7F7E8000u), from_bits(0x7F7F7FFFu), from_bits(0x00008000u)};
+  std::vector<float> values = {0.f,
+                               -0.f,
+                               1.f,
+                               -1.f,
+                               FLT_MAX,
+                               -FLT_MAX,
+                               FLT_MIN,
+                               std::numeric_limits<float>::denorm_min(),
+                               from_bits(0x3F808000u),
+                               from_bits(0x3F818000u),
+                               from_bits(0xBF808000u),
+                               from_bits(0x7F7E8000u),
+                               from_bits(0x7F7F7FFFu),
+                               from_bits(0x00008000u)};
   std::mt19937 gen(99);
   std::uniform_int_distribution<uint32_t> any;
   for (int i = 0; i < 200000; ++i) {
@@ -232,8 +243,8 @@ TEST_CASE("step_power: correctly rounded beta^step, and FP32 bias-correction fac
   CHECK(step_power(0.9, 0.0) == 1.0);
   CHECK(step_power(1.0, 123456.0) == 1.0);
   CHECK(step_power(0.9, 1.0) == 0.9);
-  CHECK(step_power(0.9, 1e7) == 0.0);                       // underflows to zero, as pow does
-  CHECK(step_power(0.9, 2.5) == std::pow(0.9, 2.5));        // not a step count: the platform's pow
+  CHECK(step_power(0.9, 1e7) == 0.0);                 // underflows to zero, as pow does
+  CHECK(step_power(0.9, 2.5) == std::pow(0.9, 2.5));  // not a step count: the platform's pow
   CHECK(std::isnan(step_power(0.9, std::nan(""))));
 
   // NOTE [Bias-correction powers]: the factors the functors use, rounded to FP32, equal those from glibc's pow
@@ -275,10 +286,10 @@ TEST_CASE("cuda_archs_cover: SASS runs on the same major with a higher minor, PT
   const auto torch_list = parse_cuda_archs("75,80,86,90,100,120");
   CHECK(torch_list.sass.size() == 6);
   CHECK(torch_list.ptx == 120);
-  CHECK(cuda_archs_cover(torch_list, 9, 0));   // H100/H200
-  CHECK(cuda_archs_cover(torch_list, 8, 9));   // L4/L40: sm_86 SASS
-  CHECK(cuda_archs_cover(torch_list, 12, 1));  // sm_120 SASS
-  CHECK(cuda_archs_cover(torch_list, 13, 0));  // PTX of sm_120
+  CHECK(cuda_archs_cover(torch_list, 9, 0));        // H100/H200
+  CHECK(cuda_archs_cover(torch_list, 8, 9));        // L4/L40: sm_86 SASS
+  CHECK(cuda_archs_cover(torch_list, 12, 1));       // sm_120 SASS
+  CHECK(cuda_archs_cover(torch_list, 13, 0));       // PTX of sm_120
   CHECK_FALSE(cuda_archs_cover(torch_list, 7, 0));  // V100: nothing compiled for it
   const auto h100_only = parse_cuda_archs("90");
   CHECK(cuda_archs_cover(h100_only, 9, 0));

@@ -1,7 +1,7 @@
 // ampkit::GradScaler from C++ with torch::optim optimizers: the scale follows torch's rule, skipped steps leave
 // everything untouched, unskipped steps equal an unscaled FP32 run bit for bit (power-of-two scales are exact),
 // error messages, hysteresis and bounds, torch::save / torch::load, and two ranks over a c10d process group.
-#include "catch_torch.h"
+#include "support/catch_torch.h"
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 
 #include <algorithm>
@@ -13,7 +13,7 @@
 #include <sstream>
 #include <thread>
 
-#include "test_helpers.h"
+#include "support/test_helpers.h"
 
 using ampkit::GradScaler;
 using ampkit::GradScalerOptions;
@@ -118,8 +118,9 @@ TEST_CASE("GradScaler: unscale_ then clipping, and the stage errors torch raises
   scaler.unscale_(opt);
   REQUIRE(bits_equal(p.model->weight.grad(), scaled_grad / 65536.0));
   torch::nn::utils::clip_grad_norm_(p.model->parameters(), 0.1);
-  REQUIRE_THROWS_WITH(scaler.unscale_(opt),
-                      Catch::StartsWith("unscale_() has already been called on this optimizer since the last update()."));
+  REQUIRE_THROWS_WITH(
+      scaler.unscale_(opt),
+      Catch::StartsWith("unscale_() has already been called on this optimizer since the last update()."));
   scaler.step(opt);
   REQUIRE_THROWS_WITH(scaler.step(opt), Catch::StartsWith("step() has already been called since the last update()."));
   REQUIRE_THROWS_WITH(scaler.unscale_(opt), Catch::StartsWith("unscale_() is being called after step()."));
@@ -151,8 +152,7 @@ TEST_CASE("GradScaler: grads given apart from .grad are checked and unscaled as 
   scaler.scale(torch::ones({1}));
   grads.back().view(-1)[-1] = 1.0f;
   const auto before = grads[0].clone();
-  REQUIRE_THROWS_WITH(scaler.unscale_params_(2, params, {grads[0]}),
-                      Catch::Contains("2 params but 1 grads"));
+  REQUIRE_THROWS_WITH(scaler.unscale_params_(2, params, {grads[0]}), Catch::Contains("2 params but 1 grads"));
   REQUIRE_THROWS_WITH(scaler.unscale_params_(2, params, {grads[1], grads[0]}),
                       Catch::Contains("grads[0] has shape [4] but its parameter has shape [4, 16]"));
   REQUIRE(bits_equal(grads[0], before));
@@ -162,7 +162,8 @@ TEST_CASE("GradScaler: grads given apart from .grad are checked and unscaled as 
 }
 
 TEST_CASE("GradScaler: hysteresis and bounds", "[scaler][cpu]") {
-  GradScaler scaler(GradScalerOptions().init_scale(64.0).growth_interval(2).hysteresis(2).min_scale(16.0).max_scale(128.0));
+  GradScaler scaler(
+      GradScalerOptions().init_scale(64.0).growth_interval(2).hysteresis(2).min_scale(16.0).max_scale(128.0));
   auto p = torch::ones({4}, torch::requires_grad());
   torch::optim::SGD opt({p}, 0.01);
   std::vector<double> history;
@@ -376,8 +377,7 @@ TEST_CASE("GradScaler: two ranks over a c10d process group skip together", "[sca
   CHECK(weights[0] == weights[1]);
 }
 
-TEST_CASE("GradScaler: calibrate sets the first scale from the first iteration's largest gradient",
-          "[scaler][cpu]") {
+TEST_CASE("GradScaler: calibrate sets the first scale from the first iteration's largest gradient", "[scaler][cpu]") {
   // The formula in float64 (NOTE [Calibrated first scale]).
   auto expected = [](double amax, double margin) {  // at most 2^32 without max_scale
     return std::min(std::exp2(std::floor(std::log2(65504.0 / (amax * std::exp2(margin))))), std::exp2(32.0));

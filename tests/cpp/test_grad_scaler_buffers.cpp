@@ -2,7 +2,7 @@
 // handed out by last_step_ran() keep their values (NOTE [Step-ran flags]); flags recorded by
 // record_unscaled_grads are each kept and all summed (NOTE [Scaler streams]); the min_scale watch warns and
 // raises from update() (NOTE [Watching min_scale]). The CUDA side: tests/cpp/test_scaler_cuda.cpp.
-#include "catch_torch.h"
+#include "support/catch_torch.h"
 
 #include <c10/core/CPUAllocator.h>
 #include <c10/util/Exception.h>
@@ -33,9 +33,7 @@ class CountingAllocator final : public c10::Allocator {
     return inner_->allocate(n);
   }
   c10::DeleterFnPtr raw_deleter() const override { return inner_->raw_deleter(); }
-  void copy_data(void* dest, const void* src, std::size_t count) const override {
-    inner_->copy_data(dest, src, count);
-  }
+  void copy_data(void* dest, const void* src, std::size_t count) const override { inner_->copy_data(dest, src, count); }
   int64_t count() const { return count_.load(); }
 
  private:
@@ -155,8 +153,7 @@ TEST_CASE("GradScaler: every recorded flag counts, each copied when recorded", "
   }
 }
 
-TEST_CASE("GradScaler: overflows at min_scale warn once from update(), or raise from every update()",
-          "[scaler][cpu]") {
+TEST_CASE("GradScaler: overflows at min_scale warn once from update(), or raise from every update()", "[scaler][cpu]") {
   SECTION("warn") {
     Loop loop;
     GradScaler scaler(GradScalerOptions().init_scale(4.0).min_scale(2.0));

@@ -2,7 +2,7 @@
 // its step on the generic path (torch::optim::SGD) and on the fused one (ampkit::optim::AdamW) with everything
 // untouched, a gradient-norm spike only with that signal, no back-off, the count kept apart, torch::save /
 // torch::load carrying the windows (a resumed run decides the same), and option checks.
-#include "catch_torch.h"
+#include "support/catch_torch.h"
 
 #include <cstdio>
 #include <filesystem>

@@ -1,6 +1,6 @@
 // ampkit::optim::SkipAware: a LibTorch scheduler held on the steps a GradScaler skipped, against a scheduler stepped
 // by hand only after the applied steps.
-#include "catch_torch.h"
+#include "support/catch_torch.h"
 
 #include <ampkit/lr_scheduler.h>
 
@@ -64,8 +64,7 @@ TEST_CASE("SkipAware: a disabled scaler steps every time", "[optim][scaler][cpu]
   CHECK(lr_of(opt) == 0.25);  // three steps, two decays
 }
 
-TEST_CASE("GradScaler: each of two optimizers reports its own step, and SkipAware follows it",
-          "[optim][scaler][cpu]") {
+TEST_CASE("GradScaler: each of two optimizers reports its own step, and SkipAware follows it", "[optim][scaler][cpu]") {
   torch::manual_seed(3);
   torch::nn::Linear disc(5, 1), gen(5, 1);
   ampkit::optim::AdamW opt_d(disc->parameters(), ampkit::optim::AdamWOptions(0.05));
@@ -77,7 +76,7 @@ TEST_CASE("GradScaler: each of two optimizers reports its own step, and SkipAwar
 
   const std::vector<std::set<int>> poisons = {{}, {0}, {1}, {0, 1}, {}};
   std::vector<std::string> outcomes;  // per iteration: D ran, G ran, the iteration ran (1 or 0 each)
-  std::vector<at::Tensor> held;  // flags kept across iterations keep their values
+  std::vector<at::Tensor> held;       // flags kept across iterations keep their values
   for (const auto& poison : poisons) {
     const auto x = torch::randn({4, 5});
     torch::nn::Linear* models[] = {&disc, &gen};

@@ -1,7 +1,7 @@
 // The AMP ops through LibTorch on the CPU: bit-exact against torch._amp_foreach_non_finite_check_and_unscale_
 // and torch._amp_update_scale_, against a float64 reference, and bad input that must change nothing.
 
-#include "catch_torch.h"
+#include "support/catch_torch.h"
 #include <unistd.h>
 
 #include <filesystem>
@@ -9,7 +9,7 @@
 #include <limits>
 #include <string>
 
-#include "test_helpers.h"
+#include "support/test_helpers.h"
 
 using ampkit::test::bits_equal;
 using ampkit::test::random_grad;
@@ -99,11 +99,11 @@ TEST_CASE("unscale_and_check_: mixed dtypes, strided views, misaligned and zero-
   torch::manual_seed(2);
   const auto base = at::randn({300, 200}, at::kFloat) * 100;
   std::vector<at::Tensor> grads = {
-      base.t(),                                        // dense but permuted: in place
-      base.to(at::kHalf).slice(1, 0, 200, 3),          // non-dense: staged
+      base.t(),                                              // dense but permuted: in place
+      base.to(at::kHalf).slice(1, 0, 200, 3),                // non-dense: staged
       base.to(at::kBFloat16).flatten().narrow(0, 1, 59999),  // offset by one element
-      at::empty({0}, at::kFloat),                      // zero-size
-      base.to(at::kDouble).select(1, 5),               // strided column
+      at::empty({0}, at::kFloat),                            // zero-size
+      base.to(at::kDouble).select(1, 5),                     // strided column
       at::empty({3, 0, 2}, at::kHalf),
   };
   require_matches_torch(grads, 1.f / 1024.f);
@@ -236,9 +236,8 @@ TEST_CASE("update_scale_: bad input raises and changes nothing", "[ops][cpu]") {
                         Catch::Contains("growth_interval must be in"));
   }
   SECTION("backoff_factor not finite") {
-    REQUIRE_THROWS_WITH(
-        ampkit::update_scale_(scale, tracker, found, 2.0, std::numeric_limits<double>::infinity(), 10),
-        Catch::Contains("backoff_factor must be a finite number > 0"));
+    REQUIRE_THROWS_WITH(ampkit::update_scale_(scale, tracker, found, 2.0, std::numeric_limits<double>::infinity(), 10),
+                        Catch::Contains("backoff_factor must be a finite number > 0"));
   }
   CHECK(scale.item<float>() == 1024.f);
   CHECK(tracker.item<int>() == 5);
@@ -263,8 +262,7 @@ TEST_CASE("build_info: reports the CPU loop instruction set", "[ops][cpu]") {
   CHECK(std::string(info.torch_version).size() > 0);
 }
 
-TEST_CASE("grad_stats (C++ entry point): columns against a float64 reference, empty lists, bad input",
-          "[ops][cpu]") {
+TEST_CASE("grad_stats (C++ entry point): columns against a float64 reference, empty lists, bad input", "[ops][cpu]") {
   torch::manual_seed(21);
   auto g = random_grad(70001, at::kBFloat16, 1e-2);
   g[3] = 0.f;
@@ -278,8 +276,8 @@ TEST_CASE("grad_stats (C++ entry point): columns against a float64 reference, em
   CHECK(row[2].item<double>() == 1.0);
   CHECK(row[3].item<double>() == (x == 0).sum().item<double>());
   CHECK(row[0].item<double>() == live.max().item<double>());
-  CHECK(row[1].item<double>() == Approx(x.masked_select(finite).square().sum().sqrt().item<double>() * 0.25)
-                                     .epsilon(1e-12));
+  CHECK(row[1].item<double>() ==
+        Approx(x.masked_select(finite).square().sum().sqrt().item<double>() * 0.25).epsilon(1e-12));
   const at::Tensor e = at::floor(at::log2(live)).to(at::kLong) - ampkit::kGradStatsHistMinExp + 1;
   const at::Tensor expect = at::bincount(e, {}, ampkit::kGradStatsColumns - ampkit::kGradStatsHistFirst);
   CHECK(row.narrow(0, ampkit::kGradStatsHistFirst, expect.size(0)).to(at::kLong).equal(expect));
@@ -293,8 +291,8 @@ TEST_CASE("GradStatsLog: one JSON line per logged step with the scaler's and gra
   torch::nn::Linear fc(8, 3);
   ampkit::GradScaler scaler(ampkit::GradScalerOptions().init_scale(256.0));
   scaler.scale(fc->forward(at::randn({4, 8})).square().mean()).backward();
-  const std::string path = (std::filesystem::temp_directory_path() /
-                            ("ampkit_gradlog_" + std::to_string(::getpid()) + ".jsonl")).string();
+  const std::string path =
+      (std::filesystem::temp_directory_path() / ("ampkit_gradlog_" + std::to_string(::getpid()) + ".jsonl")).string();
   std::filesystem::remove(path);
   {
     ampkit::GradStatsLog log(path, 5);
@@ -308,8 +306,7 @@ TEST_CASE("GradStatsLog: one JSON line per logged step with the scaler's and gra
   CHECK_FALSE(std::getline(in, extra));
   std::filesystem::remove(path);
   CHECK(line.rfind("{\"step\": 10, \"scaler\": {\"scale\": 256, \"steps\": 0, \"skipped_steps\": 0", 0) == 0);
-  const at::Tensor rows =
-      ampkit::grad_stats({fc->weight.grad(), fc->bias.grad()}, scaler.unscale_factor(at::kCPU));
+  const at::Tensor rows = ampkit::grad_stats({fc->weight.grad(), fc->bias.grad()}, scaler.unscale_factor(at::kCPU));
   for (const auto& [name, r] : {std::pair<std::string, int>{"weight", 0}, {"bias", 1}}) {
     const auto at_name = line.find("\"name\": \"" + name + "\"");
     REQUIRE(at_name != std::string::npos);

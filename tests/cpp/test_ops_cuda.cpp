@@ -2,28 +2,23 @@
 // steps as NOTE [torch's scalar tail] states) and with torch's CUDA kernel where it accepts the input. These run only where a device exists (ctest label "cuda");
 // without one each test fails, so that a run that could not test CUDA never reads as a pass.
 
-#include "catch_torch.h"
+#include "support/catch_torch.h"
 #include <cstdio>
 #include <limits>
 
-#include "test_helpers.h"
+#include "support/test_helpers.h"
 
 using ampkit::test::bits_equal;
 using ampkit::test::random_grad;
 using ampkit::test::reference_unscale;
 
-#define AMPKIT_REQUIRE_CUDA_DEVICE()                            \
-  do {                                                          \
-    if (!torch::cuda::is_available()) {                         \
-      FAIL("no CUDA device: run this test where one exists"); \
-    }                                                           \
-  } while (0)
-
 namespace {
 
 const at::Device kCuda(at::kCUDA, 0);
 
-at::Tensor scalar_f32(float v, const at::Device& d) { return at::full({1}, v, at::TensorOptions(at::kFloat).device(d)); }
+at::Tensor scalar_f32(float v, const at::Device& d) {
+  return at::full({1}, v, at::TensorOptions(at::kFloat).device(d));
+}
 
 // Runs the op on CUDA and on CPU copies; requires identical results.
 void require_cuda_matches_cpu(const std::vector<at::Tensor>& cpu_grads, float inv) {
@@ -46,8 +41,7 @@ void require_cuda_matches_cpu(const std::vector<at::Tensor>& cpu_grads, float in
 
 }  // namespace
 
-TEST_CASE("unscale_and_check_ (CUDA): every dtype and size matches the CPU and the float64 reference",
-          "[ops][cuda]") {
+TEST_CASE("unscale_and_check_ (CUDA): every dtype and size matches the CPU and the float64 reference", "[ops][cuda]") {
   AMPKIT_REQUIRE_CUDA_DEVICE();
   torch::manual_seed(10);
   const int64_t n = GENERATE(1, 7, 8, 9, 65535, 65536, 65537, 1000003);
@@ -67,10 +61,10 @@ TEST_CASE("unscale_and_check_ (CUDA): mixed dtypes, strided, misaligned, zero-si
   AMPKIT_REQUIRE_CUDA_DEVICE();
   torch::manual_seed(11);
   const auto base = at::randn({300, 200}) * 100;
-  require_cuda_matches_cpu({base.t(), base.to(at::kHalf).slice(1, 0, 200, 3),
-                            base.to(at::kBFloat16).flatten().narrow(0, 1, 59999), at::empty({0}),
-                            base.to(at::kDouble).select(1, 5)},
-                           1.f / 1024.f);
+  require_cuda_matches_cpu(
+      {base.t(), base.to(at::kHalf).slice(1, 0, 200, 3), base.to(at::kBFloat16).flatten().narrow(0, 1, 59999),
+       at::empty({0}), base.to(at::kDouble).select(1, 5)},
+      1.f / 1024.f);
   // More tensors than one chunk table holds, and more chunks than one launch takes.
   std::vector<at::Tensor> many;
   for (int i = 0; i < 2500; ++i) {
@@ -86,8 +80,7 @@ TEST_CASE("unscale_and_check_ (CUDA): mixed dtypes, strided, misaligned, zero-si
   require_cuda_matches_cpu(big, 0.5f);
 }
 
-TEST_CASE("unscale_and_check_ (CUDA): agrees with torch's CUDA kernel where torch accepts the input",
-          "[ops][cuda]") {
+TEST_CASE("unscale_and_check_ (CUDA): agrees with torch's CUDA kernel where torch accepts the input", "[ops][cuda]") {
   AMPKIT_REQUIRE_CUDA_DEVICE();
   torch::manual_seed(12);
   for (const auto dtype : {at::kHalf, at::kFloat, at::kDouble}) {
@@ -105,8 +98,7 @@ TEST_CASE("unscale_and_check_ (CUDA): agrees with torch's CUDA kernel where torc
   }
 }
 
-TEST_CASE("unscale_and_check_ (CUDA): grads on another device than found_inf raise and change nothing",
-          "[ops][cuda]") {
+TEST_CASE("unscale_and_check_ (CUDA): grads on another device than found_inf raise and change nothing", "[ops][cuda]") {
   AMPKIT_REQUIRE_CUDA_DEVICE();
   auto g_gpu = random_grad(64, at::kFloat, 1.0, kCuda);
   auto g_cpu = random_grad(64, at::kFloat, 1.0);
@@ -205,8 +197,11 @@ TEST_CASE("adamw_step_ (CUDA): bitwise equal to the CPU op without its scalar ta
       auto copy = [&](const at::Tensor& t, at::ScalarType type) {
         return t.narrow(0, 0, size).to(d, type, /*non_blocking=*/false, /*copy=*/true);
       };
-      return State{copy(w, dtype), copy(g, dtype), copy(w, at::kFloat),
-                   at::zeros({size}, at::TensorOptions().device(d)), at::zeros({size}, at::TensorOptions().device(d)),
+      return State{copy(w, dtype),
+                   copy(g, dtype),
+                   copy(w, at::kFloat),
+                   at::zeros({size}, at::TensorOptions().device(d)),
+                   at::zeros({size}, at::TensorOptions().device(d)),
                    at::zeros({1}, at::TensorOptions().device(d))};
     };
     State gpu = make(n, kCuda);

@@ -1,11 +1,11 @@
 // ampkit::optim from C++: AdamW and SGD against LibTorch's on FP32, BF16 params following an FP32 run through
 // their masters, the sync-free GradScaler path with skipped steps, and torch::save / torch::load round trips.
-#include "catch_torch.h"
+#include "support/catch_torch.h"
 
 #include <cstdio>
 #include <limits>
 
-#include "test_helpers.h"
+#include "support/test_helpers.h"
 
 using ampkit::test::bits_equal;
 
@@ -163,8 +163,7 @@ TEST_CASE("optim: bad options and mismatched grads raise", "[optim][cpu]") {
   CHECK(bits_equal(ps[0].detach(), before));
 }
 
-TEST_CASE("optim: a step that raises for one param group writes and creates nothing in the others",
-          "[optim][cpu]") {
+TEST_CASE("optim: a step that raises for one param group writes and creates nothing in the others", "[optim][cpu]") {
   auto a = torch::randn({8}).to(torch::kHalf).requires_grad_();
   auto b = torch::randn({8}).to(torch::kHalf).requires_grad_();
   ampkit::optim::AdamW opt({torch::optim::OptimizerParamGroup({a}), torch::optim::OptimizerParamGroup({b})},
@@ -179,15 +178,16 @@ TEST_CASE("optim: a step that raises for one param group writes and creates noth
 
   auto c = torch::randn({4}).requires_grad_();
   auto d = torch::randn({4}, torch::kDouble).requires_grad_();
-  ampkit::optim::SGD sgd({torch::optim::OptimizerParamGroup({c}),
-                          torch::optim::OptimizerParamGroup(
-                              {d}, std::make_unique<ampkit::optim::SGDOptions>(
-                                       ampkit::optim::SGDOptions(0.1).momentum(0.9).master_weights(true)))},
-                         ampkit::optim::SGDOptions(0.1).momentum(0.9));
+  ampkit::optim::SGD sgd(
+      {torch::optim::OptimizerParamGroup({c}),
+       torch::optim::OptimizerParamGroup({d}, std::make_unique<ampkit::optim::SGDOptions>(
+                                                  ampkit::optim::SGDOptions(0.1).momentum(0.9).master_weights(true)))},
+      ampkit::optim::SGDOptions(0.1).momentum(0.9));
   c.mutable_grad() = torch::ones({4});
   d.mutable_grad() = torch::ones({4}, torch::kDouble);
   const auto c0 = c.detach().clone();
-  REQUIRE_THROWS_WITH(sgd.step(), Catch::Contains("SGD: master_weights(true) needs FP16, BF16 or FP32 parameters, but got a Double"));
+  REQUIRE_THROWS_WITH(
+      sgd.step(), Catch::Contains("SGD: master_weights(true) needs FP16, BF16 or FP32 parameters, but got a Double"));
   CHECK(torch::equal(c.detach(), c0));
   CHECK(sgd.state().empty());
 }
@@ -291,8 +291,8 @@ TEST_CASE("optim::LAMB: param groups with a global clip equal the fused op on th
   auto ps = make_params(at::kHalf, 3);
   auto ref = clone_params(ps, at::kHalf);
   std::vector<torch::optim::OptimizerParamGroup> groups;
-  groups.emplace_back(std::vector<at::Tensor>{ps[0], ps[2]},
-                      std::make_unique<ampkit::optim::LAMBOptions>(ampkit::optim::LAMBOptions(1e-2).max_grad_norm(0.5)));
+  groups.emplace_back(std::vector<at::Tensor>{ps[0], ps[2]}, std::make_unique<ampkit::optim::LAMBOptions>(
+                                                                 ampkit::optim::LAMBOptions(1e-2).max_grad_norm(0.5)));
   // A group's options replace the defaults (LibTorch's rule): this one clips at the default 1.0.
   groups.emplace_back(std::vector<at::Tensor>{ps[1], ps[3], ps[4]},
                       std::make_unique<ampkit::optim::LAMBOptions>(ampkit::optim::LAMBOptions(1e-2).weight_decay(0)));
@@ -347,8 +347,7 @@ TEST_CASE("optim::LAMB: param groups with a global clip equal the fused op on th
   CHECK(bits_equal(state->exp_avg_sq(), v[0]));
 }
 
-TEST_CASE("optim::LAMB: no weight decay and no clip is Adam, save and load continue bit-identically",
-          "[optim][cpu]") {
+TEST_CASE("optim::LAMB: no weight decay and no clip is Adam, save and load continue bit-identically", "[optim][cpu]") {
   auto ps = make_params(at::kFloat, 4);
   auto adam_ps = clone_params(ps, at::kFloat);
   ampkit::optim::LAMB lamb(ps, ampkit::optim::LAMBOptions(1e-2).weight_decay(0).max_grad_norm(0).eps(1e-8));
@@ -364,7 +363,8 @@ TEST_CASE("optim::LAMB: no weight decay and no clip is Adam, save and load conti
     REQUIRE(torch::allclose(ps[i], adam_ps[i], 1e-5, 1e-6));
   }
   auto bf = make_params(at::kBFloat16, 5);
-  ampkit::optim::LAMB opt(bf, ampkit::optim::LAMBOptions(1e-2).master_weights(ampkit::optim::MasterWeights::remainder()));
+  ampkit::optim::LAMB opt(bf,
+                          ampkit::optim::LAMBOptions(1e-2).master_weights(ampkit::optim::MasterWeights::remainder()));
   for (int step = 0; step < 2; ++step) {
     set_grads(bf, step, at::kBFloat16);
     opt.step();

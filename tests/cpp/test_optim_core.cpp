@@ -1,15 +1,16 @@
 // ampkit::optim's decisions from C++ (ampkit::optim::core, shared with ampkit.optim): torch.optim's single-tensor
 // path for FP64, complex, sparse and non-dense parameters against a float64 reference, master modes (auto, off,
 // remainder), tensor learning rates, a resumed torch-style SGD momentum buffer, and loads that check and roll back.
-#include "catch_torch.h"
+#include "support/catch_torch.h"
 
 #include <cmath>
-#include <sstream>
 
-#include "test_helpers.h"
+#include "support/test_helpers.h"
 
-using ampkit::test::bits_equal;
 using ampkit::optim::MasterWeights;
+using ampkit::test::bits_equal;
+using ampkit::test::load_from;
+using ampkit::test::saved;
 
 namespace {
 
@@ -46,19 +47,6 @@ double max_abs_diff(const at::Tensor& t, const std::vector<double>& ref) {
     d = std::max(d, std::abs(v[i] - ref[i]));
   }
   return d;
-}
-
-template <typename Opt>
-std::string saved(Opt& opt) {
-  std::ostringstream out;
-  torch::save(opt, out);
-  return out.str();
-}
-
-template <typename Opt>
-void load_from(Opt& opt, const std::string& bytes) {
-  std::istringstream in(bytes);
-  torch::load(opt, in);
 }
 
 }  // namespace

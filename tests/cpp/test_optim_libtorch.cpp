@@ -3,13 +3,15 @@
 // ampkit options) and the next steps follow LibTorch's; ampkit's archives load into LibTorch's optimizers, which
 // then step as ampkit's would; an FP32 LibTorch run continues in O2; archives of another kind are refused, naming
 // the format and the key, and leave the optimizer as it was.
-#include "catch_torch.h"
+#include "support/catch_torch.h"
 
 #include <sstream>
 
-#include "test_helpers.h"
+#include "support/test_helpers.h"
 
 using ampkit::test::bits_equal;
+using ampkit::test::load_from;
+using ampkit::test::saved;
 
 namespace {
 
@@ -35,19 +37,6 @@ std::vector<at::Tensor> clone_params(const std::vector<at::Tensor>& ps, at::Scal
     out.push_back(p.detach().to(dtype, false, true).requires_grad_());
   }
   return out;
-}
-
-template <typename Opt>
-std::string saved(const Opt& opt) {
-  std::ostringstream out;
-  torch::save(opt, out);
-  return out.str();
-}
-
-template <typename Opt>
-void load_from(Opt& opt, const std::string& bytes) {
-  std::istringstream in(bytes);
-  torch::load(opt, in);
 }
 
 // The moments of LibTorch's Adam/AdamW state and of ampkit's, compared bit for bit (FP32 on both sides).
@@ -142,8 +131,11 @@ TEST_CASE("optim: archives of LibTorch's SGD load into ampkit's, and the next st
           "[optim][cpu]") {
   const bool nesterov = GENERATE(false, true);
   auto tp = make_params(at::kFloat, 2);
-  torch::optim::SGD theirs(tp, torch::optim::SGDOptions(0.05).momentum(0.9).dampening(nesterov ? 0.0 : 0.2)
-                                   .weight_decay(0.01).nesterov(nesterov));
+  torch::optim::SGD theirs(tp, torch::optim::SGDOptions(0.05)
+                                   .momentum(0.9)
+                                   .dampening(nesterov ? 0.0 : 0.2)
+                                   .weight_decay(0.01)
+                                   .nesterov(nesterov));
   for (int step = 0; step < 3; ++step) {
     set_grads(tp, step);
     theirs.step();

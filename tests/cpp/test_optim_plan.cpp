@@ -1,13 +1,13 @@
 // ampkit::optim::core's step plan (the decisions the eager step follows and a compiled step asks for), the rule
 // that lets a binding borrow state entries (may_replace_entries), BorrowedStates, and make_optim_state, the one
 // place fused state entries are created.
-#include "catch_torch.h"
+#include "support/catch_torch.h"
 
 #include <string>
 #include <vector>
 
 #include "csrc/optim/borrowed_tensors.h"
-#include "test_helpers.h"
+#include "support/test_helpers.h"
 
 namespace core = ampkit::optim::core;
 using ampkit::optim::MasterWeights;
@@ -102,12 +102,11 @@ TEST_CASE("optim core: plan_step names each parameter's path, state entries and 
   }
 }
 
-TEST_CASE("optim core: a step assigns over an existing entry only where may_replace_entries says so",
-          "[optim][cpu]") {
+TEST_CASE("optim core: a step assigns over an existing entry only where may_replace_entries says so", "[optim][cpu]") {
   torch::manual_seed(4);
   for (const auto algorithm : {core::Algorithm::kAdam, core::Algorithm::kSGD, core::Algorithm::kLamb}) {
-    for (const MasterWeights mw : {MasterWeights(), MasterWeights(true), MasterWeights(false),
-                                   MasterWeights::remainder()}) {
+    for (const MasterWeights mw :
+         {MasterWeights(), MasterWeights(true), MasterWeights(false), MasterWeights::remainder()}) {
       const core::GroupConfig c = config(algorithm, mw);
       const at::Tensor p = with_grad(at::randn({6}).to(at::kBFloat16));
       // Partial states as loaded from torch.optim or after init_master: the master alone, or moments alone.
@@ -134,8 +133,7 @@ TEST_CASE("optim core: a step assigns over an existing entry only where may_repl
   }
 }
 
-TEST_CASE("optim core: BorrowedStates borrows without a reference and steps like referenced states",
-          "[optim][cpu]") {
+TEST_CASE("optim core: BorrowedStates borrows without a reference and steps like referenced states", "[optim][cpu]") {
   torch::manual_seed(5);
   const core::GroupConfig c = config(core::Algorithm::kAdam);
   const at::Tensor p1 = with_grad(at::randn({7}).to(at::kBFloat16));
@@ -149,7 +147,7 @@ TEST_CASE("optim core: BorrowedStates borrows without a reference and steps like
   referenced.exp_avg = exp_avg.clone();
   {
     core::BorrowedStates states(1, !core::may_replace_entries(c));
-    states.set(0, 5, master, /*borrowable=*/true);   // master_param
+    states.set(0, 5, master, /*borrowable=*/true);    // master_param
     states.set(0, 1, exp_avg, /*borrowable=*/false);  // exp_avg: referenced
     CHECK(states.borrowed(0, 5));
     CHECK_FALSE(states.borrowed(0, 1));

@@ -2,7 +2,7 @@
 // counted, and the inverse scale read from another stream waits for the update() that changed it. A stream kept
 // busy by a sleep kernel makes the order of the two streams' work certain. Label "cuda"; the CPU side of the same
 // state is tests/cpp/test_grad_scaler_buffers.cpp.
-#include "catch_torch.h"
+#include "support/catch_torch.h"
 
 #include <limits>
 
@@ -15,13 +15,6 @@
 
 using ampkit::GradScaler;
 using ampkit::GradScalerOptions;
-
-#define AMPKIT_REQUIRE_CUDA_DEVICE()                            \
-  do {                                                          \
-    if (!torch::cuda::is_available()) {                         \
-      FAIL("no CUDA device: run this test where one exists"); \
-    }                                                           \
-  } while (0)
 
 #if defined(AMPKIT_TEST_WITH_CUDA)
 namespace {

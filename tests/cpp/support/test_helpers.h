@@ -1,8 +1,11 @@
 // Helpers shared by the LibTorch op tests: bit-exact comparison (NaN equal to NaN), seeded random grads that
-// are never all zero, and a float64 reference of the unscale.
+// are never all zero, a float64 reference of the unscale, and an optimizer's archive as bytes and back.
 #pragma once
 
 #include <torch/torch.h>
+
+#include <sstream>
+#include <string>
 
 namespace ampkit::test {
 
@@ -50,6 +53,20 @@ inline at::Tensor reference_unscale(const at::Tensor& g, float inv) {
     return g * static_cast<double>(inv);
   }
   return prod.to(at::kFloat).to(g.scalar_type());
+}
+
+// An optimizer's torch::save archive as bytes, and those bytes loaded into an optimizer (torch::load).
+template <typename Opt>
+std::string saved(const Opt& opt) {
+  std::ostringstream out;
+  torch::save(opt, out);
+  return out.str();
+}
+
+template <typename Opt>
+void load_from(Opt& opt, const std::string& bytes) {
+  std::istringstream in(bytes);
+  torch::load(opt, in);
 }
 
 }  // namespace ampkit::test

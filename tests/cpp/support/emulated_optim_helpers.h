@@ -39,7 +39,7 @@ inline std::vector<ParamState> clones(const std::vector<ParamState>& ps) {
 }
 
 inline std::vector<ParamState> make_params(const std::vector<int64_t>& sizes, at::ScalarType dtype, Master master,
-                                    bool adam, bool amsgrad, bool momentum, int64_t offset) {
+                                           bool adam, bool amsgrad, bool momentum, int64_t offset) {
   std::vector<ParamState> out;
   for (const int64_t n : sizes) {
     ParamState s;
@@ -94,8 +94,7 @@ inline void require_same_state(const std::vector<ParamState>& a, const std::vect
   for (size_t i = 0; i < a.size(); ++i) {
     INFO("param " << i << ", numel " << a[i].param.numel());
     for (auto field : {&ParamState::param, &ParamState::grad, &ParamState::master, &ParamState::remainder,
-                       &ParamState::exp_avg, &ParamState::exp_avg_sq, &ParamState::max_exp_avg_sq,
-                       &ParamState::step}) {
+                       &ParamState::exp_avg, &ParamState::exp_avg_sq, &ParamState::max_exp_avg_sq, &ParamState::step}) {
       if ((a[i].*field).defined()) {
         REQUIRE(bits_equal(a[i].*field, b[i].*field));
       }
@@ -133,8 +132,7 @@ namespace {
   }
 }
 
-[[maybe_unused]] void lamb_step_emulated(const detail::LambStepArgs& a,
-                                         const std::vector<kern::OptimTensor>& tensors) {
+[[maybe_unused]] void lamb_step_emulated(const detail::LambStepArgs& a, const std::vector<kern::OptimTensor>& tensors) {
   if (!a.lists.params.empty()) {
     REQUIRE(detail::launch_lamb_step_args(a, tensors, nullptr).ok());
   }
@@ -154,8 +152,8 @@ inline void adam_on(AdamStepFn fn, const std::vector<ParamState>& s, const kern:
                     bool write_unscaled_grads = true) {
   fn(list_of(s, &ParamState::param), list_of(s, &ParamState::grad), list_of(s, &ParamState::master),
      list_of(s, &ParamState::remainder), list_of(s, &ParamState::exp_avg), list_of(s, &ParamState::exp_avg_sq),
-     list_of(s, &ParamState::max_exp_avg_sq), list_of(s, &ParamState::step), hp.lr, hp.beta1, hp.beta2,
-     hp.weight_decay, hp.eps, hp.amsgrad, hp.maximize, hp.decoupled_weight_decay, sc.t(sc.use_scale, sc.grad_scale),
+     list_of(s, &ParamState::max_exp_avg_sq), list_of(s, &ParamState::step), hp.lr, hp.beta1, hp.beta2, hp.weight_decay,
+     hp.eps, hp.amsgrad, hp.maximize, hp.decoupled_weight_decay, sc.t(sc.use_scale, sc.grad_scale),
      sc.t(sc.use_found, sc.found_inf), sc.t(sc.use_lr, sc.lr), write_unscaled_grads);
 }
 
@@ -189,10 +187,11 @@ inline Padded padded_copy(const std::vector<ParamState>& ps) {
       return t.defined() ? at::cat({t.flatten(), at::zeros({extra}, t.options())}) : t;
     };
     auto view = [&](const at::Tensor& t) { return t.defined() ? t.narrow(0, 0, n) : t; };
-    ParamState full{pad(p.param),    pad(p.grad),       pad(p.master),         pad(p.remainder),
-                    pad(p.exp_avg),  pad(p.exp_avg_sq), pad(p.max_exp_avg_sq), p.step.defined() ? p.step.clone() : p.step};
-    out.view.push_back({view(full.param), view(full.grad), view(full.master), view(full.remainder),
-                        view(full.exp_avg), view(full.exp_avg_sq), view(full.max_exp_avg_sq), full.step});
+    ParamState full{
+        pad(p.param),   pad(p.grad),       pad(p.master),         pad(p.remainder),
+        pad(p.exp_avg), pad(p.exp_avg_sq), pad(p.max_exp_avg_sq), p.step.defined() ? p.step.clone() : p.step};
+    out.view.push_back({view(full.param), view(full.grad), view(full.master), view(full.remainder), view(full.exp_avg),
+                        view(full.exp_avg_sq), view(full.max_exp_avg_sq), full.step});
     out.full.push_back(std::move(full));
   }
   return out;

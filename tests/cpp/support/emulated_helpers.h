@@ -1,6 +1,7 @@
 // Helpers of the emulated CUDA tests (test_emulated*.cpp): the chunk size of this build, descriptors of CPU
 // tensors for the launchers, and copies that keep a tensor's offset from a 16-byte boundary (so that a misaligned
-// case stays misaligned).
+// case stays misaligned). `using namespace ampkit::test::emulated;` also brings the kernels' namespaces (kern,
+// emu) and the shared test helpers.
 #pragma once
 
 #include <torch/torch.h>
@@ -11,10 +12,14 @@
 
 #include "kernels/cuda/emulation.h"
 #include "kernels/cuda/multi_tensor_apply.cuh"
+#include "test_helpers.h"
 
 namespace ampkit::test::emulated {
 
 namespace kern = ampkit::kernels;
+namespace emu = ampkit::kernels::emulation;
+using ampkit::test::bits_equal;
+using ampkit::test::random_grad;
 
 constexpr int64_t kChunk = kern::cuda::kChunkSize;
 constexpr int64_t kernels_norm_chunk() { return kern::kNormChunk; }
