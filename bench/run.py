@@ -426,8 +426,9 @@ def bench_compiled_step(device: str, quick: bool, repeats: int) -> list[Row]:
     """A whole AMP training step (autocast forward, scaled backward, scaler.step with AdamW, update) eager and under
     torch.compile(fullgraph where it can): ampkit.GradScaler + ampkit.optim.AdamW against torch.amp.GradScaler +
     torch.optim.AdamW(fused=True), each timed in the same process. The note counts each one's graph breaks."""
-    import ampkit.optim
     from torch._dynamo.utils import counters
+
+    import ampkit.optim
 
     lowp = torch.float16 if device == "cuda" else torch.bfloat16
     width, depth, batch = (256, 4, 64) if device == "cpu" or quick else (2048, 8, 256)

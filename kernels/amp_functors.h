@@ -106,7 +106,13 @@ constexpr int64_t kNormChunk = 65536;
 constexpr int kNormLanes = 512;
 
 // Slots of the int64 statistics vector that UpdateScaleOp maintains on the device.
-enum ScaleStat : int { kStatSteps = 0, kStatSkipped = 1, kStatLastOverflow = 2, kStatOverflowsAtMin = 3, kNumStats = 4 };
+enum ScaleStat : int {
+  kStatSteps = 0,
+  kStatSkipped = 1,
+  kStatLastOverflow = 2,
+  kStatOverflowsAtMin = 3,
+  kNumStats = 4
+};
 
 // One step of dynamic loss scaling. With the defaults (hysteresis 1, no bounds, dynamic) it is exactly
 // torch._amp_update_scale_: back off on overflow, grow by `growth_factor` after `growth_interval` consecutive
@@ -132,8 +138,8 @@ struct UpdateScaleOp {
   float max_scale = 3.40282347e+38f;  // FP32 max: a finite product never exceeds it
   bool dynamic = true;
 
-  AMPKIT_HOST_DEVICE void operator()(float* scale, int32_t* growth_tracker, int32_t* hysteresis_tracker,
-                                     int64_t* stats, float found_inf) const {
+  AMPKIT_HOST_DEVICE void operator()(float* scale, int32_t* growth_tracker, int32_t* hysteresis_tracker, int64_t* stats,
+                                     float found_inf) const {
     int32_t no_tracker = hysteresis;
     int32_t* left = hysteresis_tracker != nullptr ? hysteresis_tracker : &no_tracker;
     if (stats != nullptr) {

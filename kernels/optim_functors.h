@@ -247,8 +247,7 @@ struct SgdOp {
       if (first) {
         *buf = g;
       } else {
-        *buf = tail ? Math::fma(*buf, V(momentum), g * V(grad_coeff))
-                    : Math::fma(V(grad_coeff), g, *buf * V(momentum));
+        *buf = tail ? Math::fma(*buf, V(momentum), g * V(grad_coeff)) : Math::fma(V(grad_coeff), g, *buf * V(momentum));
       }
       g = nesterov ? Math::fma(*buf, V(momentum), g) : *buf;
     }
@@ -269,9 +268,9 @@ struct LambParams {
   double weight_decay;
   double eps;
   bool bias_correction;
-  bool adam_w_mode;     // decoupled weight decay added to the update (true) or L2 added to the grad (false)
-  bool grad_averaging;  // m = beta1 * m + (1 - beta1) * g (true) or beta1 * m + g (false)
-  bool use_nvlamb;      // the trust ratio for every tensor, not only those with weight decay
+  bool adam_w_mode;      // decoupled weight decay added to the update (true) or L2 added to the grad (false)
+  bool grad_averaging;   // m = beta1 * m + (1 - beta1) * g (true) or beta1 * m + g (false)
+  bool use_nvlamb;       // the trust ratio for every tensor, not only those with weight decay
   double max_grad_norm;  // > 0 with a grad norm given: the grads are scaled down to that global norm
 };
 

@@ -24,7 +24,7 @@ as_root() {
 
 ensure_apt_packages() {
   local missing=()
-  for pkg in cmake g++ ninja-build ccache catch2; do
+  for pkg in cmake g++ ninja-build ccache catch2 clang-format; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
   done
   if [ "${#missing[@]}" -gt 0 ]; then

@@ -4,6 +4,8 @@
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 ensure_deps
+log "lint: ruff and clang-format (scripts/lint.sh)"
+"$AMPKIT_ROOT/scripts/lint.sh"
 build_ampkit
 
 # Tests labelled "cuda" need a device: where none exists they are excluded and counted as skipped, never passed.

@@ -33,7 +33,7 @@ struct Installed {
 
 struct Registry {
   std::shared_mutex mutex;
-  std::unordered_map<std::string, Installed> installed;  // "ns::name.overload|key"
+  std::unordered_map<std::string, Installed> installed;    // "ns::name.overload|key"
   std::vector<std::unique_ptr<torch::Library>> libraries;  // kept alive: the registrations stay
 };
 
@@ -59,9 +59,7 @@ c10::DispatchKey autocast_key(c10::DeviceType device) {
   }
 }
 
-std::string qualified(const std::string& op) {
-  return op.find("::") == std::string::npos ? "aten::" + op : op;
-}
+std::string qualified(const std::string& op) { return op.find("::") == std::string::npos ? "aten::" + op : op; }
 
 std::string entry_key(const c10::OperatorName& name, c10::DispatchKey key) {
   return name.name + "." + name.overload_name + "|" + c10::toString(key);
@@ -122,8 +120,7 @@ void for_each_tensor_arg(torch::jit::Stack* stack, size_t num_args, const F& f) 
 // call's key set (under torch.compile's tracing the set's highest key is not the autocast key).
 template <c10::DispatchKey key>
 void autocast_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
-  const c10::DeviceType device =
-      key == c10::DispatchKey::AutocastCUDA ? c10::DeviceType::CUDA : c10::DeviceType::CPU;
+  const c10::DeviceType device = key == c10::DispatchKey::AutocastCUDA ? c10::DeviceType::CUDA : c10::DeviceType::CPU;
   const c10::OperatorName& name = op.operator_name();
   std::optional<AutocastPolicy> policy = thread_policy(name.name, device);
   const Installed* installed = nullptr;
@@ -139,8 +136,8 @@ void autocast_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torc
   const size_t num_args = op.schema().arguments().size();
   if (installed->lowp_input_warning != nullptr && num_args > 0) {
     const c10::IValue& first = (*stack)[stack->size() - num_args];
-    if (first.isTensor() && (first.toTensor().scalar_type() == at::kHalf ||
-                             first.toTensor().scalar_type() == at::kBFloat16)) {
+    if (first.isTensor() &&
+        (first.toTensor().scalar_type() == at::kHalf || first.toTensor().scalar_type() == at::kBFloat16)) {
       static std::once_flag warned;
       std::call_once(warned, [&] { TORCH_WARN(installed->lowp_input_warning); });
     }
@@ -251,7 +248,8 @@ void register_autocast(const std::string& op, c10::DeviceType device, AutocastPo
   const c10::DispatchKey key = autocast_key(device);
   const std::string name = qualified(op);
   if (name.rfind("aten::", 0) == 0) {
-    TORCH_WARN("ampkit::register_autocast: '", name, "' is an ATen op, so this changes plain torch.autocast for it "
+    TORCH_WARN("ampkit::register_autocast: '", name,
+               "' is an ATen op, so this changes plain torch.autocast for it "
                "in the whole process; to change it in one scope only, use the fp32_ops/lowp_ops overrides of "
                "AutocastGuard / ampkit.autocast");
   }

@@ -92,7 +92,8 @@ SetMaster master_setter(torch::optim::Optimizer& optimizer) {
       dynamic_cast<optim::LAMB*>(&optimizer) != nullptr) {
     return &set_master<optim::AdamParamState>;
   }
-  TORCH_CHECK_TYPE(dynamic_cast<optim::SGD*>(&optimizer) != nullptr, "ampkit::decorate: optimizer must be an "
+  TORCH_CHECK_TYPE(dynamic_cast<optim::SGD*>(&optimizer) != nullptr,
+                   "ampkit::decorate: optimizer must be an "
                    "ampkit::optim optimizer (Adam, AdamW, SGD or LAMB) at O2/O3, which keep the FP32 masters, but got ",
                    c10::demangle(typeid(optimizer).name()));
   return &set_master<optim::SGDParamState>;
@@ -107,7 +108,8 @@ void decorate_impl(torch::nn::Module& module, torch::optim::Optimizer* optimizer
   } else {
     // The device's low-precision dtype (BF16 on the CPU, FP16 on CUDA); a warning when it is not faster there.
     const auto params = module.parameters();
-    const PrecisionSupport support = precision_support(params.empty() ? c10::Device(c10::kCPU) : params.front().device());
+    const PrecisionSupport support =
+        precision_support(params.empty() ? c10::Device(c10::kCPU) : params.front().device());
     dtype = support.lowp_dtype;
     if ((level == OptLevel::kO2 || level == OptLevel::kO3) && !support.fast) {
       TORCH_WARN_ONCE("ampkit::decorate: ", support.reason);
@@ -122,7 +124,8 @@ void decorate_impl(torch::nn::Module& module, torch::optim::Optimizer* optimizer
   const SetMaster set_master_of = optimizer != nullptr ? master_setter(*optimizer) : nullptr;
   const std::optional<OptLevel> before = decorated_level(module);
   TORCH_CHECK(!before.has_value(), "ampkit::decorate: module must not be decorated yet, but it was decorated at ",
-              before.has_value() ? level_name(*before) : "", " already; decorating it again would take the "
+              before.has_value() ? level_name(*before) : "",
+              " already; decorating it again would take the "
               "optimizer's masters from rounded weights (decorate a module once, before loading checkpoints)");
   const auto named = module.named_modules("", /*include_self=*/true);
   for (const auto& name : excluded) {
@@ -152,8 +155,8 @@ void decorate_impl(torch::nn::Module& module, torch::optim::Optimizer* optimizer
   for (bool changed = true; changed;) {
     changed = false;
     for (const auto& [param, modules] : owners) {
-      const bool any_kept = std::any_of(modules.begin(), modules.end(),
-                                        [&](const torch::nn::Module* m) { return kept.count(m) != 0; });
+      const bool any_kept =
+          std::any_of(modules.begin(), modules.end(), [&](const torch::nn::Module* m) { return kept.count(m) != 0; });
       for (const torch::nn::Module* m : modules) {
         if (any_kept && kept.count(m) == 0) {
           for (const auto& sub : by_address.at(m)->modules(/*include_self=*/true)) {
@@ -199,7 +202,8 @@ void decorate_impl(torch::nn::Module& module, torch::optim::Optimizer* optimizer
     }
   }
   if (rounded > 0) {
-    TORCH_WARN("ampkit::decorate: ", rounded, " parameter(s) were already FP16/BF16, so their FP32 masters are "
+    TORCH_WARN("ampkit::decorate: ", rounded,
+               " parameter(s) were already FP16/BF16, so their FP32 masters are "
                "copies of rounded weights; decorate the FP32 model to keep the unrounded values");
   }
   mark_decorated(module, level);

@@ -108,8 +108,7 @@ OpStatsGuard::OpStatsGuard(bool include_backward) : stats_(new Stats()) {
   handle_ = at::addThreadLocalCallback(at::RecordFunctionCallback(&on_start, &on_end)
                                            .needsInputs(true)
                                            .needsOutputs(true)
-                                           .scopes({at::RecordScope::FUNCTION,
-                                                    at::RecordScope::BACKWARD_FUNCTION}));
+                                           .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION}));
 }
 
 OpStatsGuard::~OpStatsGuard() {

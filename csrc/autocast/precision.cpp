@@ -49,9 +49,14 @@ PrecisionSupport precision_support(const c10::Device& device) {
     s.fp16_fast = u.avx512_fp16 || u.amx_fp16;
     s.lowp_dtype = c10::kBFloat16;
     why << "CPU: " << (s.bf16_fast ? "BF16 units (" : "no BF16 units (")
-        << (u.amx_bf16 ? "AMX-BF16" : u.avx512_bf16 ? "AVX512-BF16" : "neither AVX512-BF16 nor AMX-BF16") << "); "
-        << (s.fp16_fast ? "FP16 units (" : "no FP16 units (")
-        << (u.amx_fp16 ? "AMX-FP16" : u.avx512_fp16 ? "AVX512-FP16" : "neither AVX512-FP16 nor AMX-FP16") << "). "
+        << (u.amx_bf16      ? "AMX-BF16"
+            : u.avx512_bf16 ? "AVX512-BF16"
+                            : "neither AVX512-BF16 nor AMX-BF16")
+        << "); " << (s.fp16_fast ? "FP16 units (" : "no FP16 units (")
+        << (u.amx_fp16      ? "AMX-FP16"
+            : u.avx512_fp16 ? "AVX512-FP16"
+                            : "neither AVX512-FP16 nor AMX-FP16")
+        << "). "
         << (s.bf16_fast ? "BF16 autocast (no loss scaling needed) computes faster than FP32."
                         : "BF16 runs through FP32 here: it halves activation memory but does not speed up "
                           "arithmetic; FP32 is as fast.");
@@ -69,8 +74,10 @@ PrecisionSupport precision_support(const c10::Device& device) {
                         : "no Tensor Cores (they start with sm_70): FP16 gives no speed-up over FP32")
         << (s.bf16_fast ? "; BF16 as well (sm_80+), which needs no loss scaling." : "; no native BF16 (sm_80+).");
 #else
-    TORCH_CHECK(false, "ampkit::precision_support: this build of ampkit has no CUDA support (AMPKIT_WITH_CUDA=OFF), "
-                "so it cannot query ", device);
+    TORCH_CHECK(false,
+                "ampkit::precision_support: this build of ampkit has no CUDA support (AMPKIT_WITH_CUDA=OFF), "
+                "so it cannot query ",
+                device);
 #endif
   } else {
     TORCH_CHECK_VALUE(false, "ampkit::precision_support: device must be a CPU or CUDA device, but got ", device);
@@ -88,8 +95,9 @@ std::string autocast_dtype_advice(c10::DeviceType device, c10::ScalarType dtype,
   return std::string("FP16 autocast on this CPU: it has no FP16 units (neither AVX512-FP16 nor AMX-FP16), so every "
                      "FP16 op runs through FP32 conversions and is many times slower than BF16 or FP32; use BF16 on "
                      "the CPU (") +
-         (support.bf16_fast ? "it has BF16 units" : "no BF16 units either: FP32 is as fast, BF16 halves activation "
-                                                    "memory") +
+         (support.bf16_fast ? "it has BF16 units"
+                            : "no BF16 units either: FP32 is as fast, BF16 halves activation "
+                              "memory") +
          ")";
 }
 

@@ -79,8 +79,8 @@ GradientAllReduce::GradientAllReduce(std::vector<at::Tensor> params,
     Bucket& b = *buckets_[k];
     b.pending = b.indices.size();
     b.ready.assign(b.indices.size(), false);
-    b.buffer = at::empty({b.numel}, at::TensorOptions().device(b.device).dtype(wire_dtype(options_.compression(),
-                                                                                          b.grad_dtype)));
+    b.buffer = at::empty({b.numel},
+                         at::TensorOptions().device(b.device).dtype(wire_dtype(options_.compression(), b.grad_dtype)));
     if (!options_.overlap()) {
       continue;
     }
@@ -108,8 +108,11 @@ void GradientAllReduce::grad_ready(size_t bucket, size_t slot) {
     return;
   }
   Bucket& b = *buckets_[bucket];
-  TORCH_CHECK(!b.launched && !b.ready[slot], "ampkit::distributed::GradientAllReduce: a second backward reached "
-              "parameter ", b.indices[slot], " before synchronize(); with gradient accumulation, "
+  TORCH_CHECK(!b.launched && !b.ready[slot],
+              "ampkit::distributed::GradientAllReduce: a second backward reached "
+              "parameter ",
+              b.indices[slot],
+              " before synchronize(); with gradient accumulation, "
               "set_require_sync(false) for the backwards before the last one");
   b.ready[slot] = true;
   --b.pending;

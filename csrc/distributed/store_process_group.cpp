@@ -24,8 +24,10 @@ class StoreBackend : public c10d::Backend {
                 "ampkit::distributed::store_process_group: all-reduce takes SUM or MAX");
     const bool sum = opts.reduceOp == c10d::ReduceOp::SUM;
     for (auto& t : tensors) {
-      TORCH_CHECK_TYPE(t.is_floating_point(), "ampkit::distributed::store_process_group: all-reduce takes floating "
-                       "tensors, but got ", t.scalar_type());
+      TORCH_CHECK_TYPE(t.is_floating_point(),
+                       "ampkit::distributed::store_process_group: all-reduce takes floating "
+                       "tensors, but got ",
+                       t.scalar_type());
       const int64_t round = round_++;
       const at::ScalarType acc = t.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
       const at::Tensor mine = t.detach().to(at::kCPU, t.scalar_type()).contiguous();
@@ -38,8 +40,10 @@ class StoreBackend : public c10d::Backend {
           part = mine.to(acc, /*non_blocking=*/false, /*copy=*/true);
         } else {
           const std::vector<uint8_t> other = store_->get(key(round, r));  // waits for the key
-          TORCH_CHECK(other.size() == static_cast<size_t>(mine.nbytes()), "ampkit::distributed::store_process_group: "
-                      "rank ", r, " all-reduced ", other.size(), " bytes where this rank has ", mine.nbytes(),
+          TORCH_CHECK(other.size() == static_cast<size_t>(mine.nbytes()),
+                      "ampkit::distributed::store_process_group: "
+                      "rank ",
+                      r, " all-reduced ", other.size(), " bytes where this rank has ", mine.nbytes(),
                       ": the ranks' collectives differ");
           // a copy: the bytes belong to `other`, gone after this iteration
           part = at::from_blob(const_cast<uint8_t*>(other.data()), mine.sizes(), mine.options())
@@ -77,11 +81,13 @@ class StoreBackend : public c10d::Backend {
 
 }  // namespace
 
-c10::intrusive_ptr<c10d::ProcessGroup> store_process_group(c10::intrusive_ptr<c10d::Store> store, int rank,
-                                                           int size, const std::string& name) {
+c10::intrusive_ptr<c10d::ProcessGroup> store_process_group(c10::intrusive_ptr<c10d::Store> store, int rank, int size,
+                                                           const std::string& name) {
   TORCH_CHECK_VALUE(store, "ampkit::distributed::store_process_group: store must not be null");
-  TORCH_CHECK_VALUE(size >= 1 && rank >= 0 && rank < size, "ampkit::distributed::store_process_group: expected 0 <= "
-                    "rank < size, but got rank ", rank, " and size ", size);
+  TORCH_CHECK_VALUE(size >= 1 && rank >= 0 && rank < size,
+                    "ampkit::distributed::store_process_group: expected 0 <= "
+                    "rank < size, but got rank ",
+                    rank, " and size ", size);
   TORCH_CHECK_VALUE(!name.empty(), "ampkit::distributed::store_process_group: name must not be empty");
   auto pg = c10::make_intrusive<c10d::ProcessGroup>(store, rank, size);
   auto backend = c10::make_intrusive<StoreBackend>(store, rank, size, name);

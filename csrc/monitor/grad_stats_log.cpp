@@ -52,8 +52,8 @@ void write_row(std::ostream& os, const std::string& name, const double* row) {
   }
   os << "{\"name\": ";
   write_json_string(os, name);
-  os << ", \"max_abs\": " << row[0] << ", \"norm\": " << row[1] << ", \"non_finite\": "
-     << static_cast<int64_t>(row[2]) << ", \"zeros\": " << static_cast<int64_t>(row[3])
+  os << ", \"max_abs\": " << row[0] << ", \"norm\": " << row[1] << ", \"non_finite\": " << static_cast<int64_t>(row[2])
+     << ", \"zeros\": " << static_cast<int64_t>(row[3])
      << ", \"below\": " << static_cast<int64_t>(row[kGradStatsHistFirst])
      << ", \"above\": " << static_cast<int64_t>(row[kGradStatsColumns - 1])
      << ", \"first_exp\": " << (lo <= hi ? kGradStatsHistMinExp + (lo - first_bin) : kGradStatsHistMinExp)

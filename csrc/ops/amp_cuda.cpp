@@ -58,12 +58,12 @@ at::Tensor grad_stats_cuda(const GradStatsArgs& a) {
   const auto options = at::TensorOptions().device(device).dtype(at::kLong);
   at::Tensor counters = at::zeros({grads.size(), kernels::kGradStatsCounterColumns}, options);
   at::Tensor partials = at::empty({std::max<int64_t>(rows, 1), kernels::kNormLanes}, options.dtype(at::kDouble));
-  check_launch(a.op, kernels::launch_grad_stats(
-                         grads.data(), grads.size(),
-                         a.inv_scale.has_value() ? a.inv_scale->const_data_ptr<float>() : nullptr,
-                         out.mutable_data_ptr<double>(),
-                         reinterpret_cast<unsigned long long*>(counters.mutable_data_ptr<int64_t>()),
-                         partials.mutable_data_ptr<double>(), c10::cuda::getCurrentCUDAStream()));
+  check_launch(a.op,
+               kernels::launch_grad_stats(grads.data(), grads.size(),
+                                          a.inv_scale.has_value() ? a.inv_scale->const_data_ptr<float>() : nullptr,
+                                          out.mutable_data_ptr<double>(),
+                                          reinterpret_cast<unsigned long long*>(counters.mutable_data_ptr<int64_t>()),
+                                          partials.mutable_data_ptr<double>(), c10::cuda::getCurrentCUDAStream()));
   return out;
 }
 

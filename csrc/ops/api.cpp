@@ -65,8 +65,8 @@ void update_scale_hysteresis_(const at::Tensor& scale, const at::Tensor& growth_
                               int64_t growth_interval, int64_t hysteresis, double min_scale, double max_scale,
                               bool dynamic) {
   op_handle<update_scale_hysteresis_>("ampkit::update_scale_hysteresis_")
-      .call(scale, growth_tracker, hysteresis_tracker, stats, found_inf, growth_factor, backoff_factor,
-            growth_interval, hysteresis, min_scale, max_scale, dynamic);
+      .call(scale, growth_tracker, hysteresis_tracker, stats, found_inf, growth_factor, backoff_factor, growth_interval,
+            hysteresis, min_scale, max_scale, dynamic);
 }
 
 void adamw_step_(at::TensorList params, at::TensorList grads, at::TensorList master_params,
@@ -82,8 +82,8 @@ void adamw_step_(at::TensorList params, at::TensorList grads, at::TensorList mas
 }
 
 void sgd_step_(at::TensorList params, at::TensorList grads, at::TensorList master_params,
-               at::TensorList param_remainders, at::TensorList momentum_buffers, at::TensorList state_steps,
-               double lr, double momentum, double dampening, double weight_decay, bool nesterov, bool maximize,
+               at::TensorList param_remainders, at::TensorList momentum_buffers, at::TensorList state_steps, double lr,
+               double momentum, double dampening, double weight_decay, bool nesterov, bool maximize,
                const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf,
                const std::optional<at::Tensor>& lr_tensor, bool write_unscaled_grads) {
   op_handle<sgd_step_>("ampkit::sgd_step_")
@@ -135,6 +135,7 @@ bool cuda_arch_supported(int major, int minor) {
 }
 
 static_assert(kGradStatsColumns == kernels::kGradStatsColumns && kGradStatsHistMinExp == kernels::kGradHistMinExp &&
-              kGradStatsHistFirst == 4, "ampkit/ops.h states the grad_stats layout of kernels/amp_functors.h");
+                  kGradStatsHistFirst == 4,
+              "ampkit/ops.h states the grad_stats layout of kernels/amp_functors.h");
 
 }  // namespace ampkit

@@ -62,11 +62,11 @@ void check_companion(const char* op, const char* name, size_t i, const at::Tenso
               "] must be a strided (dense) tensor, but got layout ", t.layout());
   TORCH_CHECK(t.device() == param.device(), "ampkit::", op, ": ", name, "[", i, "] must be on ", param.device(),
               " like params[", i, "], but is on ", t.device());
-  TORCH_CHECK_TYPE(t.scalar_type() == dtype, "ampkit::", op, ": ", name, "[", i, "] must be ", dtype,
-                   ", but got ", t.scalar_type());
+  TORCH_CHECK_TYPE(t.scalar_type() == dtype, "ampkit::", op, ": ", name, "[", i, "] must be ", dtype, ", but got ",
+                   t.scalar_type());
   // Symbolic-size aware (fake tensors under torch.compile carry SymInts).
-  TORCH_CHECK(t.sym_sizes() == param.sym_sizes() && t.sym_strides() == param.sym_strides(), "ampkit::", op, ": ",
-              name, "[", i, "] must have the shape and strides of params[", i, "] (", param.sym_sizes(), ", ",
+  TORCH_CHECK(t.sym_sizes() == param.sym_sizes() && t.sym_strides() == param.sym_strides(), "ampkit::", op, ": ", name,
+              "[", i, "] must have the shape and strides of params[", i, "] (", param.sym_sizes(), ", ",
               param.sym_strides(), "), but has ", t.sym_sizes(), ", ", t.sym_strides());
 }
 
@@ -106,8 +106,8 @@ void check_narrow_float_entry(const char* op, const char* arg, size_t i, const a
   TORCH_CHECK(t.layout() == at::kStrided, "ampkit::", op, ": ", arg, "[", i,
               "] must be a strided (dense) tensor, but got layout ", t.layout());
   const auto dtype = t.scalar_type();
-  TORCH_CHECK_TYPE(dtype == at::kHalf || dtype == at::kBFloat16 || dtype == at::kFloat, "ampkit::", op, ": ", arg,
-                   "[", i, "] must be Half, BFloat16 or Float, but got ", dtype);
+  TORCH_CHECK_TYPE(dtype == at::kHalf || dtype == at::kBFloat16 || dtype == at::kFloat, "ampkit::", op, ": ", arg, "[",
+                   i, "] must be Half, BFloat16 or Float, but got ", dtype);
   if (!device.has_value()) {
     device = t.device();
   }
@@ -156,8 +156,8 @@ void check(const CastArgs& a) {
   } else {
     // The kernels divide in FP32: the divisor must be a finite FP32 number > 0 once rounded.
     const auto divisor = static_cast<float>(a.divisor);
-    TORCH_CHECK_VALUE(std::isfinite(a.divisor) && a.divisor > 0 && std::isfinite(divisor) && divisor > 0, "ampkit::",
-                      a.op, ": divisor must be a finite number > 0 that FP32 holds, but got ", a.divisor);
+    TORCH_CHECK_VALUE(std::isfinite(a.divisor) && a.divisor > 0 && std::isfinite(divisor) && divisor > 0,
+                      "ampkit::", a.op, ": divisor must be a finite number > 0 that FP32 holds, but got ", a.divisor);
   }
   for (size_t i = 0; i < n; ++i) {
     const char* like = unscale ? "found_inf" : "src[0]";
@@ -220,7 +220,6 @@ void check(const UpdateScaleArgs& a) {
   alias.check();
 }
 
-
 namespace {
 
 // What a fused step's lists hold: `exp_avg_name` names exp_avgs (Adam, LAMB) or momentum_buffers (SGD).
@@ -245,8 +244,8 @@ struct StepLists {
 // grads are read while the rest is written, and stored back when unscaled. A step that only reads its grads
 // (LAMB) lets them, and its device scalars (`grad_norm` among them), share memory with each other, never with what
 // it writes.
-void check_step_and_build_descriptors(const char* op, const OptimLists& l, const StepLists& spec,
-                                      const StepScalars& s, const std::optional<at::Tensor>& grad_norm,
+void check_step_and_build_descriptors(const char* op, const OptimLists& l, const StepLists& spec, const StepScalars& s,
+                                      const std::optional<at::Tensor>& grad_norm,
                                       std::vector<kernels::OptimTensor>* tensors) {
   const size_t n = l.params.size();
   check_list_length(op, "grads", l.grads, n, true);
@@ -274,8 +273,8 @@ void check_step_and_build_descriptors(const char* op, const OptimLists& l, const
       TORCH_CHECK(p.device() == device, "ampkit::", op, ": params[", i, "] must be on ", device,
                   " like params[0], but is on ", p.device());
       const auto dtype = p.scalar_type();
-      TORCH_CHECK_TYPE(dtype == at::kHalf || dtype == at::kBFloat16 || dtype == at::kFloat, "ampkit::", op,
-                       ": params[", i, "] must be Half, BFloat16 or Float, but got ", dtype);
+      TORCH_CHECK_TYPE(dtype == at::kHalf || dtype == at::kBFloat16 || dtype == at::kFloat, "ampkit::", op, ": params[",
+                       i, "] must be Half, BFloat16 or Float, but got ", dtype);
       TORCH_CHECK(p.sym_numel() == 0 || p.is_non_overlapping_and_dense(), "ampkit::", op, ": params[", i,
                   "] must be dense (non-overlapping, no gaps)");
       const auto index = static_cast<int64_t>(i);
@@ -366,8 +365,8 @@ void check_and_build_descriptors(const LambStepArgs& a, std::vector<kernels::Opt
   check_adam_hparams(a.op, a.lr, a.beta1, a.beta2, a.weight_decay, a.eps);
   TORCH_CHECK_VALUE(a.max_grad_norm >= 0.0 && std::isfinite(a.max_grad_norm), "ampkit::", a.op,
                     ": max_grad_norm must be a finite number >= 0 (0: no clipping), but got ", a.max_grad_norm);
-  check_step_and_build_descriptors(a.op, a.lists, {"exp_avgs", true, true, false, true, true}, a.scalars,
-                                   a.grad_norm, tensors);
+  check_step_and_build_descriptors(a.op, a.lists, {"exp_avgs", true, true, false, true, true}, a.scalars, a.grad_norm,
+                                   tensors);
 }
 
 void check(const GradNormArgs& a) {
@@ -391,13 +390,17 @@ kernels::UpdateScaleOp update_scale_op(const UpdateScaleArgs& a) {
 }
 
 kernels::AdamParams adam_params(const AdamStepArgs& a, double lr, int tail_width) {
-  return {lr,         a.beta1,    a.beta2,    a.weight_decay, a.eps, a.amsgrad,
-          a.maximize, a.decoupled_weight_decay, tail_width,   a.write_unscaled_grads};
+  return {lr,         a.beta1,
+          a.beta2,    a.weight_decay,
+          a.eps,      a.amsgrad,
+          a.maximize, a.decoupled_weight_decay,
+          tail_width, a.write_unscaled_grads};
 }
 
 kernels::LambParams lamb_params(const LambStepArgs& a, double lr) {
-  return {lr,         a.beta1,          a.beta2,          a.weight_decay, a.eps, a.bias_correction,
-          a.adam_w_mode, a.grad_averaging, a.use_nvlamb, a.max_grad_norm};
+  return {lr,           a.beta1,           a.beta2,       a.weight_decay,
+          a.eps,        a.bias_correction, a.adam_w_mode, a.grad_averaging,
+          a.use_nvlamb, a.max_grad_norm};
 }
 
 kernels::SgdParams sgd_params(const SgdStepArgs& a, double lr, int tail_width) {

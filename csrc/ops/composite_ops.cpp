@@ -28,19 +28,19 @@ std::optional<at::Tensor> on_device(const std::optional<at::Tensor>& t, const at
 
 std::vector<at::Tensor> make_optim_state(const at::Tensor& param, const std::vector<std::string>& entries,
                                          double step) {
-  static const char* const kNames[] = {"step",          "exp_avg",         "exp_avg_sq", "max_exp_avg_sq",
-                                       "momentum_buffer", "master_param", "param_remainder"};
+  static const char* const kNames[] = {
+      "step", "exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer", "master_param", "param_remainder"};
   for (size_t i = 0; i < entries.size(); ++i) {
-    const bool known = std::any_of(std::begin(kNames), std::end(kNames),
-                                   [&](const char* name) { return entries[i] == name; });
+    const bool known =
+        std::any_of(std::begin(kNames), std::end(kNames), [&](const char* name) { return entries[i] == name; });
     TORCH_CHECK_VALUE(known, "ampkit::make_optim_state: entries[", i, "] must be one of step, exp_avg, exp_avg_sq, ",
                       "max_exp_avg_sq, momentum_buffer, master_param, param_remainder, but got '", entries[i], "'");
-    TORCH_CHECK_VALUE(std::count(entries.begin(), entries.end(), entries[i]) == 1, "ampkit::make_optim_state: ",
-                      "entries[", i, "] ('", entries[i], "') is named twice");
+    TORCH_CHECK_VALUE(std::count(entries.begin(), entries.end(), entries[i]) == 1,
+                      "ampkit::make_optim_state: ", "entries[", i, "] ('", entries[i], "') is named twice");
   }
-  TORCH_CHECK_TYPE(param.scalar_type() == at::kHalf || param.scalar_type() == at::kBFloat16 ||
-                       param.scalar_type() == at::kFloat,
-                   "ampkit::make_optim_state: param must be FP16, BF16 or FP32, but got ", param.scalar_type());
+  TORCH_CHECK_TYPE(
+      param.scalar_type() == at::kHalf || param.scalar_type() == at::kBFloat16 || param.scalar_type() == at::kFloat,
+      "ampkit::make_optim_state: param must be FP16, BF16 or FP32, but got ", param.scalar_type());
   std::vector<at::Tensor> out;
   out.reserve(entries.size());
   const auto fp32 = param.options().dtype(at::kFloat);

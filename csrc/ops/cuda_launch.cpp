@@ -18,8 +18,8 @@ void check_launch(const char* op, const kernels::LaunchStatus& status) {
   TORCH_CHECK(status.launches == 0, "ampkit::", op, ": CUDA kernel launch failed after ", status.launches,
               " kernel(s) of this call had been queued, so part of the tensor list is updated and the rest is not: ",
               cudaGetErrorString(status.error));
-  TORCH_CHECK(false, "ampkit::", op, ": CUDA kernel launch failed (nothing was written): ",
-              cudaGetErrorString(status.error));
+  TORCH_CHECK(false, "ampkit::", op,
+              ": CUDA kernel launch failed (nothing was written): ", cudaGetErrorString(status.error));
 }
 
 void check_cuda_device(const char* op, const at::Device& device) {

@@ -83,8 +83,8 @@ void update_scale_hysteresis_kernel(const at::Tensor& scale, const at::Tensor& g
                                     int64_t growth_interval, int64_t hysteresis, double min_scale, double max_scale,
                                     bool dynamic) {
   check_and_run<UpdateScaleArgs, Run>({"update_scale_hysteresis_", scale, growth_tracker, hysteresis_tracker, stats,
-                                       found_inf, growth_factor, backoff_factor, growth_interval, hysteresis,
-                                       min_scale, max_scale, dynamic});
+                                       found_inf, growth_factor, backoff_factor, growth_interval, hysteresis, min_scale,
+                                       max_scale, dynamic});
 }
 
 template <StepRunFn<AdamStepArgs> Run>
@@ -98,8 +98,16 @@ void adamw_step_kernel(at::TensorList params, at::TensorList grads, at::TensorLi
   check_and_run_step<AdamStepArgs, Run>(
       {"adamw_step_",
        {params, grads, master_params, param_remainders, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps},
-       lr, beta1, beta2, weight_decay, eps, amsgrad, maximize, decoupled_weight_decay,
-       {grad_scale, found_inf, lr_tensor}, write_unscaled_grads});
+       lr,
+       beta1,
+       beta2,
+       weight_decay,
+       eps,
+       amsgrad,
+       maximize,
+       decoupled_weight_decay,
+       {grad_scale, found_inf, lr_tensor},
+       write_unscaled_grads});
 }
 
 template <StepRunFn<SgdStepArgs> Run>
@@ -108,11 +116,17 @@ void sgd_step_kernel(at::TensorList params, at::TensorList grads, at::TensorList
                      double lr, double momentum, double dampening, double weight_decay, bool nesterov, bool maximize,
                      const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf,
                      const std::optional<at::Tensor>& lr_tensor, bool write_unscaled_grads) {
-  check_and_run_step<SgdStepArgs, Run>({"sgd_step_",
-                                   {params, grads, master_params, param_remainders, momentum_buffers, {}, {},
-                                    state_steps},
-                                   lr, momentum, dampening, weight_decay, nesterov, maximize,
-                                   {grad_scale, found_inf, lr_tensor}, write_unscaled_grads});
+  check_and_run_step<SgdStepArgs, Run>(
+      {"sgd_step_",
+       {params, grads, master_params, param_remainders, momentum_buffers, {}, {}, state_steps},
+       lr,
+       momentum,
+       dampening,
+       weight_decay,
+       nesterov,
+       maximize,
+       {grad_scale, found_inf, lr_tensor},
+       write_unscaled_grads});
 }
 
 template <StepRunFn<LambStepArgs> Run>
@@ -126,8 +140,18 @@ void lamb_step_kernel(at::TensorList params, at::TensorList grads, at::TensorLis
   check_and_run_step<LambStepArgs, Run>(
       {"lamb_step_",
        {params, grads, master_params, param_remainders, exp_avgs, exp_avg_sqs, {}, state_steps},
-       lr, beta1, beta2, weight_decay, eps, bias_correction, adam_w_mode, grad_averaging, use_nvlamb, max_grad_norm,
-       grad_norm, {grad_scale, found_inf, lr_tensor}});
+       lr,
+       beta1,
+       beta2,
+       weight_decay,
+       eps,
+       bias_correction,
+       adam_w_mode,
+       grad_averaging,
+       use_nvlamb,
+       max_grad_norm,
+       grad_norm,
+       {grad_scale, found_inf, lr_tensor}});
 }
 
 template <at::Tensor (*Run)(const GradNormArgs&)>
@@ -144,12 +168,12 @@ at::Tensor grad_norm_result(const GradNormArgs& a);
 static_assert(std::is_same_v<decltype(unscale_and_check_kernel<nullptr>), decltype(ampkit::unscale_and_check_)>);
 static_assert(std::is_same_v<decltype(check_finite_kernel<nullptr>), decltype(ampkit::check_finite_)>);
 static_assert(std::is_same_v<decltype(cast_divide_kernel<nullptr>), decltype(ampkit::cast_divide_)>);
-static_assert(std::is_same_v<decltype(cast_unscale_and_check_kernel<nullptr>),
-                             decltype(ampkit::cast_unscale_and_check_)>);
+static_assert(
+    std::is_same_v<decltype(cast_unscale_and_check_kernel<nullptr>), decltype(ampkit::cast_unscale_and_check_)>);
 static_assert(std::is_same_v<decltype(grad_stats_kernel<grad_stats_result>), decltype(ampkit::grad_stats)>);
 static_assert(std::is_same_v<decltype(update_scale_kernel<nullptr>), decltype(ampkit::update_scale_)>);
-static_assert(std::is_same_v<decltype(update_scale_hysteresis_kernel<nullptr>),
-                             decltype(ampkit::update_scale_hysteresis_)>);
+static_assert(
+    std::is_same_v<decltype(update_scale_hysteresis_kernel<nullptr>), decltype(ampkit::update_scale_hysteresis_)>);
 static_assert(std::is_same_v<decltype(adamw_step_kernel<nullptr>), decltype(ampkit::adamw_step_)>);
 static_assert(std::is_same_v<decltype(sgd_step_kernel<nullptr>), decltype(ampkit::sgd_step_)>);
 static_assert(std::is_same_v<decltype(lamb_step_kernel<nullptr>), decltype(ampkit::lamb_step_)>);

@@ -8,9 +8,7 @@
 namespace ampkit::detail {
 namespace {
 
-bool skipped(const StepScalars& s) {
-  return s.found_inf.has_value() && *s.found_inf->const_data_ptr<float>() != 0.f;
-}
+bool skipped(const StepScalars& s) { return s.found_inf.has_value() && *s.found_inf->const_data_ptr<float>() != 0.f; }
 
 float grad_scale_of(const StepScalars& s) {
   return s.grad_scale.has_value() ? *s.grad_scale->const_data_ptr<float>() : 1.f;
@@ -43,8 +41,8 @@ void lamb_step_cpu(const LambStepArgs& a, const std::vector<kernels::OptimTensor
   if (skipped(a.scalars)) {
     return;
   }
-  cpu_loops().lamb_step(tensors.data(), static_cast<int64_t>(tensors.size()),
-                        lamb_params(a, lr_of(a.scalars, a.lr)), grad_scale_of(a.scalars), float_ptr(a.grad_norm));
+  cpu_loops().lamb_step(tensors.data(), static_cast<int64_t>(tensors.size()), lamb_params(a, lr_of(a.scalars, a.lr)),
+                        grad_scale_of(a.scalars), float_ptr(a.grad_norm));
 }
 
 at::Tensor grad_norm_cpu(const GradNormArgs& a) {

@@ -15,17 +15,15 @@ TORCH_LIBRARY(ampkit, m) {
         {at::Tag::pt2_compliant_tag});
   // Per tensor one row of FP64 statistics of the unscaled gradients (NOTE [Gradient statistics]).
   m.def("grad_stats(Tensor[] grads, Tensor? inv_scale=None) -> Tensor", {at::Tag::pt2_compliant_tag});
-  m.def(
-      "update_scale_(Tensor(a!) scale, Tensor(b!) growth_tracker, Tensor found_inf, float growth_factor, "
-      "float backoff_factor, int growth_interval) -> ()",
-      {at::Tag::pt2_compliant_tag});
+  m.def("update_scale_(Tensor(a!) scale, Tensor(b!) growth_tracker, Tensor found_inf, float growth_factor, "
+        "float backoff_factor, int growth_interval) -> ()",
+        {at::Tag::pt2_compliant_tag});
   // The GradScaler's update: update_scale_ plus hysteresis, [min_scale, max_scale] bounds, a fixed-scale mode
   // and int64 step statistics [steps, skipped, last overflow step, overflows at min_scale], all on the device.
-  m.def(
-      "update_scale_hysteresis_(Tensor(a!) scale, Tensor(b!) growth_tracker, Tensor(c!) hysteresis_tracker, "
-      "Tensor(d!) stats, Tensor found_inf, float growth_factor, float backoff_factor, int growth_interval, "
-      "int hysteresis, float min_scale, float max_scale, bool dynamic) -> ()",
-      {at::Tag::pt2_compliant_tag});
+  m.def("update_scale_hysteresis_(Tensor(a!) scale, Tensor(b!) growth_tracker, Tensor(c!) hysteresis_tracker, "
+        "Tensor(d!) stats, Tensor found_inf, float growth_factor, float backoff_factor, int growth_interval, "
+        "int hysteresis, float min_scale, float max_scale, bool dynamic) -> ()",
+        {at::Tag::pt2_compliant_tag});
   // Fused optimizer steps over tensor lists: grads (same dtype as params) divided by grad_scale in registers
   // (and stored back unscaled unless write_unscaled_grads=False),
   // FP32 masters or, for BF16 params, int16 remainders (optional: empty lists) and FP32 states updated, params written once; nothing is written when
@@ -47,13 +45,12 @@ TORCH_LIBRARY(ampkit, m) {
   // LAMB (NOTE [LAMB passes]): Adam moments, then per tensor w -= lr * ||w|| / ||u|| * u; grads (only read)
   // divided by grad_scale and, when grad_norm (the global norm of the unscaled grads, see grad_norm) exceeds
   // max_grad_norm > 0, by grad_norm / max_grad_norm. Masters, remainders, skip and lr_tensor as adamw_step_.
-  m.def(
-      "lamb_step_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] master_params, Tensor(c!)[] param_remainders, "
-      "Tensor(d!)[] exp_avgs, Tensor(e!)[] exp_avg_sqs, Tensor(f!)[] state_steps, *, float lr, float beta1, "
-      "float beta2, float weight_decay, float eps, bool bias_correction=True, bool adam_w_mode=True, "
-      "bool grad_averaging=True, bool use_nvlamb=False, float max_grad_norm=0.0, Tensor? grad_norm=None, "
-      "Tensor? grad_scale=None, Tensor? found_inf=None, Tensor? lr_tensor=None) -> ()",
-      {at::Tag::pt2_compliant_tag});
+  m.def("lamb_step_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] master_params, Tensor(c!)[] param_remainders, "
+        "Tensor(d!)[] exp_avgs, Tensor(e!)[] exp_avg_sqs, Tensor(f!)[] state_steps, *, float lr, float beta1, "
+        "float beta2, float weight_decay, float eps, bool bias_correction=True, bool adam_w_mode=True, "
+        "bool grad_averaging=True, bool use_nvlamb=False, float max_grad_norm=0.0, Tensor? grad_norm=None, "
+        "Tensor? grad_scale=None, Tensor? found_inf=None, Tensor? lr_tensor=None) -> ()",
+        {at::Tag::pt2_compliant_tag});
   // The L2 norm of all grads together divided by grad_scale, as a 0-dim FP32 tensor on their device; summed in
   // one fixed order (NOTE [Deterministic norm]), so CPU and CUDA give the same bits.
   m.def("grad_norm(Tensor[] grads, Tensor? grad_scale=None) -> Tensor", {at::Tag::pt2_compliant_tag});

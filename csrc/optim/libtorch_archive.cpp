@@ -19,22 +19,28 @@ void read_optional_flag(torch::serialize::InputArchive& archive, const char* key
 // A required option of `options` ("AdamOptions") in the archive, with a message that names the key.
 c10::IValue read_required(torch::serialize::InputArchive& archive, const char* options, const char* key) {
   c10::IValue ivalue;
-  TORCH_CHECK_VALUE(archive.try_read(key, ivalue), "ampkit::optim::", options, "::serialize: the options in the "
-                    "archive must hold '", key, "', but they do not (an archive of another optimizer?)");
+  TORCH_CHECK_VALUE(archive.try_read(key, ivalue), "ampkit::optim::", options,
+                    "::serialize: the options in the "
+                    "archive must hold '",
+                    key, "', but they do not (an archive of another optimizer?)");
   return ivalue;
 }
 
 double read_double(torch::serialize::InputArchive& archive, const char* options, const char* key) {
   const c10::IValue ivalue = read_required(archive, options, key);
-  TORCH_CHECK_VALUE(ivalue.isDouble(), "ampkit::optim::", options, "::serialize: option '", key, "' in the archive "
-                    "must be a float, but got ", ivalue.tagKind());
+  TORCH_CHECK_VALUE(ivalue.isDouble(), "ampkit::optim::", options, "::serialize: option '", key,
+                    "' in the archive "
+                    "must be a float, but got ",
+                    ivalue.tagKind());
   return ivalue.toDouble();
 }
 
 bool read_bool(torch::serialize::InputArchive& archive, const char* options, const char* key) {
   const c10::IValue ivalue = read_required(archive, options, key);
-  TORCH_CHECK_VALUE(ivalue.isBool(), "ampkit::optim::", options, "::serialize: option '", key, "' in the archive "
-                    "must be a bool, but got ", ivalue.tagKind());
+  TORCH_CHECK_VALUE(ivalue.isBool(), "ampkit::optim::", options, "::serialize: option '", key,
+                    "' in the archive "
+                    "must be a bool, but got ",
+                    ivalue.tagKind());
   return ivalue.toBool();
 }
 
@@ -42,8 +48,10 @@ std::tuple<double, double> read_betas(torch::serialize::InputArchive& archive, c
   const c10::IValue ivalue = read_required(archive, options, "betas");
   const bool pair = ivalue.isTuple() && ivalue.toTupleRef().elements().size() == 2 &&
                     ivalue.toTupleRef().elements()[0].isDouble() && ivalue.toTupleRef().elements()[1].isDouble();
-  TORCH_CHECK_VALUE(pair, "ampkit::optim::", options, "::serialize: option 'betas' in the archive must be a tuple "
-                    "of two floats, but got ", ivalue.tagKind());
+  TORCH_CHECK_VALUE(pair, "ampkit::optim::", options,
+                    "::serialize: option 'betas' in the archive must be a tuple "
+                    "of two floats, but got ",
+                    ivalue.tagKind());
   return {ivalue.toTupleRef().elements()[0].toDouble(), ivalue.toTupleRef().elements()[1].toDouble()};
 }
 
@@ -55,12 +63,16 @@ at::Tensor read_step(torch::serialize::InputArchive& archive, const char* state)
     return {};
   }
   if (ivalue.isInt()) {
-    TORCH_CHECK_VALUE(ivalue.toInt() >= 0, "ampkit::optim::", state, "::serialize: 'step' in the archive must be "
-                      ">= 0, but got ", ivalue.toInt());
+    TORCH_CHECK_VALUE(ivalue.toInt() >= 0, "ampkit::optim::", state,
+                      "::serialize: 'step' in the archive must be "
+                      ">= 0, but got ",
+                      ivalue.toInt());
     return at::scalar_tensor(static_cast<double>(ivalue.toInt()), at::TensorOptions().dtype(at::kFloat));
   }
-  TORCH_CHECK_VALUE(ivalue.isTensor(), "ampkit::optim::", state, "::serialize: 'step' in the archive must be an "
-                    "int (LibTorch's format) or a tensor (ampkit's), but got ", ivalue.tagKind());
+  TORCH_CHECK_VALUE(ivalue.isTensor(), "ampkit::optim::", state,
+                    "::serialize: 'step' in the archive must be an "
+                    "int (LibTorch's format) or a tensor (ampkit's), but got ",
+                    ivalue.tagKind());
   return ivalue.toTensor();
 }
 
@@ -122,8 +134,10 @@ void read_master_weights(torch::serialize::InputArchive& archive, MasterWeights&
   } else if (ivalue.isBool()) {
     mw = MasterWeights(ivalue.toBool());
   } else {
-    TORCH_CHECK_VALUE(ivalue.isString(), "ampkit::optim: option 'master_weights' in the archive must be a bool, none "
-                      "or a string, but it is a ", ivalue.tagKind());
+    TORCH_CHECK_VALUE(ivalue.isString(),
+                      "ampkit::optim: option 'master_weights' in the archive must be a bool, none "
+                      "or a string, but it is a ",
+                      ivalue.tagKind());
     mw = MasterWeights::from_name(ivalue.toStringRef());
   }
 }
@@ -137,7 +151,8 @@ void write_lr_tensor(torch::serialize::OutputArchive& archive, const at::Tensor&
 void read_lr_tensor(torch::serialize::InputArchive& archive, at::Tensor& lr_tensor) {
   c10::IValue ivalue;
   if (archive.try_read("lr_tensor", ivalue)) {
-    TORCH_CHECK_VALUE(ivalue.isTensor(), "ampkit::optim: option 'lr_tensor' in the archive must be a tensor, but it is a ",
+    TORCH_CHECK_VALUE(ivalue.isTensor(),
+                      "ampkit::optim: option 'lr_tensor' in the archive must be a tensor, but it is a ",
                       ivalue.tagKind());
     lr_tensor = ivalue.toTensor();
   }

@@ -10,8 +10,8 @@
 
 namespace ampkit::optim {
 
-WarmupDecayLR::WarmupDecayLR(torch::optim::Optimizer& optimizer, int64_t warmup_steps, int64_t total_steps,
-                             Decay decay, double min_lr_ratio)
+WarmupDecayLR::WarmupDecayLR(torch::optim::Optimizer& optimizer, int64_t warmup_steps, int64_t total_steps, Decay decay,
+                             double min_lr_ratio)
     : torch::optim::LRScheduler(optimizer),
       optimizer_(optimizer),
       warmup_steps_(warmup_steps),
@@ -25,7 +25,8 @@ WarmupDecayLR::WarmupDecayLR(torch::optim::Optimizer& optimizer, int64_t warmup_
                     ") for a decaying schedule, but got ", total_steps);
   TORCH_CHECK_VALUE(min_lr_ratio >= 0.0 && min_lr_ratio <= 1.0,
                     "ampkit::optim::WarmupDecayLR: min_lr_ratio must be in [0, 1], but got ", min_lr_ratio);
-  TORCH_CHECK_VALUE(!optimizer.param_groups().empty(), "ampkit::optim::WarmupDecayLR: the optimizer has no param group");
+  TORCH_CHECK_VALUE(!optimizer.param_groups().empty(),
+                    "ampkit::optim::WarmupDecayLR: the optimizer has no param group");
   for (const auto& group : optimizer.param_groups()) {
     base_lrs_.push_back(group.options().get_lr());
   }
@@ -43,8 +44,8 @@ double WarmupDecayLR::factor(int64_t step) const {
   if (decay_ == Decay::kConstant) {
     return 1.0;
   }
-  const double progress = std::min(
-      1.0, static_cast<double>(step - warmup_steps_) / static_cast<double>(total_steps_ - warmup_steps_));
+  const double progress =
+      std::min(1.0, static_cast<double>(step - warmup_steps_) / static_cast<double>(total_steps_ - warmup_steps_));
   const double shape = decay_ == Decay::kLinear ? 1.0 - progress : 0.5 * (1.0 + std::cos(M_PI * progress));
   return min_lr_ratio_ + (1.0 - min_lr_ratio_) * shape;
 }

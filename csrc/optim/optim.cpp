@@ -26,7 +26,8 @@ void check_group_options(const char* optimizer, size_t first,
                          const std::vector<torch::optim::OptimizerParamGroup>& groups) {
   for (size_t i = 0; i < groups.size(); ++i) {
     TORCH_CHECK_VALUE(!groups[i].has_options() || dynamic_cast<const Options*>(&groups[i].options()) != nullptr,
-                      "ampkit::optim::", optimizer, ": param group ", first + i, " carries the options of another "
+                      "ampkit::optim::", optimizer, ": param group ", first + i,
+                      " carries the options of another "
                       "optimizer; give it this optimizer's options (or none, for the defaults)");
   }
 }

@@ -37,8 +37,8 @@ MasterWeights MasterWeights::from_name(const std::string& name) {
       return MasterWeights(m);
     }
   }
-  TORCH_CHECK_VALUE(false, "ampkit::optim::MasterWeights: expected 'auto', 'on', 'off' or 'remainder', but got '",
-                    name, "'");
+  TORCH_CHECK_VALUE(false, "ampkit::optim::MasterWeights: expected 'auto', 'on', 'off' or 'remainder', but got '", name,
+                    "'");
 }
 
 namespace core {
@@ -117,16 +117,16 @@ void fused_call(const GroupConfig& c, const StepPlan::Bucket& bucket, const std:
   if (c.algorithm == Algorithm::kLamb) {
     const std::optional<at::Tensor> norm =
         c.grad_norm.defined() ? on_device(c.grad_norm, device) : std::optional<at::Tensor>();
-    lamb_step_(params, grads, masters, remainders, first, second, steps, lr, c.beta1, c.beta2, c.weight_decay,
-               c.eps, c.bias_correction, c.decoupled_weight_decay, c.grad_averaging, c.use_nvlamb, c.max_grad_norm,
-               norm, on_device(grad_scale, device), on_device(found_inf, device), lr_tensor);
+    lamb_step_(params, grads, masters, remainders, first, second, steps, lr, c.beta1, c.beta2, c.weight_decay, c.eps,
+               c.bias_correction, c.decoupled_weight_decay, c.grad_averaging, c.use_nvlamb, c.max_grad_norm, norm,
+               on_device(grad_scale, device), on_device(found_inf, device), lr_tensor);
   } else if (c.algorithm == Algorithm::kAdam) {
-    adamw_step_(params, grads, masters, remainders, first, second, third, steps, lr, c.beta1, c.beta2,
-                c.weight_decay, c.eps, c.amsgrad, c.maximize, c.decoupled_weight_decay, on_device(grad_scale, device),
+    adamw_step_(params, grads, masters, remainders, first, second, third, steps, lr, c.beta1, c.beta2, c.weight_decay,
+                c.eps, c.amsgrad, c.maximize, c.decoupled_weight_decay, on_device(grad_scale, device),
                 on_device(found_inf, device), lr_tensor, c.write_unscaled_grads);
   } else {
-    sgd_step_(params, grads, masters, remainders, first, steps, lr, c.momentum, c.dampening, c.weight_decay,
-              c.nesterov, c.maximize, on_device(grad_scale, device), on_device(found_inf, device), lr_tensor,
+    sgd_step_(params, grads, masters, remainders, first, steps, lr, c.momentum, c.dampening, c.weight_decay, c.nesterov,
+              c.maximize, on_device(grad_scale, device), on_device(found_inf, device), lr_tensor,
               c.write_unscaled_grads);
   }
 }
@@ -169,7 +169,8 @@ void check_config(const GroupConfig& c) {
     TORCH_CHECK_VALUE(c.weight_decay >= 0, "Invalid weight_decay value: ", spell(c.weight_decay));
     if (c.algorithm == Algorithm::kLamb) {
       TORCH_CHECK_VALUE(c.max_grad_norm >= 0 && std::isfinite(c.max_grad_norm),
-                        "Invalid max_grad_norm value: ", spell(c.max_grad_norm), " (a finite number >= 0; 0: no "
+                        "Invalid max_grad_norm value: ", spell(c.max_grad_norm),
+                        " (a finite number >= 0; 0: no "
                         "clipping)");
       TORCH_CHECK_VALUE(!c.amsgrad && !c.maximize, c.optimizer, " has no amsgrad or maximize");
     }
@@ -213,21 +214,27 @@ namespace {
 // check_group's checks of one parameter with a grad, in master mode `mode`.
 void check_param(const GroupConfig& c, const at::Tensor& p, const at::Tensor& g, MasterMode mode) {
   const bool fused = takes_fused(p, g);
-  TORCH_CHECK_VALUE(c.algorithm != Algorithm::kLamb || fused, c.optimizer, " needs FP16, BF16 or "
-                    "FP32 parameters dense in memory with dense grads (its fused kernels), but a ", p.scalar_type(),
-                    " parameter of shape ", p.sizes(), g.is_sparse() ? " has a sparse grad"
-                    : fused_dtype(p.scalar_type()) ? " has gaps in memory" : "");
+  TORCH_CHECK_VALUE(c.algorithm != Algorithm::kLamb || fused, c.optimizer,
+                    " needs FP16, BF16 or "
+                    "FP32 parameters dense in memory with dense grads (its fused kernels), but a ",
+                    p.scalar_type(), " parameter of shape ", p.sizes(),
+                    g.is_sparse()                  ? " has a sparse grad"
+                    : fused_dtype(p.scalar_type()) ? " has gaps in memory"
+                                                   : "");
   TORCH_CHECK(c.algorithm == Algorithm::kSGD || !g.is_sparse(), c.optimizer,
               " does not support sparse gradients, please consider SparseAdam instead");
   // torch.optim.SGD's own error, raised here before anything is written instead of half-way through a step.
-  TORCH_CHECK(!g.is_sparse() || c.weight_decay == 0, "add(sparse, dense) is not supported. Use add(dense, sparse) "
-              "instead. (", c.optimizer, ": weight_decay on a sparse grad)");
-  TORCH_CHECK_VALUE(fused || mode == MasterMode::kNone || c.master_weights == MasterWeights::kAuto,
-                    c.optimizer, ": ", spelled(c), " needs a parameter dense in memory with a dense grad (the "
-                    "fused kernels), but a ", p.scalar_type(), " parameter of shape ", p.sizes(), " has ",
-                    g.is_sparse() ? "a sparse grad" : "gaps in memory");
-  TORCH_CHECK_VALUE(g.sizes() == p.sizes(), c.optimizer, ": a parameter of shape ", p.sizes(),
-                    " has a grad of shape ", g.sizes());
+  TORCH_CHECK(!g.is_sparse() || c.weight_decay == 0,
+              "add(sparse, dense) is not supported. Use add(dense, sparse) "
+              "instead. (",
+              c.optimizer, ": weight_decay on a sparse grad)");
+  TORCH_CHECK_VALUE(
+      fused || mode == MasterMode::kNone || c.master_weights == MasterWeights::kAuto, c.optimizer, ": ", spelled(c),
+      " needs a parameter dense in memory with a dense grad (the "
+      "fused kernels), but a ",
+      p.scalar_type(), " parameter of shape ", p.sizes(), " has ", g.is_sparse() ? "a sparse grad" : "gaps in memory");
+  TORCH_CHECK_VALUE(g.sizes() == p.sizes(), c.optimizer, ": a parameter of shape ", p.sizes(), " has a grad of shape ",
+                    g.sizes());
 }
 
 // A parameter with a grad that passed check_param, and what the checks found.
@@ -298,8 +305,8 @@ bool may_replace_entries(const GroupConfig& c) { return c.master_weights == Mast
 
 StepPlan plan_step(const GroupConfig& c, at::TensorList params, const std::vector<const ParamState*>& states,
                    at::TensorList grads) {
-  TORCH_CHECK_VALUE(states.size() == params.size(), c.optimizer, ": ", params.size(), " parameters but ",
-                    states.size(), " states");
+  TORCH_CHECK_VALUE(states.size() == params.size(), c.optimizer, ": ", params.size(), " parameters but ", states.size(),
+                    " states");
   TORCH_CHECK_VALUE(grads.empty() || grads.size() == params.size(), c.optimizer, ": ", params.size(),
                     " parameters but ", grads.size(), " grads");
   static const ParamState kNone;
@@ -330,7 +337,8 @@ StepPlan plan_step(const GroupConfig& c, at::TensorList params, const std::vecto
       e.first_step = !adam && s.momentum_buffer.defined() ? 1.0 : 0.0;
     }
     if (adam) {
-      e.missing |= bit(!s.exp_avg.defined(), ParamState::kExpAvg) | bit(!s.exp_avg_sq.defined(), ParamState::kExpAvgSq) |
+      e.missing |= bit(!s.exp_avg.defined(), ParamState::kExpAvg) |
+                   bit(!s.exp_avg_sq.defined(), ParamState::kExpAvgSq) |
                    bit(c.amsgrad && !s.max_exp_avg_sq.defined(), ParamState::kMaxExpAvgSq);
     } else if (c.momentum != 0 && !s.momentum_buffer.defined()) {
       e.missing |= ParamState::kMomentumBuffer;

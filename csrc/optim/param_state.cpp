@@ -20,14 +20,13 @@ bool ParamState::empty() const {
 }
 
 const std::vector<std::pair<const char*, ParamState::Field>>& ParamState::fields() {
-  static const std::vector<std::pair<const char*, Field>> f{
-      {"step", &ParamState::step},
-      {"exp_avg", &ParamState::exp_avg},
-      {"exp_avg_sq", &ParamState::exp_avg_sq},
-      {"max_exp_avg_sq", &ParamState::max_exp_avg_sq},
-      {"momentum_buffer", &ParamState::momentum_buffer},
-      {"master_param", &ParamState::master_param},
-      {"param_remainder", &ParamState::param_remainder}};
+  static const std::vector<std::pair<const char*, Field>> f{{"step", &ParamState::step},
+                                                            {"exp_avg", &ParamState::exp_avg},
+                                                            {"exp_avg_sq", &ParamState::exp_avg_sq},
+                                                            {"max_exp_avg_sq", &ParamState::max_exp_avg_sq},
+                                                            {"momentum_buffer", &ParamState::momentum_buffer},
+                                                            {"master_param", &ParamState::master_param},
+                                                            {"param_remainder", &ParamState::param_remainder}};
   return f;
 }
 
@@ -56,11 +55,11 @@ void init_master(const at::Tensor& param, ParamState& state) {
 }
 
 at::Tensor remainder_of(const at::Tensor& param, const at::Tensor& master) {
-  TORCH_CHECK_VALUE(param.scalar_type() == at::kBFloat16 && master.scalar_type() == at::kFloat &&
-                        param.sizes() == master.sizes(),
-                    "ampkit::optim::core::remainder_of: expected a BFloat16 parameter and an FP32 master of its "
-                    "shape, but got ", param.scalar_type(), " ", param.sizes(), " and ", master.scalar_type(), " ",
-                    master.sizes());
+  TORCH_CHECK_VALUE(
+      param.scalar_type() == at::kBFloat16 && master.scalar_type() == at::kFloat && param.sizes() == master.sizes(),
+      "ampkit::optim::core::remainder_of: expected a BFloat16 parameter and an FP32 master of its "
+      "shape, but got ",
+      param.scalar_type(), " ", param.sizes(), " and ", master.scalar_type(), " ", master.sizes());
   const at::Tensor weight16 = param.detach();
   const at::Tensor bits = master.contiguous().view(at::kInt).to(at::kLong).bitwise_and(0xFFFFFFFFLL);
   const at::Tensor high = weight16.contiguous().view(at::kShort).to(at::kLong).bitwise_and(0xFFFF).__lshift__(16);
@@ -79,8 +78,8 @@ at::Tensor master_from_remainder(const at::Tensor& param, const at::Tensor& rema
   TORCH_CHECK_VALUE(param.scalar_type() == at::kBFloat16 && remainder.scalar_type() == at::kShort &&
                         param.sizes() == remainder.sizes(),
                     "ampkit::optim::core::master_from_remainder: expected a BFloat16 parameter and an int16 "
-                    "remainder of its shape, but got ", param.scalar_type(), " ", param.sizes(), " and ",
-                    remainder.scalar_type(), " ", remainder.sizes());
+                    "remainder of its shape, but got ",
+                    param.scalar_type(), " ", param.sizes(), " and ", remainder.scalar_type(), " ", remainder.sizes());
   const at::Tensor bits =
       param.detach().contiguous().view(at::kShort).to(at::kInt).__lshift__(16) + remainder.contiguous().to(at::kInt);
   return bits.view(at::kFloat).view(param.sizes());

@@ -18,21 +18,22 @@ void bind_distributed(py::module_& m) {
   py::class_<ampkit::distributed::GradientAllReduce, GilFreeDelete<ampkit::distributed::GradientAllReduce>::Ptr>(
       m, "GradientAllReduce")
       .def(py::init([](std::vector<at::Tensor> params, const c10::intrusive_ptr<c10d::ProcessGroup>& group,
-                       const std::string& compression, int64_t bucket_bytes, bool overlap,
-                       ampkit::GradScaler* scaler) {
+                       const std::string& compression, int64_t bucket_bytes, bool overlap, ampkit::GradScaler* scaler) {
              using ampkit::distributed::Compression;
              TORCH_CHECK_VALUE(compression == "none" || compression == "fp16" || compression == "bf16",
-                               "GradientAllReduce: compression must be None, 'fp16' or 'bf16', but got '",
-                               compression, "'");
+                               "GradientAllReduce: compression must be None, 'fp16' or 'bf16', but got '", compression,
+                               "'");
              const Compression c = compression == "fp16"   ? Compression::kFP16
-                                    : compression == "bf16" ? Compression::kBF16
-                                                            : Compression::kNone;
+                                   : compression == "bf16" ? Compression::kBF16
+                                                           : Compression::kNone;
              return guarded([&] {
-               return GilFreeDelete<ampkit::distributed::GradientAllReduce>::Ptr(new ampkit::distributed::GradientAllReduce(
-                   std::move(params), group,
-                   ampkit::distributed::GradientAllReduceOptions().compression(c).bucket_bytes(bucket_bytes).overlap(
-                       overlap),
-                   scaler));
+               return GilFreeDelete<ampkit::distributed::GradientAllReduce>::Ptr(
+                   new ampkit::distributed::GradientAllReduce(std::move(params), group,
+                                                              ampkit::distributed::GradientAllReduceOptions()
+                                                                  .compression(c)
+                                                                  .bucket_bytes(bucket_bytes)
+                                                                  .overlap(overlap),
+                                                              scaler));
              });
            }),
            py::arg("params"), py::arg("process_group"), py::arg("compression"), py::arg("bucket_bytes"),

@@ -110,11 +110,12 @@ py::object get(const py::dict& group, const char* key, py::object fallback) {
 // A param group of ampkit.optim (a dict with torch.optim's keys) as the core's config; `optimizer` must outlive it.
 core::GroupConfig group_config(const std::string& kind, const std::string& optimizer, const py::dict& group,
                                bool write_unscaled_grads) {
-  TORCH_CHECK_VALUE(kind == "adam" || kind == "sgd" || kind == "lamb", "ampkit.optim: unknown algorithm '", kind,
-                    "'");
+  TORCH_CHECK_VALUE(kind == "adam" || kind == "sgd" || kind == "lamb", "ampkit.optim: unknown algorithm '", kind, "'");
   core::GroupConfig c;
   c.optimizer = optimizer.c_str();
-  c.algorithm = kind == "sgd" ? core::Algorithm::kSGD : kind == "lamb" ? core::Algorithm::kLamb : core::Algorithm::kAdam;
+  c.algorithm = kind == "sgd"    ? core::Algorithm::kSGD
+                : kind == "lamb" ? core::Algorithm::kLamb
+                                 : core::Algorithm::kAdam;
   const py::object lr = group["lr"];
   if (THPVariable_Check(lr.ptr())) {
     c.lr_tensor = THPVariable_Unpack(lr.ptr());
@@ -154,7 +155,7 @@ core::GroupConfig group_config(const std::string& kind, const std::string& optim
     c.master_weights = ampkit::optim::MasterWeights::kAuto;
   } else if (py::isinstance<py::str>(mw)) {
     c.master_weights = mw.cast<std::string>() == "remainder" ? ampkit::optim::MasterWeights::kRemainder
-                                                               : ampkit::optim::MasterWeights::kAuto;
+                                                             : ampkit::optim::MasterWeights::kAuto;
   } else {
     c.master_weights = ampkit::optim::MasterWeights(mw.cast<bool>());
   }
@@ -396,8 +397,9 @@ void bind_optim(py::module_& m) {
     return py::make_tuple(out_params, out_buckets);
   });
   m.def("_optim_takes_fused", [](const at::Tensor& p) { return core::takes_fused(p, p); });
-  m.def("_optim_remainder_of",
-        [](const at::Tensor& p, const at::Tensor& master) { return guarded([&] { return core::remainder_of(p, master); }); });
+  m.def("_optim_remainder_of", [](const at::Tensor& p, const at::Tensor& master) {
+    return guarded([&] { return core::remainder_of(p, master); });
+  });
   m.def("_optim_master_from_remainder", [](const at::Tensor& p, const at::Tensor& rem) {
     return guarded([&] { return core::master_from_remainder(p, rem); });
   });
@@ -411,8 +413,12 @@ void bind_optim(py::module_& m) {
     const core::ParamState before = s;
     guarded([&] { core::init_master(p, s); });
     const auto& fields = core::ParamState::fields();
-    state_to_py([&](size_t k) { const at::Tensor& t = before.*(fields[k].second);
-                                return t.defined() ? t.unsafeGetTensorImpl() : nullptr; }, s, state);
+    state_to_py(
+        [&](size_t k) {
+          const at::Tensor& t = before.*(fields[k].second);
+          return t.defined() ? t.unsafeGetTensorImpl() : nullptr;
+        },
+        s, state);
   });
   m.def("_optim_state_names", [] { return core::ParamState::names(); });
   m.def("_optim_loaded_entry", [](const std::string& name, const at::Tensor& value, const at::Tensor& p) {

@@ -60,7 +60,8 @@ ampkit::ScalerState from_py(const py::dict& d) {
       const at::Tensor t = THPVariable_Unpack(v.ptr());
       state.emplace_back(key, t.is_floating_point() ? c10::IValue(t.item<double>()) : c10::IValue(t.item<int64_t>()));
     } else {
-      throw py::type_error("GradScaler.load_state_dict: '" + key + "' must be a number, a list of numbers or None, "
+      throw py::type_error("GradScaler.load_state_dict: '" + key +
+                           "' must be a number, a list of numbers or None, "
                            "but got " +
                            std::string(py::str(py::type::of(v))));
     }
@@ -72,7 +73,8 @@ py::dict stats_to_py(const ampkit::GradScalerStats& s) {
   py::dict d;
   d["steps"] = s.steps;
   d["skipped_steps"] = s.skipped_steps;
-  d["last_overflow_step"] = s.last_overflow_step > 0 ? py::object(py::int_(s.last_overflow_step)) : py::object(py::none());
+  d["last_overflow_step"] =
+      s.last_overflow_step > 0 ? py::object(py::int_(s.last_overflow_step)) : py::object(py::none());
   d["scale"] = s.scale;
   d["growth_tracker"] = s.growth_tracker;
   d["hysteresis_tracker"] = s.hysteresis_tracker;
@@ -139,21 +141,26 @@ void bind_scaler(py::module_& m) {
            py::arg("dynamic") = true, py::arg("calibrate") = false, py::arg("calibration_margin") = 2.0,
            py::arg("spike_skip") = py::none())
       .def("scale", [](GradScaler& s, const at::Tensor& t) { return guarded([&] { return s.scale(t); }); })
-      .def("scale_factor", [](GradScaler& s, const at::Tensor& t) { return guarded([&] { return s.scale_factor(t); }); })
+      .def("scale_factor",
+           [](GradScaler& s, const at::Tensor& t) { return guarded([&] { return s.scale_factor(t); }); })
       .def("observe_loss", [](GradScaler& s, const at::Tensor& t) { guarded([&] { s.observe_loss(t); }); })
-      .def("unscale_params_",
-           [](GradScaler& s, int64_t key, const Params& p, const std::optional<Params>& g) {
-             guarded([&] { g ? s.unscale_params_(key, p, *g) : s.unscale_params_(key, p); });
-           }, py::arg("key"), py::arg("params"), py::arg("grads") = py::none())
+      .def(
+          "unscale_params_",
+          [](GradScaler& s, int64_t key, const Params& p, const std::optional<Params>& g) {
+            guarded([&] { g ? s.unscale_params_(key, p, *g) : s.unscale_params_(key, p); });
+          },
+          py::arg("key"), py::arg("params"), py::arg("grads") = py::none())
       .def("begin_step", [](const GradScaler& s, int64_t key) { guarded([&] { s.begin_step(key); }); })
       .def("prepare_step",
            [](GradScaler& s, int64_t key, const Params& p) { return guarded([&] { return s.prepare_step(key, p); }); })
-      .def("prepare_fused_step",
-           [](GradScaler& s, int64_t key, const Params& p, const std::optional<Params>& g) {
-             auto [grad_scale, found_inf] =
-                 guarded([&] { return g ? s.prepare_fused_step(key, p, *g) : s.prepare_fused_step(key, p); });
-             return py::make_tuple(optional_tensor(grad_scale), found_inf);
-           }, py::arg("key"), py::arg("params"), py::arg("grads") = py::none())
+      .def(
+          "prepare_fused_step",
+          [](GradScaler& s, int64_t key, const Params& p, const std::optional<Params>& g) {
+            auto [grad_scale, found_inf] =
+                guarded([&] { return g ? s.prepare_fused_step(key, p, *g) : s.prepare_fused_step(key, p); });
+            return py::make_tuple(optional_tensor(grad_scale), found_inf);
+          },
+          py::arg("key"), py::arg("params"), py::arg("grads") = py::none())
       .def("mark_stepped", &GradScaler::mark_stepped)
       .def("record_unscaled_grads",
            [](GradScaler& s, const at::Tensor& found_inf) { guarded([&] { s.record_unscaled_grads(found_inf); }); })
@@ -212,7 +219,8 @@ void bind_scaler(py::module_& m) {
       });
 
   m.def(
-      "read_scaler_state", [](const std::string& path) { return to_py(guarded([&] { return GradScaler::read_state(path); })); },
+      "read_scaler_state",
+      [](const std::string& path) { return to_py(guarded([&] { return GradScaler::read_state(path); })); },
       "The state of a GradScaler checkpoint file (torch::save(scaler, path) in C++, GradScaler.save in Python) as "
       "a state_dict that torch.amp.GradScaler.load_state_dict accepts.");
   m.def(

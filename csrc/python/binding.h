@@ -53,15 +53,13 @@ struct GilFreeDelete {
   using Ptr = std::unique_ptr<T, GilFreeDelete>;
 };
 
-inline py::object optional_tensor(const at::Tensor& t) {
-  return t.defined() ? py::cast(t) : py::object(py::none());
-}
+inline py::object optional_tensor(const at::Tensor& t) { return t.defined() ? py::cast(t) : py::object(py::none()); }
 
 // The component bindings, each in its own file.
-void bind_scaler(py::module_& m);    // bind_scaler.cpp: GradScaler, scaler checkpoints
-void bind_autocast(py::module_& m);  // bind_autocast.cpp: overrides, register_autocast, precision_support
-void bind_monitor(py::module_& m);   // bind_monitor.cpp: GradStatsLog, OpStatsGuard
-void bind_optim(py::module_& m);     // bind_optim.cpp: ampkit.optim's bridge to ampkit::optim::core
+void bind_scaler(py::module_& m);       // bind_scaler.cpp: GradScaler, scaler checkpoints
+void bind_autocast(py::module_& m);     // bind_autocast.cpp: overrides, register_autocast, precision_support
+void bind_monitor(py::module_& m);      // bind_monitor.cpp: GradStatsLog, OpStatsGuard
+void bind_optim(py::module_& m);        // bind_optim.cpp: ampkit.optim's bridge to ampkit::optim::core
 void bind_distributed(py::module_& m);  // bind_distributed.cpp: GradientAllReduce
 
 }  // namespace ampkit::python

@@ -37,9 +37,9 @@ double tensor_value(const at::Tensor& t) {
       e = e->second.impl.expired() ? cache.erase(e) : std::next(e);
     }
   }
-  cache.insert_or_assign(key, CachedValue{c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(
-                                              t.getIntrusivePtr()),
-                                          version, value});
+  cache.insert_or_assign(
+      key, CachedValue{c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(t.getIntrusivePtr()), version,
+                       value});
   return value;
 }
 

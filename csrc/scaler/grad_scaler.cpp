@@ -60,33 +60,40 @@ void check_options(const GradScalerOptions& o) {
                     "ampkit::GradScaler: hysteresis must be in [1, 2^31 - 1], but got ", o.hysteresis());
   const double lo = o.min_scale().value_or(0.0);
   const double hi = o.max_scale().value_or(std::numeric_limits<double>::infinity());
-  TORCH_CHECK_VALUE(lo >= 0.0 && std::isfinite(lo), "ampkit::GradScaler: min_scale must be a finite number >= 0, but got ",
-                    lo);
+  TORCH_CHECK_VALUE(lo >= 0.0 && std::isfinite(lo),
+                    "ampkit::GradScaler: min_scale must be a finite number >= 0, but got ", lo);
   TORCH_CHECK_VALUE(hi >= lo && !std::isnan(hi), "ampkit::GradScaler: max_scale must be >= min_scale (", lo,
                     "), but got ", hi);
   if (o.calibrate()) {
-    TORCH_CHECK_VALUE(o.scaling() && o.dynamic(), "ampkit::GradScaler: calibrate sets a first scale, so it needs a "
-                      "dynamic loss scale, but this scaler has ", o.scaling() ? "a static one (dynamic=False)" :
-                      "none (scaling=False: the scale is fixed at 1)");
+    TORCH_CHECK_VALUE(o.scaling() && o.dynamic(),
+                      "ampkit::GradScaler: calibrate sets a first scale, so it needs a "
+                      "dynamic loss scale, but this scaler has ",
+                      o.scaling() ? "a static one (dynamic=False)" : "none (scaling=False: the scale is fixed at 1)");
     TORCH_CHECK_VALUE(std::isfinite(o.calibration_margin()) && o.calibration_margin() >= 0.0,
                       "ampkit::GradScaler: calibration_margin must be a finite number >= 0, but got ",
                       o.calibration_margin());
-    TORCH_CHECK_VALUE(lo <= 1.0 && hi >= 1.0, "ampkit::GradScaler: calibrate runs its first iteration at scale 1, "
-                      "which must lie in [min_scale, max_scale] = [", lo, ", ", hi, "]");
+    TORCH_CHECK_VALUE(lo <= 1.0 && hi >= 1.0,
+                      "ampkit::GradScaler: calibrate runs its first iteration at scale 1, "
+                      "which must lie in [min_scale, max_scale] = [",
+                      lo, ", ", hi, "]");
   } else if (o.scaling()) {
-    TORCH_CHECK_VALUE(o.init_scale() >= lo && o.init_scale() <= hi, "ampkit::GradScaler: init_scale (",
-                      o.init_scale(), ") must lie in [min_scale, max_scale] = [", lo, ", ", hi, "]");
+    TORCH_CHECK_VALUE(o.init_scale() >= lo && o.init_scale() <= hi, "ampkit::GradScaler: init_scale (", o.init_scale(),
+                      ") must lie in [min_scale, max_scale] = [", lo, ", ", hi, "]");
   }
   if (const auto& spike = o.spike_skip()) {
-    TORCH_CHECK_VALUE(spike->window() >= 2 && spike->window() <= (int64_t{1} << 24), "ampkit::GradScaler: "
-                      "spike_skip window must be in [2, 2^24], but got ", spike->window());
+    TORCH_CHECK_VALUE(spike->window() >= 2 && spike->window() <= (int64_t{1} << 24),
+                      "ampkit::GradScaler: "
+                      "spike_skip window must be in [2, 2^24], but got ",
+                      spike->window());
     TORCH_CHECK_VALUE(!spike->warmup() || (*spike->warmup() >= 2 && *spike->warmup() <= spike->window()),
                       "ampkit::GradScaler: spike_skip warmup must be in [2, window] = [2, ", spike->window(),
                       "], but got ", spike->warmup().value_or(0));
-    TORCH_CHECK_VALUE(std::isfinite(spike->sigmas()) && spike->sigmas() > 0.0, "ampkit::GradScaler: spike_skip "
-                      "sigmas must be a finite number > 0, but got ", spike->sigmas());
+    TORCH_CHECK_VALUE(std::isfinite(spike->sigmas()) && spike->sigmas() > 0.0,
+                      "ampkit::GradScaler: spike_skip "
+                      "sigmas must be a finite number > 0, but got ",
+                      spike->sigmas());
     TORCH_CHECK_VALUE(spike->loss() || spike->grad_norm(), "ampkit::GradScaler: spike_skip needs a signal: loss, "
-                      "grad_norm or both, but both are off");
+                                                           "grad_norm or both, but both are off");
   }
 }
 
@@ -135,8 +142,10 @@ void GradScaler::lazy_init_state(const at::Device& device) {
     return;
   }
   if (scale_.defined()) {
-    TORCH_CHECK_VALUE(scale_.device() == device, "GradScaler._lazy_init_scale_growth_tracker: the scaler's state is "
-                      "already on ", scale_.device(), ", but got device ", device);
+    TORCH_CHECK_VALUE(scale_.device() == device,
+                      "GradScaler._lazy_init_scale_growth_tracker: the scaler's state is "
+                      "already on ",
+                      scale_.device(), ", but got device ", device);
     return;
   }
   lazy_init(device);
@@ -227,7 +236,7 @@ void GradScaler::record_checks(int64_t key, const std::vector<at::Tensor>& param
   // overlapping grad, say) leaves the scaler outside an iteration, as it was.
   std::vector<std::pair<at::Device, at::Tensor>> found_inf;
   const at::Tensor amax_before = calibration_amax_;  // restored if an op refuses the grads
-  at::Tensor norm_sq;  // spike_skip's gradient norm, when the check computes it
+  at::Tensor norm_sq;                                // spike_skip's gradient norm, when the check computes it
   const bool norm_in_check = !unscale && spike_norm_in_check(grads);
   try {
     for (auto& [device, list] : per_device) {
@@ -344,7 +353,9 @@ at::Tensor GradScaler::unscale_factor(const at::Device& device) {
   return inv_scale_on(device).reshape({1});
 }
 
-void GradScaler::unscale_(torch::optim::Optimizer& optimizer) { unscale_params_(key_of(optimizer), params_of(optimizer)); }
+void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
+  unscale_params_(key_of(optimizer), params_of(optimizer));
+}
 
 void GradScaler::begin_step(int64_t key) const {
   check_scale_exists("step");
@@ -386,8 +397,8 @@ std::pair<at::Tensor, at::Tensor> GradScaler::prepare_fused_step(int64_t key, co
     record_checks(key, params, grads, /*unscale=*/false, /*allow_fp16=*/true);
   }
   const auto& found = per_optimizer_[key].found_inf;
-  at::Tensor found_inf = found.empty() ? buffer(key, scale.device(), BufferRole::kCombined).zero_()
-                                       : combined_found_inf(key);
+  at::Tensor found_inf =
+      found.empty() ? buffer(key, scale.device(), BufferRole::kCombined).zero_() : combined_found_inf(key);
   // NOTE [Spike-aware skipping]: a spike skips the step as an overflow does.
   const at::Tensor spike = spike_flag(grads.empty() ? grads_of(params) : grads, still_scaled);
   if (spike.defined()) {
@@ -523,12 +534,14 @@ void GradScaler::update() {
 }
 
 void GradScaler::check_new_scale_allowed() const {
-  TORCH_CHECK(options_.scaling(), "GradScaler update(new_scale): this scaler was built without loss scaling "
+  TORCH_CHECK(options_.scaling(),
+              "GradScaler update(new_scale): this scaler was built without loss scaling "
               "(scaling=False in Python, GradScalerOptions().scaling(false) in C++), so its scale is fixed at 1 (a "
               "BF16 run); build it with scaling on to set a scale");
-  TORCH_CHECK(options_.dynamic(), "GradScaler update(new_scale): this scaler has a static loss scale (dynamic=False "
-              "in Python, GradScalerOptions().dynamic(false) in C++), fixed at ", init_scale_,
-              "; build a dynamic one to change the scale");
+  TORCH_CHECK(options_.dynamic(),
+              "GradScaler update(new_scale): this scaler has a static loss scale (dynamic=False "
+              "in Python, GradScalerOptions().dynamic(false) in C++), fixed at ",
+              init_scale_, "; build a dynamic one to change the scale");
 }
 
 void GradScaler::update(double new_scale) {
@@ -552,19 +565,20 @@ void GradScaler::update(const at::Tensor& new_scale) {
     return;
   }
   const at::Tensor& scale = check_scale_exists("update");
-  const char* py_reason =
-      "new_scale should be a float or a 1-element torch.cuda.FloatTensor or torch.FloatTensor with "
-      "requires_grad=False.";
+  const char* py_reason = "new_scale should be a float or a 1-element torch.cuda.FloatTensor or torch.FloatTensor with "
+                          "requires_grad=False.";
   if (!new_scale.defined() || new_scale.device().type() != scale.device().type() || new_scale.numel() != 1 ||
       new_scale.requires_grad()) {
     std::ostringstream got;
     if (new_scale.defined()) {
-      got << new_scale.numel() << " element(s) on " << new_scale.device() << (new_scale.requires_grad() ? ", requires_grad" : "");
+      got << new_scale.numel() << " element(s) on " << new_scale.device()
+          << (new_scale.requires_grad() ? ", requires_grad" : "");
     } else {
       got << "an undefined tensor";
     }
     throw ScalerAssertionError("GradScaler::update: new_scale must be a one-element tensor on the scaler's device "
-                               "type (" + c10::DeviceTypeName(scale.device().type(), true) +
+                               "type (" +
+                                   c10::DeviceTypeName(scale.device().type(), true) +
                                    ") without requires_grad, but got " + got.str(),
                                py_reason);
   }

@@ -51,9 +51,7 @@ int64_t current_stream_id(const at::Device& device) {
 }
 
 // Whether work is ordered by streams here (not the CPU, whose ops run in program order on the host).
-bool has_streams(const at::Device& device) {
-  return !device.is_cpu() && c10::impl::hasDeviceGuardImpl(device.type());
-}
+bool has_streams(const at::Device& device) { return !device.is_cpu() && c10::impl::hasDeviceGuardImpl(device.type()); }
 
 // The id of the CUDA graph capture `stream` is in (0: none).
 uint64_t capture_of(const c10::Stream& stream) {
@@ -195,10 +193,12 @@ void GradScaler::record_unscaled_grads(const at::Tensor& found_inf) {
                     found_inf.defined() ? " of " + std::to_string(found_inf.numel()) + " elements" : "");
   const std::lock_guard<std::mutex> lock(*hook_mutex_);
   for (const auto& [key, state] : per_optimizer_) {
-    TORCH_CHECK(state.stage == Stage::kReady, "GradScaler.record_unscaled_grads: an optimizer was already unscaled "
+    TORCH_CHECK(state.stage == Stage::kReady,
+                "GradScaler.record_unscaled_grads: an optimizer was already unscaled "
                 "or stepped in this iteration; all-reduce (and record) the grads before unscale_() and step()");
   }
-  TORCH_CHECK(!external_reduced_ && !external_found_inf_.defined(), "GradScaler.record_unscaled_grads: the "
+  TORCH_CHECK(!external_reduced_ && !external_found_inf_.defined(),
+              "GradScaler.record_unscaled_grads: the "
               "recorded flags were already summed in this iteration; record every bucket before unscale_() and step()");
   const at::Device device = scale.device();
   if (recorded_count_ == recorded_.size()) {

@@ -39,9 +39,7 @@ void GradScaler::note_calibration_amax(const std::vector<at::Tensor>& grads, boo
     }
   }
   for (const auto& [d, list] : detail::by_device(measured)) {
-    at::Tensor amax = at::stack(at::_foreach_norm(list, std::numeric_limits<double>::infinity()))
-                          .to(at::kFloat)
-                          .max();
+    at::Tensor amax = at::stack(at::_foreach_norm(list, std::numeric_limits<double>::infinity())).to(at::kFloat).max();
     if (scaled) {
       amax = amax * inv_scale_on(d);
     }

@@ -123,7 +123,8 @@ at::Tensor GradScaler::spike_flag(const std::vector<at::Tensor>& grads, bool sca
   const SpikeSkipOptions& o = *options_.spike_skip();
   at::NoGradGuard no_grad;
   const at::Device device = scale_.device();
-  TORCH_CHECK(!capturing(device), "GradScaler: spike_skip cannot be captured in a CUDA graph: its warm-up count "
+  TORCH_CHECK(!capturing(device),
+              "GradScaler: spike_skip cannot be captured in a CUDA graph: its warm-up count "
               "and window position are kept on the host, and a replay would repeat them (NOTE [Spike-aware "
               "skipping]); capture without spike_skip");
   if (o.grad_norm() && !spike_signals_[1].value.defined()) {  // else the check computed it
@@ -219,8 +220,10 @@ GradScaler::SpikeLoad GradScaler::check_spike_state(const ScalerState& state) co
   }
   const int64_t window = options_.spike_skip()->window();
   if (const c10::IValue* v = detail::find_entry(state, "spike_skipped_steps")) {
-    TORCH_CHECK_VALUE(v->isInt() && v->toInt() >= 0, "GradScaler.load_state_dict: 'spike_skipped_steps' must be "
-                      "an int >= 0, but got ", v->isInt() ? std::to_string(v->toInt()) : v->tagKind());
+    TORCH_CHECK_VALUE(v->isInt() && v->toInt() >= 0,
+                      "GradScaler.load_state_dict: 'spike_skipped_steps' must be "
+                      "an int >= 0, but got ",
+                      v->isInt() ? std::to_string(v->toInt()) : v->tagKind());
     load.skipped = v->toInt();
   }
   for (int i = 0; i < 2; ++i) {
@@ -239,8 +242,8 @@ GradScaler::SpikeLoad GradScaler::check_spike_state(const ScalerState& state) co
                       c->tagKind());
     std::vector<double> history = h->toDoubleVector();
     const int64_t count = c->toInt();
-    TORCH_CHECK_VALUE(count >= static_cast<int64_t>(history.size()), "GradScaler.load_state_dict: '", count_key,
-                      "' (", count, ") must be at least the length of '", history_key, "' (", history.size(), ")");
+    TORCH_CHECK_VALUE(count >= static_cast<int64_t>(history.size()), "GradScaler.load_state_dict: '", count_key, "' (",
+                      count, ") must be at least the length of '", history_key, "' (", history.size(), ")");
     if (static_cast<int64_t>(history.size()) > window) {  // a longer window saved: keep its newest values
       history.erase(history.begin(), history.end() - window);
     }

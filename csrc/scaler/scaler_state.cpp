@@ -17,12 +17,26 @@ namespace {
 
 // The state_dict keys: torch.amp.GradScaler's first, then ampkit's.
 const std::vector<std::string>& state_keys() {
-  static const std::vector<std::string> keys = {
-      "scale",         "growth_factor",      "backoff_factor", "growth_interval",    "_growth_tracker",
-      "hysteresis",    "_hysteresis_tracker", "min_scale",      "max_scale",          "steps",
-      "skipped_steps", "last_overflow_step", "_overflows_at_min_scale", "scaling", "dynamic",
-      "spike_skipped_steps", "_spike_loss_history", "_spike_loss_count", "_spike_grad_norm_history",
-      "_spike_grad_norm_count"};
+  static const std::vector<std::string> keys = {"scale",
+                                                "growth_factor",
+                                                "backoff_factor",
+                                                "growth_interval",
+                                                "_growth_tracker",
+                                                "hysteresis",
+                                                "_hysteresis_tracker",
+                                                "min_scale",
+                                                "max_scale",
+                                                "steps",
+                                                "skipped_steps",
+                                                "last_overflow_step",
+                                                "_overflows_at_min_scale",
+                                                "scaling",
+                                                "dynamic",
+                                                "spike_skipped_steps",
+                                                "_spike_loss_history",
+                                                "_spike_loss_count",
+                                                "_spike_grad_norm_history",
+                                                "_spike_grad_norm_count"};
   return keys;
 }
 
@@ -89,8 +103,10 @@ at::Tensor GradScaler::last_step_ran(int64_t key) const {
 
 // The setters validate as the constructor does (a bad value changes nothing).
 void GradScaler::set_growth_factor(double v) {
-  TORCH_CHECK_VALUE(std::isfinite(v) && v > 1.0, "GradScaler.set_growth_factor: the growth factor must be a finite "
-                    "number > 1.0, but got ", v);
+  TORCH_CHECK_VALUE(std::isfinite(v) && v > 1.0,
+                    "GradScaler.set_growth_factor: the growth factor must be a finite "
+                    "number > 1.0, but got ",
+                    v);
   growth_factor_ = v;
 }
 
@@ -101,8 +117,10 @@ void GradScaler::set_backoff_factor(double v) {
 }
 
 void GradScaler::set_growth_interval(int64_t v) {
-  TORCH_CHECK_VALUE(v >= 1 && v <= std::numeric_limits<int32_t>::max(), "GradScaler.set_growth_interval: "
-                    "growth_interval must be in [1, 2^31 - 1], but got ", v);
+  TORCH_CHECK_VALUE(v >= 1 && v <= std::numeric_limits<int32_t>::max(),
+                    "GradScaler.set_growth_interval: "
+                    "growth_interval must be in [1, 2^31 - 1], but got ",
+                    v);
   growth_interval_ = v;
 }
 
@@ -192,8 +210,8 @@ std::vector<std::string> GradScaler::overflow_report() const {
       names.push_back(it->second.name);
     } else {
       std::ostringstream os;
-      os << "param " << e.index << " of optimizer " << e.key << " (" << e.param.sizes() << " "
-         << e.param.scalar_type() << ")";
+      os << "param " << e.index << " of optimizer " << e.key << " (" << e.param.sizes() << " " << e.param.scalar_type()
+         << ")";
       names.push_back(os.str());
     }
   }
@@ -232,7 +250,8 @@ void GradScaler::load_state_dict(const ScalerState& state) {
   TORCH_CHECK(state.size() != 0,
               "The source state dict is empty, possibly because it was saved from a disabled instance of GradScaler.");
   for (const char* required : {"scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker"}) {
-    TORCH_CHECK_VALUE((find_entry(state, required) != nullptr), "GradScaler.load_state_dict: the state dict has no '", required,
+    TORCH_CHECK_VALUE((find_entry(state, required) != nullptr), "GradScaler.load_state_dict: the state dict has no '",
+                      required,
                       "' entry (keys: scale, growth_factor, backoff_factor, growth_interval, _growth_tracker)");
   }
   // Validate everything first: a failed load leaves the scaler as it was.
@@ -240,8 +259,10 @@ void GradScaler::load_state_dict(const ScalerState& state) {
     TORCH_CHECK_VALUE(scaling->isBool(), "GradScaler.load_state_dict: 'scaling' must be a bool, but got ",
                       scaling->tagKind());
     const bool saved = scaling->toBool();
-    TORCH_CHECK_VALUE(saved == options_.scaling(), "GradScaler.load_state_dict: 'scaling' must equal this scaler's "
-                      "(scaling=", options_.scaling() ? "True" : "False", "), but the state has scaling=",
+    TORCH_CHECK_VALUE(saved == options_.scaling(),
+                      "GradScaler.load_state_dict: 'scaling' must equal this scaler's "
+                      "(scaling=",
+                      options_.scaling() ? "True" : "False", "), but the state has scaling=",
                       saved ? "True: it scales the loss" : "False: its scale is fixed at 1 (a BF16 run)",
                       "; build the scaler with scaling=", saved ? "True" : "False", " (GradScalerOptions().scaling(",
                       saved ? "true" : "false", ") in C++) to continue it");
@@ -250,8 +271,10 @@ void GradScaler::load_state_dict(const ScalerState& state) {
   TORCH_CHECK_VALUE(std::isfinite(scale) && scale > 0 && scale <= std::numeric_limits<float>::max(),
                     "GradScaler.load_state_dict: 'scale' must be a finite number > 0 that a float32 holds, but got ",
                     scale);
-  TORCH_CHECK_VALUE(options_.scaling() || scale == 1.0, "GradScaler.load_state_dict: this scaler was built with "
-                    "scaling=False (its scale is fixed at 1), but the state has 'scale' ", scale);
+  TORCH_CHECK_VALUE(options_.scaling() || scale == 1.0,
+                    "GradScaler.load_state_dict: this scaler was built with "
+                    "scaling=False (its scale is fixed at 1), but the state has 'scale' ",
+                    scale);
   const double growth = number_of(*find_entry(state, "growth_factor"), "growth_factor");
   TORCH_CHECK_VALUE(std::isfinite(growth) && growth > 1.0,
                     "GradScaler.load_state_dict: 'growth_factor' must be a finite number > 1, but got ", growth);
@@ -291,8 +314,8 @@ void GradScaler::load_state_dict(const ScalerState& state) {
                     "GradScaler.load_state_dict: 'min_scale' and 'max_scale' must satisfy 0 <= min_scale <= "
                     "max_scale, but got ",
                     lo, " and ", hi);
-  TORCH_CHECK_VALUE(!options_.scaling() || (scale >= lo && scale <= hi), "GradScaler.load_state_dict: 'scale' (",
-                    scale, ") must lie in [min_scale, max_scale] = [", lo, ", ", hi, "]");
+  TORCH_CHECK_VALUE(!options_.scaling() || (scale >= lo && scale <= hi), "GradScaler.load_state_dict: 'scale' (", scale,
+                    ") must lie in [min_scale, max_scale] = [", lo, ", ", hi, "]");
   std::vector<int64_t> stats(4, 0);
   const char* stat_keys[] = {"steps", "skipped_steps", "last_overflow_step", "_overflows_at_min_scale"};
   for (int i = 0; i < 4; ++i) {

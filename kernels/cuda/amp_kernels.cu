@@ -134,7 +134,8 @@ __device__ bool cast_chunk_to(const TS* s, void* o, DType out, int64_t n, const 
 
 // The per-chunk functor of the cast passes; `inv_scale == nullptr`: divide by `divisor`, no check.
 // NOTE [Kernel parameter budget] states how many tensors one launch of each pass takes.
-static_assert(cuda::MultiTensorArgsFor<1, UnscaleChunkOp>::kMaxTensors == 936, "one-list passes: 936 tensors per launch");
+static_assert(cuda::MultiTensorArgsFor<1, UnscaleChunkOp>::kMaxTensors == 936,
+              "one-list passes: 936 tensors per launch");
 
 struct CastChunkOp {
   // Streams of the chunk table.
@@ -263,8 +264,8 @@ __global__ void __launch_bounds__(kFinishThreads)
   AMPKIT_SHARED(double, chunk_sums, kFinishThreads);
   const int64_t t = blockIdx.x;
   const unsigned long long* row = counters + t * kGradStatsCounterColumns;
-  const int64_t chunks = (static_cast<int64_t>(row[kGradStatsCounterColumns - 1]) + cuda::kChunkSize - 1) /
-                         cuda::kChunkSize;
+  const int64_t chunks =
+      (static_cast<int64_t>(row[kGradStatsCounterColumns - 1]) + cuda::kChunkSize - 1) / cuda::kChunkSize;
   const double* p = partials + static_cast<int64_t>(row[1]) * kNormLanes;
   double total = 0.0;
   for (int64_t tile = 0; tile < chunks; tile += blockDim.x) {
@@ -297,8 +298,8 @@ __global__ void __launch_bounds__(kFinishThreads)
   }
 }
 
-__global__ void update_scale_kernel(float* scale, int32_t* growth_tracker, int32_t* hysteresis_tracker,
-                                    int64_t* stats, const float* found_inf, UpdateScaleOp op) {
+__global__ void update_scale_kernel(float* scale, int32_t* growth_tracker, int32_t* hysteresis_tracker, int64_t* stats,
+                                    const float* found_inf, UpdateScaleOp op) {
   op(scale, growth_tracker, hysteresis_tracker, stats, *found_inf);
 }
 

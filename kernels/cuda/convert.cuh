@@ -16,12 +16,20 @@ __device__ AMPKIT_INLINE double to_opmath(double v) { return v; }
 template <typename T>
 __device__ AMPKIT_INLINE T from_opmath(opmath_t<T> v);
 template <>
-__device__ AMPKIT_INLINE __half from_opmath<__half>(float v) { return __float2half_rn(v); }
+__device__ AMPKIT_INLINE __half from_opmath<__half>(float v) {
+  return __float2half_rn(v);
+}
 template <>
-__device__ AMPKIT_INLINE __nv_bfloat16 from_opmath<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+__device__ AMPKIT_INLINE __nv_bfloat16 from_opmath<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
 template <>
-__device__ AMPKIT_INLINE float from_opmath<float>(float v) { return v; }
+__device__ AMPKIT_INLINE float from_opmath<float>(float v) {
+  return v;
+}
 template <>
-__device__ AMPKIT_INLINE double from_opmath<double>(double v) { return v; }
+__device__ AMPKIT_INLINE double from_opmath<double>(double v) {
+  return v;
+}
 
 }  // namespace ampkit::kernels::cuda

@@ -74,7 +74,7 @@ constexpr int warpSize = 32;
 // dynamic shared memory (under nvcc, the `extern __shared__` array). Both read 0xFF bytes until written.
 #define AMPKIT_SHARED_CAT2(a, b) a##b
 #define AMPKIT_SHARED_CAT(a, b) AMPKIT_SHARED_CAT2(a, b)
-#define AMPKIT_SHARED(type, name, count)                                                                      \
+#define AMPKIT_SHARED(type, name, count)                                                                    \
   static_assert(sizeof(type) * (count) <= 48 * 1024, "static shared memory is limited to 48 KB per block"); \
   static constexpr char AMPKIT_SHARED_CAT(ampkit_shared_site_, __LINE__) = 0;                               \
   type(&name)[count] = *static_cast<type(*)[count]>(::ampkit::kernels::emulation::detail::block_shared(     \
@@ -93,12 +93,12 @@ inline int __syncthreads_count(int pred, const char* file = __builtin_FILE(), in
                                                            pred, file, line);
 }
 inline int __syncthreads_and(int pred, const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
-  return ampkit::kernels::emulation::detail::block_barrier(ampkit::kernels::emulation::detail::BarrierKind::kAnd,
-                                                           pred, file, line);
+  return ampkit::kernels::emulation::detail::block_barrier(ampkit::kernels::emulation::detail::BarrierKind::kAnd, pred,
+                                                           file, line);
 }
 inline int __syncthreads_or(int pred, const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
-  return ampkit::kernels::emulation::detail::block_barrier(ampkit::kernels::emulation::detail::BarrierKind::kOr,
-                                                           pred, file, line);
+  return ampkit::kernels::emulation::detail::block_barrier(ampkit::kernels::emulation::detail::BarrierKind::kOr, pred,
+                                                           file, line);
 }
 
 inline void __syncwarp(unsigned mask = 0xffffffffu, const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
@@ -234,8 +234,8 @@ cudaError_t run_grid_shared(void (*kernel)(Params...), dim3 grid, dim3 block, si
   traffic.launches += 1;
   const auto body = [&]() { kernel(args...); };
   using Body = decltype(body);
-  return detail::run_blocks(grid, block, dynamic_shared_bytes,
-                            [](const void* b) { (*static_cast<const Body*>(b))(); }, &body);
+  return detail::run_blocks(
+      grid, block, dynamic_shared_bytes, [](const void* b) { (*static_cast<const Body*>(b))(); }, &body);
 }
 
 template <typename... Params, typename... Args>

@@ -140,9 +140,9 @@ struct Fiber {
   char* map = nullptr;  // guard page, then the stack
   char* stack = nullptr;
   void* fake_stack = nullptr;
-  bool fresh = true;  // the next resume starts fiber_entry from the top of the stack
+  bool fresh = true;               // the next resume starts fiber_entry from the top of the stack
   size_t top_bytes = kStackBytes;  // where the stack starts, below its end by the fiber's colour
-  int thread = -1;                  // the block's thread it runs, -1 while parked
+  int thread = -1;                 // the block's thread it runs, -1 while parked
 
   explicit Fiber(size_t index) {
     // Stacks of one size, mapped side by side, would put every fiber's hot frames at the same cache sets: offset
@@ -342,8 +342,7 @@ FiberStats fiber_stats() {
 
 namespace detail {
 
-cudaError_t run_blocks(dim3 grid, dim3 block, size_t dynamic_shared_bytes, void (*body)(const void*),
-                       const void* ctx) {
+cudaError_t run_blocks(dim3 grid, dim3 block, size_t dynamic_shared_bytes, void (*body)(const void*), const void* ctx) {
   Scheduler& s = scheduler();
   if (s.in_launch) {
     s.error = "ampkit emulation: a kernel launched a kernel (the emulated build has no dynamic parallelism)";

@@ -48,8 +48,7 @@ constexpr size_t kMaxSharedBytes = 48 * 1024;
 namespace detail {
 
 // Runs `body(ctx)` as every thread of every block of the grid (the caller checked the configuration).
-cudaError_t run_blocks(dim3 grid, dim3 block, size_t dynamic_shared_bytes, void (*body)(const void*),
-                       const void* ctx);
+cudaError_t run_blocks(dim3 grid, dim3 block, size_t dynamic_shared_bytes, void (*body)(const void*), const void* ctx);
 
 // The block's array for the AMPKIT_SHARED declaration `site` (the address of a static that names it), handed out
 // on the first call of the block (0xFF bytes) and the same array for every thread after.

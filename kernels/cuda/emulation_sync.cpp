@@ -15,8 +15,8 @@ std::string thread_name(const uint3& t) {
   return "thread (" + std::to_string(t.x) + "," + std::to_string(t.y) + "," + std::to_string(t.z) + ")";
 }
 std::string block_name() {
-  return "block (" + std::to_string(blockIdx.x) + "," + std::to_string(blockIdx.y) + "," +
-         std::to_string(blockIdx.z) + ")";
+  return "block (" + std::to_string(blockIdx.x) + "," + std::to_string(blockIdx.y) + "," + std::to_string(blockIdx.z) +
+         ")";
 }
 
 namespace {
@@ -80,7 +80,6 @@ std::string where(const ThreadState& t) {
   return "runs";
 }
 
-
 }  // namespace
 
 std::string stuck_message(const Scheduler& s) {
@@ -138,8 +137,8 @@ int block_barrier(BarrierKind kind, int pred, const char* file, int line) {
     if (t.barrier != first.barrier || t.line != first.line || std::strcmp(t.file, first.file) != 0) {
       fail(s, cudaErrorIllegalInstruction,
            block_name() + " " + thread_name(first.idx) + " waits at " + barrier_name(first.barrier) + " at " +
-               site_name(first.file, first.line) + ", but " + thread_name(t.idx) +
-               " waits at " + barrier_name(t.barrier) + " at " + site_name(t.file, t.line) + " (divergent barrier)");
+               site_name(first.file, first.line) + ", but " + thread_name(t.idx) + " waits at " +
+               barrier_name(t.barrier) + " at " + site_name(t.file, t.line) + " (divergent barrier)");
     }
     count += t.pred;
   }
@@ -163,14 +162,14 @@ uint64_t warp_op(const WarpOp& op) {
   const int base = me_index - lane;
   const int lanes = s.n_threads - base < 32 ? s.n_threads - base : 32;
   const unsigned existing = lanes == 32 ? 0xffffffffu : (1u << lanes) - 1u;
-  const std::string here = block_name() + " " + thread_name(me.idx) + " (lane " + std::to_string(lane) + "): " +
-                           warp_name(op.kind) + "(mask " + hex(op.mask) + ") at " + site_name(op.file, op.line);
+  const std::string here = block_name() + " " + thread_name(me.idx) + " (lane " + std::to_string(lane) +
+                           "): " + warp_name(op.kind) + "(mask " + hex(op.mask) + ") at " + site_name(op.file, op.line);
   if (((op.mask >> lane) & 1u) == 0) {
     fail(s, cudaErrorIllegalInstruction, here + " is called by a lane outside its mask");
   }
   if (op.width < 1 || op.width > 32 || (op.width & (op.width - 1)) != 0) {
-    fail(s, cudaErrorIllegalInstruction, here + ": width " + std::to_string(op.width) +
-                                             " is not a power of two from 1 to 32");
+    fail(s, cudaErrorIllegalInstruction,
+         here + ": width " + std::to_string(op.width) + " is not a power of two from 1 to 32");
   }
   me.state = State::kWarp;
   me.warp = op;

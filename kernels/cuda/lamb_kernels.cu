@@ -78,8 +78,8 @@ struct LambMomentsChunkOp {
       return;
     }
     const LambStepFactors f = LambStepFactors::at_step(op.p, *static_cast<const float*>(a.data[kStepIdx][t]) + 1.f);
-    const float divisor = lamb_grad_divisor(dev.grad_scale != nullptr ? *dev.grad_scale : 1.f, grad_norm,
-                                            op.p.max_grad_norm);
+    const float divisor =
+        lamb_grad_divisor(dev.grad_scale != nullptr ? *dev.grad_scale : 1.f, grad_norm, op.p.max_grad_norm);
     float* m = static_cast<float*>(a.data[kExpAvgIdx][t]);
     float* v = static_cast<float*>(a.data[kExpAvgSqIdx][t]);
     double w_sq = 0.0;
@@ -160,8 +160,8 @@ LaunchStatus launch_tensor_norms(const OptimTensor* tensors, int64_t n, double* 
   auto flush = [&]() {
     rows.first[rows.n] = row;
     const unsigned blocks = (static_cast<unsigned>(rows.n) + kThreads - 1) / kThreads;
-    status.error = cuda::launch_kernel(tensor_norms_kernel, dim3(blocks), dim3(kThreads), stream, rows, sums,
-                                       found_inf);
+    status.error =
+        cuda::launch_kernel(tensor_norms_kernel, dim3(blocks), dim3(kThreads), stream, rows, sums, found_inf);
     status.launches += status.ok() ? 1 : 0;
     rows.n = 0;
   };
@@ -293,9 +293,9 @@ LaunchStatus launch_grad_norm(const TensorRef* grads, int64_t n, const float* gr
   return status;
 }
 
-LaunchStatus launch_lamb_step(const OptimTensor* tensors, int64_t n, const LambParams& params,
-                              const float* grad_scale, const float* found_inf, const float* lr,
-                              const float* grad_norm, double* lanes, double* sums, cudaStream_t stream) {
+LaunchStatus launch_lamb_step(const OptimTensor* tensors, int64_t n, const LambParams& params, const float* grad_scale,
+                              const float* found_inf, const float* lr, const float* grad_norm, double* lanes,
+                              double* sums, cudaStream_t stream) {
   const LambOp op{params};
   const DeviceScalars dev{grad_scale, found_inf, lr};
   // Stream kNormRowIdx of each tensor: its first row of lane sums (moments pass), then of sums (the apply pass

@@ -10,7 +10,7 @@
 #define AMPKIT_GRID_CONSTANT(...) const __grid_constant__ __VA_ARGS__
 // Block-shared memory, written once for both builds (emulation.h defines the emulated ones).
 #define AMPKIT_SHARED(type, name, count) __shared__ type name[count]
-#define AMPKIT_DYNAMIC_SHARED(type, name)                          \
+#define AMPKIT_DYNAMIC_SHARED(type, name)                                 \
   extern __shared__ __align__(16) unsigned char ampkit_dynamic_shared_[]; \
   type* name = reinterpret_cast<type*>(ampkit_dynamic_shared_)
 #endif
@@ -25,8 +25,7 @@ namespace ampkit::kernels::cuda {
 // Launches `kernel<<<grid, block, 0, stream>>>(args...)` and returns the launch's error; in the emulated build,
 // runs it on the calling thread (NOTE [Emulated execution]).
 template <typename... Params, typename... Args>
-cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream,
-                          const Args&... args) {
+cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream, const Args&... args) {
 #if defined(AMPKIT_CUDA_EMULATION)
   (void)stream;
   return emulation::run_grid(kernel, grid, block, args...);

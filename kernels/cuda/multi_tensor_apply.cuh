@@ -21,7 +21,8 @@ constexpr int64_t kChunkSize = 65536;
 #endif
 static_assert(kChunkSize % 8 == 0, "chunks must keep 16-byte alignment for 2-byte elements");
 #if !defined(AMPKIT_MTA_CHUNK_SIZE)
-static_assert(kChunkSize == kNormChunk, "the CPU sums a norm in the chunks of the CUDA kernel (NOTE [Deterministic norm])");
+static_assert(kChunkSize == kNormChunk,
+              "the CPU sums a norm in the chunks of the CUDA kernel (NOTE [Deterministic norm])");
 #endif
 constexpr int kBlockThreads = 512;
 

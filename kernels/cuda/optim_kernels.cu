@@ -12,8 +12,7 @@ struct alignas(sizeof(T) * kVec) Pack {
 };
 
 // Writes back the optimizer states of element i that exist.
-__device__ AMPKIT_INLINE void store_moments(float* m, float* v, float* vmax, int64_t i, float mi, float vi,
-                                            float vmi) {
+__device__ AMPKIT_INLINE void store_moments(float* m, float* v, float* vmax, int64_t i, float mi, float vi, float vmi) {
   if (m) {
     global_store(m + i, mi);
   }
@@ -24,7 +23,6 @@ __device__ AMPKIT_INLINE void store_moments(float* m, float* v, float* vmax, int
     global_store(vmax + i, vmi);
   }
 }
-
 
 // NOTE [Optimizer chunk loop]
 // One block walks a 64K-element chunk in packs of kVec = 4 elements per stream (16 bytes for FP32 streams, 8 for
@@ -70,8 +68,7 @@ __device__ AMPKIT_INLINE StreamIO<T, kVec> stream_io(T* p) {
 
 // Calls body(w, g, m, v, vmax, tail) on every element of chunk [start, start + n) of tensor t.
 template <typename T, typename Args, typename Body>
-__device__ void for_each_element(const Args& a, int t, int64_t start, int64_t n, const GradIn& gin,
-                                 const Body& body) {
+__device__ void for_each_element(const Args& a, int t, int64_t start, int64_t n, const GradIn& gin, const Body& body) {
   constexpr int kVec = 4;
   constexpr int kUnroll = 2;
   using PackT = Pack<T, kVec>;
@@ -237,8 +234,7 @@ __device__ void for_each_element(const Args& a, int t, int64_t start, int64_t n,
 }
 
 template <typename Args, typename Body>
-__device__ void dispatch_dtype(const Args& a, int t, int64_t start, int64_t n, const GradIn& gin,
-                               const Body& body) {
+__device__ void dispatch_dtype(const Args& a, int t, int64_t start, int64_t n, const GradIn& gin, const Body& body) {
   switch (a.dtype[kParamIdx][t]) {
     case DType::kFloat16:
       for_each_element<__half>(a, t, start, n, gin, body);
@@ -252,7 +248,6 @@ __device__ void dispatch_dtype(const Args& a, int t, int64_t start, int64_t n, c
   }
 }
 
-
 struct AdamChunkOp {
   AdamOp op;
   DeviceScalars dev;
@@ -264,10 +259,9 @@ struct AdamChunkOp {
     }
     const float step = *static_cast<const float*>(a.data[kStepIdx][t]) + 1.f;
     const AdamStepFactors f = AdamStepFactors::at_step(op.p, dev.lr_or(op.p.lr), step);
-    dispatch_dtype(a, t, start, n, dev.grad_in(op.p.write_unscaled_grads, op.p.tail_width),
-                   [&](float& w, float g, float* m, float* v, float* vmax, bool tail) {
-                     op(w, g, *m, *v, vmax, f, tail);
-                   });
+    dispatch_dtype(
+        a, t, start, n, dev.grad_in(op.p.write_unscaled_grads, op.p.tail_width),
+        [&](float& w, float g, float* m, float* v, float* vmax, bool tail) { op(w, g, *m, *v, vmax, f, tail); });
   }
 };
 
@@ -285,9 +279,7 @@ struct SgdChunkOp {
     const SgdOp step_op(p);
     const bool first = a.data[kStepIdx][t] == nullptr || *static_cast<const float*>(a.data[kStepIdx][t]) == 0.f;
     dispatch_dtype(a, t, start, n, dev.grad_in(p.write_unscaled_grads, p.tail_width),
-                   [&](float& w, float g, float* buf, float*, float*, bool tail) {
-                     step_op(w, g, buf, first, tail);
-                   });
+                   [&](float& w, float g, float* buf, float*, float*, bool tail) { step_op(w, g, buf, first, tail); });
   }
 };
 
@@ -298,14 +290,16 @@ static_assert(cuda::MultiTensorArgsFor<kStreams, AdamChunkOp>::kMaxTensors == 19
 
 }  // namespace
 
-LaunchStatus launch_adam_step(const OptimTensor* tensors, int64_t n, const AdamParams& params,
-                              const float* grad_scale, const float* found_inf, const float* lr, cudaStream_t stream) {
-  return launch_step(tensors, n, AdamChunkOp{AdamOp{params}, DeviceScalars{grad_scale, found_inf, lr}}, found_inf, stream);
+LaunchStatus launch_adam_step(const OptimTensor* tensors, int64_t n, const AdamParams& params, const float* grad_scale,
+                              const float* found_inf, const float* lr, cudaStream_t stream) {
+  return launch_step(tensors, n, AdamChunkOp{AdamOp{params}, DeviceScalars{grad_scale, found_inf, lr}}, found_inf,
+                     stream);
 }
 
 LaunchStatus launch_sgd_step(const OptimTensor* tensors, int64_t n, const SgdParams& params, const float* grad_scale,
                              const float* found_inf, const float* lr, cudaStream_t stream) {
-  return launch_step(tensors, n, SgdChunkOp{SgdOp{params}, DeviceScalars{grad_scale, found_inf, lr}}, found_inf, stream);
+  return launch_step(tensors, n, SgdChunkOp{SgdOp{params}, DeviceScalars{grad_scale, found_inf, lr}}, found_inf,
+                     stream);
 }
 
 }  // namespace ampkit::kernels

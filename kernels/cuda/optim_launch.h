@@ -15,8 +15,8 @@ namespace ampkit::kernels {
 // One Adam/AdamW step over all tensors: reads the grads (divided by *grad_scale when given), updates masters and
 // moments in FP32 and writes the params (rounded once); then each step count += 1. When *found_inf != 0 nothing
 // at all is written. `lr` (a device FP32, may be null) replaces params.lr when given.
-LaunchStatus launch_adam_step(const OptimTensor* tensors, int64_t n, const AdamParams& params,
-                              const float* grad_scale, const float* found_inf, const float* lr, cudaStream_t stream);
+LaunchStatus launch_adam_step(const OptimTensor* tensors, int64_t n, const AdamParams& params, const float* grad_scale,
+                              const float* found_inf, const float* lr, cudaStream_t stream);
 
 // One SGD step over all tensors (momentum buffers in exp_avg), same skipping rule.
 LaunchStatus launch_sgd_step(const OptimTensor* tensors, int64_t n, const SgdParams& params, const float* grad_scale,
@@ -34,8 +34,8 @@ LaunchStatus launch_grad_norm(const TensorRef* grads, int64_t n, const float* gr
 // One LAMB step over all tensors (exp_avg / exp_avg_sq the moments, max_exp_avg_sq unused), grads divided by
 // *grad_scale and clipped by *grad_norm (both may be null), then each step count += 1; nothing is written when
 // *found_inf != 0. Scratch: `lanes` (2 * kNormLanes doubles per chunk) and `sums` (2 per chunk).
-LaunchStatus launch_lamb_step(const OptimTensor* tensors, int64_t n, const LambParams& params,
-                              const float* grad_scale, const float* found_inf, const float* lr,
-                              const float* grad_norm, double* lanes, double* sums, cudaStream_t stream);
+LaunchStatus launch_lamb_step(const OptimTensor* tensors, int64_t n, const LambParams& params, const float* grad_scale,
+                              const float* found_inf, const float* lr, const float* grad_norm, double* lanes,
+                              double* sums, cudaStream_t stream);
 
 }  // namespace ampkit::kernels

@@ -108,8 +108,8 @@ LaunchStatus launch_step(const OptimTensor* tensors, int64_t n, const ChunkOp& o
   StepList steps;
   steps.n = 0;
   auto flush = [&]() {
-    status.error = cuda::launch_kernel(increment_steps_kernel, dim3((steps.n + 255) / 256), dim3(256), stream, steps,
-                                       found_inf);
+    status.error =
+        cuda::launch_kernel(increment_steps_kernel, dim3((steps.n + 255) / 256), dim3(256), stream, steps, found_inf);
     status.launches += status.ok() ? 1 : 0;
     steps.n = 0;
   };

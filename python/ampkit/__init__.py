@@ -22,12 +22,13 @@ def _check_torch_version(running: str, built: str) -> None:
 
 _check_torch_version(_torch.__version__, _BUILT_TORCH)
 
-from . import _C, debug, monitor, optim  # noqa: E402
-from .autocast import LEVELS, autocast, decorate, op_stats, precision_support, register_autocast
-from .grad_scaler import GradScaler, OptState, load_scaler_state, save_scaler_state
-from .ops import (GRAD_STATS_COLUMNS, GRAD_STATS_HIST_FIRST, GRAD_STATS_HIST_MIN_EXP, cast_divide_,
-                  cast_unscale_and_check_, check_finite_, grad_norm, grad_stats, lamb_step_, unscale_and_check_,
-                  update_scale_)
+# After the version check: the extension below needs the torch it was built against.
+from . import _C, debug, monitor, optim  # noqa: E402, I001
+from .autocast import LEVELS, autocast, decorate, op_stats, precision_support, register_autocast  # noqa: E402
+from .grad_scaler import GradScaler, OptState, load_scaler_state, save_scaler_state  # noqa: E402
+from .ops import (  # noqa: E402
+    GRAD_STATS_COLUMNS, GRAD_STATS_HIST_FIRST, GRAD_STATS_HIST_MIN_EXP, cast_divide_, cast_unscale_and_check_,
+    check_finite_, grad_norm, grad_stats, lamb_step_, unscale_and_check_, update_scale_)
 
 if _torch.distributed.is_available():
     from . import distributed  # noqa: E402  (DDP compression hooks the scaler sees)

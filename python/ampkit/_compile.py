@@ -25,12 +25,10 @@ scheduler) recompiles and is planned again. A tensor lr is read by the kernels a
 """
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
-
-import weakref
-
 
 _LIVE: "weakref.WeakValueDictionary[int, Any]" = weakref.WeakValueDictionary()
 

@@ -31,7 +31,8 @@ def cast_divide_(src: Sequence[torch.Tensor], out: Sequence[torch.Tensor], divis
         torch.ops.ampkit.cast_divide_(src, out, divisor)
     elif not (math.isfinite(divisor) and divisor > 0 and 1.1754943508222875e-38 * 2.0 ** -23 <= divisor
               <= 3.4028234663852886e38):  # no tensor to dispatch on: checked here (a positive FP32 number)
-        raise ValueError(f"ampkit::cast_divide_: divisor must be a finite number > 0 that FP32 holds, but got {divisor}")
+        raise ValueError("ampkit::cast_divide_: divisor must be a finite number > 0 that FP32 holds, but got "
+                         f"{divisor}")
 
 
 def cast_unscale_and_check_(src: Sequence[torch.Tensor], out: Sequence[torch.Tensor], found_inf: torch.Tensor,

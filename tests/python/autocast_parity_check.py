@@ -7,8 +7,8 @@ import sys
 import torch
 
 import ampkit
-from test_autocast import DT, OPS, _inputs
 from conftest import bits_equal
+from test_autocast import DT, OPS, _inputs
 
 
 def run_all():

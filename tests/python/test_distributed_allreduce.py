@@ -8,12 +8,10 @@ import math
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import ampkit
 import ampkit.distributed
-
 from test_distributed_ddp import _batch, _init, _model, _spawn
 
 
@@ -50,7 +48,8 @@ def _run(rank, world, store, results, mode, compression, overlap):
         results[rank] = ([p.detach().clone() for p in model.parameters()], skipped,
                          None if sync is None else (sync.bucket_indices(), sync.bytes_reduced()))
     finally:
-        model = net = None  # the DDP reducer first (see the finally of examples/python/ddp_train.py)
+        # The DDP reducer first (see the finally of examples/python/ddp_train.py).
+        model = net = None  # noqa: F841
         dist.destroy_process_group()
 
 
@@ -94,7 +93,8 @@ def _accumulate(rank, world, store, results):
         sync.synchronize()
         results[rank] = (local, [p.grad.clone() for p in params], sync.bytes_reduced())
     finally:
-        model = net = None  # the DDP reducer first (see the finally of examples/python/ddp_train.py)
+        # The DDP reducer first (see the finally of examples/python/ddp_train.py).
+        model = net = None  # noqa: F841
         dist.destroy_process_group()
 
 
@@ -129,7 +129,7 @@ def _bad(rank, world, store, results):
                 errors.append(f"{kwargs}: no error")
             except exc as e:
                 errors.append(str(e))
-        sync = ampkit.distributed.GradientAllReduce([p])
+        sync = ampkit.distributed.GradientAllReduce([p])  # noqa: F841  (its hooks live as long as it does)
         (p * 2).sum().backward()
         try:
             (p * 2).sum().backward()
@@ -138,7 +138,8 @@ def _bad(rank, world, store, results):
             errors.append(str(e))
         results[rank] = errors
     finally:
-        model = net = None  # the DDP reducer first (see the finally of examples/python/ddp_train.py)
+        # The DDP reducer first (see the finally of examples/python/ddp_train.py).
+        model = net = None  # noqa: F841
         dist.destroy_process_group()
 
 

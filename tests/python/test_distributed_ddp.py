@@ -66,7 +66,8 @@ def _train_ddp(rank, world, store, results, hook_name, scaler_kind, opt_kind):
         results[rank] = ([p.detach().clone() for p in model.parameters()], scaler.get_scale(),
                          [p.grad.clone() for p in model.parameters()])
     finally:
-        model = ddp = ddp2 = None  # the DDP reducers first (see the finally of examples/python/ddp_train.py)
+        # The DDP reducers first (see the finally of examples/python/ddp_train.py).
+        model = ddp = ddp2 = None  # noqa: F841
         dist.destroy_process_group()
 
 
@@ -135,7 +136,8 @@ def _overflow(rank, world, store, results, mode, with_scaler):
             history.append((scaler.get_scale(), moved, bool(finite)))
         results[rank] = (history, scaler.stats()["skipped_steps"])
     finally:
-        model = ddp = ddp2 = None  # the DDP reducers first (see the finally of examples/python/ddp_train.py)
+        # The DDP reducers first (see the finally of examples/python/ddp_train.py).
+        model = ddp = ddp2 = None  # noqa: F841
         dist.destroy_process_group()
 
 
@@ -196,7 +198,8 @@ def _buckets(rank, world, store, results, victim_of_step):
             history.append((scaler.get_scale(), moved, list(recorded)))
         results[rank] = (history, scaler.stats()["skipped_steps"], all(torch.isfinite(p).all() for p in params))
     finally:
-        model = ddp = ddp2 = None  # the DDP reducers first (see the finally of examples/python/ddp_train.py)
+        # The DDP reducers first (see the finally of examples/python/ddp_train.py).
+        model = ddp = ddp2 = None  # noqa: F841
         dist.destroy_process_group()
 
 
@@ -271,7 +274,8 @@ def _o_level(rank, world, store, results, level, ckpt):
         results[rank] = (straight, resumed, masters, masters2, scaler.get_scale(), scaler2.get_scale(),
                          [p.dtype for p in ddp.parameters()])
     finally:
-        model = ddp = ddp2 = None  # the DDP reducers first (see the finally of examples/python/ddp_train.py)
+        # The DDP reducers first (see the finally of examples/python/ddp_train.py).
+        model = ddp = ddp2 = None  # noqa: F841
         dist.destroy_process_group()
 
 
@@ -346,7 +350,8 @@ def _twice(rank, world, store, results):
         except RuntimeError as e:
             results[rank] = str(e)
     finally:
-        model = ddp = ddp2 = None  # the DDP reducers first (see the finally of examples/python/ddp_train.py)
+        # The DDP reducers first (see the finally of examples/python/ddp_train.py).
+        model = ddp = ddp2 = None  # noqa: F841
         dist.destroy_process_group()
 
 

@@ -27,7 +27,8 @@ NOT_RUN = "<!-- not run by tests/python/test_docs.py"
 README = ROOT / "README.md"
 README_MAX_LINES = 250
 # Every markdown page of the manual: the front door, docs/ and the two folder indexes it links to.
-MARKDOWN = [README, *sorted(DOCS.glob("*.md")), ROOT / "examples" / "README.md", ROOT / "bench" / "results" / "README.md"]
+MARKDOWN = [README, *sorted(DOCS.glob("*.md")), ROOT / "examples" / "README.md",
+            ROOT / "bench" / "results" / "README.md"]
 # Pages whose Python snippets run, with how many run today: a snippet moved or deleted without its replacement,
 # or marked as not run, fails test_no_run_snippet_is_lost.
 SNIPPETS_RUN = {"docs/autocast_ops.md": 1, "docs/frameworks.md": 1, "docs/recipes.md": 7}
@@ -347,7 +348,8 @@ def test_documented_python_snippets_run(doc, tmp_path, monkeypatch):
 
 def test_readme_is_short():
     lines = README.read_text().count("\n")
-    assert lines <= README_MAX_LINES, f"README.md has {lines} lines; move the detail into docs/ (at most {README_MAX_LINES})"
+    assert lines <= README_MAX_LINES, \
+        f"README.md has {lines} lines; move the detail into docs/ (at most {README_MAX_LINES})"
 
 
 def test_readme_links_every_page_of_the_manual():

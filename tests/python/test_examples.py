@@ -24,8 +24,9 @@ def test_python_scaler_loop_runs():
 def test_checkpoint_from_cpp_resumes_in_python(tmp_path):
     ckpt = tmp_path / "scaler.pt"
     subprocess.run([str(CPP_EXAMPLE), str(ckpt)], check=True, capture_output=True)
-    import ampkit
     import torch
+
+    import ampkit
 
     state = ampkit.load_scaler_state(ckpt)
     assert state["steps"] == 60 and state["skipped_steps"] == 1 and state["last_overflow_step"] == 30

@@ -261,8 +261,12 @@ def _case_checkpoint(rank: int, out_dir: str) -> dict:
     by ampkit.optim.AdamW, continues as torch's own run bit for bit; ampkit's checkpoint has torch's keys and
     tensor kinds, and resumes ampkit's run bit for bit."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_optimizer_state_dict,
-                                                         set_model_state_dict, set_optimizer_state_dict)
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        get_optimizer_state_dict,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
     kwargs = dict(lr=1e-2, weight_decay=0.1)
     half = range(STEPS // 2)
     rest = range(STEPS // 2, STEPS)

@@ -3,7 +3,6 @@ overflow, both skip the step and back off together."""
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 import torch.distributed as dist
@@ -25,7 +24,7 @@ def _worker(rank: int, world: int, store_path: str, results) -> None:
             scaler.scale((p * (rank + 1)).sum()).backward()
             if step == 1 and rank == 1:
                 p.grad[-1] = math.inf  # only rank 1 overflows
-            ran = scaler.step(opt)
+            scaler.step(opt)
             scaler.update()
             history.append((scaler.get_scale(), p.detach().clone().tolist(), bool(scaler.last_step_ran().item())))
         results[rank] = (history, scaler.stats())

@@ -443,7 +443,8 @@ def test_bad_options_raise_naming_the_option(spike_skip, error, message):
     "entries, drop, error, message",
     [
         ({"_spike_loss_history": "abc"}, (), TypeError, "'_spike_loss_history' must be a number, a list of numbers"),
-        ({"_spike_loss_history": [1.0, "x"]}, (), TypeError, "'_spike_loss_history' must hold numbers, but holds a str"),
+        ({"_spike_loss_history": [1.0, "x"]}, (), TypeError,
+         "'_spike_loss_history' must hold numbers, but holds a str"),
         ({}, ("_spike_loss_history",), ValueError, r"'_spike_loss_history' and '_spike_loss_count' come together"),
         ({"_spike_loss_history": [1.0, 2.0], "_spike_loss_count": 1}, (), ValueError,
          r"'_spike_loss_count' \(1\) must be at least the length of '_spike_loss_history' \(2\)"),

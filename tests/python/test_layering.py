@@ -1,6 +1,6 @@
 """The layers of shared/DESIGN.md, checked from the sources' #include lines: kernels (Torch-free, CUDA headers only
-under kernels/cuda/) <- ops <- components (scaler, autocast, optim, distributed) <- bindings <- python. A layer may include
-only what sits below it (and its own folder)."""
+under kernels/cuda/) <- ops <- components (scaler, autocast, optim, distributed) <- bindings <- python. A layer may
+include only what sits below it (and its own folder)."""
 from __future__ import annotations
 
 import re
@@ -86,7 +86,8 @@ def test_python_bindings_include_only_the_public_api_and_their_own_helpers():
     bad = []
     for f in files("csrc/python"):
         for inc in includes(f):
-            if inc.startswith("<") or inc.startswith("ampkit/") or inc in own or inc in PYTHON_BINDING_INTERNALS_ALLOWED:
+            allowed = inc.startswith(("<", "ampkit/")) or inc in own or inc in PYTHON_BINDING_INTERNALS_ALLOWED
+            if allowed:
                 continue
             bad.append(f"{f.relative_to(ROOT)}: {inc}")
     assert not bad, "\n".join(bad)

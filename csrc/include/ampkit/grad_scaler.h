@@ -157,7 +157,7 @@ class AMPKIT_API GradScaler {
   at::Tensor minimize(torch::optim::Optimizer& optimizer);
 
   // ---- state ----------------------------------------------------------------------------------------------
-  double get_scale() const;  // synchronises; init_scale before the first scale(), 1.0 when disabled
+  double get_scale() const;            // synchronises; init_scale before the first scale(), 1.0 when disabled
   at::Tensor get_scale_async() const;  // the device tensor (undefined before the first scale())
   // A 0-dim bool device tensor: whether the last update()'s step ran (false: it was skipped). No sync. A flag
   // keeps its value as long as it is held: update() writes into one of a few reused flags that nobody else holds
@@ -290,7 +290,7 @@ class AMPKIT_API GradScaler {
   // 1 / scale on one device.
   struct InvScale {
     at::Device device = at::kCPU;
-    at::Tensor inv;  // FP32, 0-dim
+    at::Tensor inv;      // FP32, 0-dim
     bool valid = false;  // computed from the current scale
     StreamMark ready;    // after its computation
   };
@@ -374,15 +374,15 @@ class AMPKIT_API GradScaler {
   at::Tensor growth_tracker_;      // int32, 0-dim
   at::Tensor hysteresis_tracker_;  // int32, 0-dim
   at::Tensor stats_;               // int64[4]
-  FlagPool step_ran_;  // the iteration's (NOTE [Step-ran flags])
+  FlagPool step_ran_;              // the iteration's (NOTE [Step-ran flags])
   // Per optimizer, written when several optimizers took part in the last update()'s iteration.
   std::unordered_map<int64_t, FlagPool> step_ran_per_optimizer_;
   std::vector<int64_t> last_stepped_;  // the keys of the optimizers in the last update()'s iteration
-  bool calibrating_ = false;       // options().calibrate() and the first update() has not run
-  at::Tensor calibration_amax_;    // FP32, 0-dim on the scale's device: the first iteration's largest |gradient|
-  at::Tensor scale64_;             // FP64, 0-dim: for the FP64 reciprocal
-  StreamMark scale_mark_;          // after the last write of scale_
-  std::deque<InvScale> inv_scales_;  // per device, kept (stable references)
+  bool calibrating_ = false;           // options().calibrate() and the first update() has not run
+  at::Tensor calibration_amax_;        // FP32, 0-dim on the scale's device: the first iteration's largest |gradient|
+  at::Tensor scale64_;                 // FP64, 0-dim: for the FP64 reciprocal
+  StreamMark scale_mark_;              // after the last write of scale_
+  std::deque<InvScale> inv_scales_;    // per device, kept (stable references)
 
   std::unordered_map<int64_t, PerOptimizer> per_optimizer_;
   std::deque<RecordedFlag> recorded_;  // record_unscaled_grads' copies, the first recorded_count_ this iteration's
@@ -403,10 +403,10 @@ class AMPKIT_API GradScaler {
   std::vector<ReportEntry> last_report_;  // the overflow-report flags of the last update()'s step
   mutable bool warned_at_min_ = false;
   struct SpikeSignal {
-    at::Tensor history;  // FP32 [window] on the scale's device, a ring; NaN: empty or a non-finite value
-    int64_t count = 0;   // values pushed so far (the next goes to count % window)
-    int64_t filled = 0;  // slots of the window that hold a pushed value (the warm-up counts these)
-    at::Tensor value;    // this iteration's, FP32 0-dim (undefined: none seen yet)
+    at::Tensor history;                // FP32 [window] on the scale's device, a ring; NaN: empty or a non-finite value
+    int64_t count = 0;                 // values pushed so far (the next goes to count % window)
+    int64_t filled = 0;                // slots of the window that hold a pushed value (the warm-up counts these)
+    at::Tensor value;                  // this iteration's, FP32 0-dim (undefined: none seen yet)
     std::vector<double> init_history;  // loaded before the device state existed, oldest first
   };
   SpikeSignal spike_signals_[2];  // the loss, the gradient norm

@@ -112,22 +112,21 @@ AMPKIT_API void update_scale_hysteresis_(const at::Tensor& scale, const at::Tens
 // false leaves them scaled and saves that write. On the CPU, FP32 steps are bit-identical to torch's fused CPU
 // kernels (NOTE [torch's scalar tail] in kernels/optim_functors.h).
 AMPKIT_API void adamw_step_(at::TensorList params, at::TensorList grads, at::TensorList master_params,
-                            at::TensorList param_remainders, at::TensorList exp_avgs, at::TensorList exp_avg_sqs, at::TensorList max_exp_avg_sqs,
-                            at::TensorList state_steps, double lr, double beta1, double beta2, double weight_decay,
-                            double eps, bool amsgrad, bool maximize, bool decoupled_weight_decay,
-                            const std::optional<at::Tensor>& grad_scale = std::nullopt,
+                            at::TensorList param_remainders, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
+                            at::TensorList max_exp_avg_sqs, at::TensorList state_steps, double lr, double beta1,
+                            double beta2, double weight_decay, double eps, bool amsgrad, bool maximize,
+                            bool decoupled_weight_decay, const std::optional<at::Tensor>& grad_scale = std::nullopt,
                             const std::optional<at::Tensor>& found_inf = std::nullopt,
                             const std::optional<at::Tensor>& lr_tensor = std::nullopt,
                             bool write_unscaled_grads = true);
 
 // One fused SGD step (momentum buffers and step counts needed iff momentum != 0); same skipping rule.
 AMPKIT_API void sgd_step_(at::TensorList params, at::TensorList grads, at::TensorList master_params,
-                          at::TensorList param_remainders, at::TensorList momentum_buffers, at::TensorList state_steps, double lr, double momentum,
-                          double dampening, double weight_decay, bool nesterov, bool maximize,
-                          const std::optional<at::Tensor>& grad_scale = std::nullopt,
+                          at::TensorList param_remainders, at::TensorList momentum_buffers, at::TensorList state_steps,
+                          double lr, double momentum, double dampening, double weight_decay, bool nesterov,
+                          bool maximize, const std::optional<at::Tensor>& grad_scale = std::nullopt,
                           const std::optional<at::Tensor>& found_inf = std::nullopt,
-                          const std::optional<at::Tensor>& lr_tensor = std::nullopt,
-                          bool write_unscaled_grads = true);
+                          const std::optional<at::Tensor>& lr_tensor = std::nullopt, bool write_unscaled_grads = true);
 
 // One fused LAMB step (You et al. 2020, with the semantics of Apex's FusedLAMB): Adam moments (grad_averaging:
 // m = beta1 m + (1 - beta1) g, else beta1 m + g; bias_correction), the update u = m^ / (sqrt(v^) + eps) plus
@@ -140,8 +139,8 @@ AMPKIT_API void sgd_step_(at::TensorList params, at::TensorList grads, at::Tenso
 AMPKIT_API void lamb_step_(at::TensorList params, at::TensorList grads, at::TensorList master_params,
                            at::TensorList param_remainders, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
                            at::TensorList state_steps, double lr, double beta1, double beta2, double weight_decay,
-                           double eps, bool bias_correction = true, bool adam_w_mode = true,
-                           bool grad_averaging = true, bool use_nvlamb = false, double max_grad_norm = 0.0,
+                           double eps, bool bias_correction = true, bool adam_w_mode = true, bool grad_averaging = true,
+                           bool use_nvlamb = false, double max_grad_norm = 0.0,
                            const std::optional<at::Tensor>& grad_norm = std::nullopt,
                            const std::optional<at::Tensor>& grad_scale = std::nullopt,
                            const std::optional<at::Tensor>& found_inf = std::nullopt,
@@ -161,7 +160,8 @@ AMPKIT_API at::Tensor grad_norm(at::TensorList grads, const std::optional<at::Te
 // The L2 norm of all `grads` together, on any number of devices, divided by grad_scale (when given): grad_norm()
 // per device, combined in FP64 on the first grad's device; 0-dim FP32, no host sync. Undefined grads are skipped;
 // none at all gives 0 on the CPU. (Not through the dispatcher, as make_optim_state.)
-AMPKIT_API at::Tensor global_grad_norm(at::TensorList grads, const std::optional<at::Tensor>& grad_scale = std::nullopt);
+AMPKIT_API at::Tensor global_grad_norm(at::TensorList grads,
+                                       const std::optional<at::Tensor>& grad_scale = std::nullopt);
 
 AMPKIT_API std::vector<at::Tensor> make_optim_state(const at::Tensor& param, const std::vector<std::string>& entries,
                                                     double step = 0.0);

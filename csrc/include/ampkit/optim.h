@@ -203,7 +203,7 @@ class AMPKIT_API LAMB : public torch::optim::Optimizer, public ScaledStep {
   at::Tensor step(LossClosure closure = nullptr) override;
   void save(torch::serialize::OutputArchive& archive) const override;
   void load(torch::serialize::InputArchive& archive) override;  // as AdamT's
-  void init_master_params();                                     // as AdamT's
+  void init_master_params();                                    // as AdamT's
   // The global norm of the unscaled grads that the last step() clipped with (undefined before a clipping step):
   // a 0-dim FP32 device tensor, read it without syncing each step.
   const at::Tensor& last_grad_norm() const { return last_grad_norm_; }

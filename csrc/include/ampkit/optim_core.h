@@ -27,9 +27,9 @@ class MasterWeights {
  public:
   enum Mode : int8_t { kAuto, kOn, kOff, kRemainder };
   constexpr MasterWeights() = default;
-  constexpr MasterWeights(Mode mode) : mode_(mode) {}                      // NOLINT(google-explicit-constructor)
-  constexpr MasterWeights(bool on) : mode_(on ? kOn : kOff) {}             // NOLINT(google-explicit-constructor)
-  constexpr MasterWeights(std::nullopt_t) {}                               // NOLINT(google-explicit-constructor)
+  constexpr MasterWeights(Mode mode) : mode_(mode) {}           // NOLINT(google-explicit-constructor)
+  constexpr MasterWeights(bool on) : mode_(on ? kOn : kOff) {}  // NOLINT(google-explicit-constructor)
+  constexpr MasterWeights(std::nullopt_t) {}                    // NOLINT(google-explicit-constructor)
   constexpr MasterWeights(std::optional<bool> on) : mode_(on ? (*on ? kOn : kOff) : kAuto) {}  // NOLINT
   static constexpr MasterWeights remainder() { return MasterWeights(kRemainder); }
   constexpr Mode mode() const { return mode_; }
@@ -118,7 +118,7 @@ AMPKIT_API void check_group(const GroupConfig& config, at::TensorList params);
 // python/ampkit/_compile.py): both paths make the same decisions by construction.
 struct StepPlan {
   struct Param {
-    size_t index;                        // in the group's params
+    size_t index;  // in the group's params
     MasterMode mode;
     bool fused;                          // else torch.optim's single-tensor formulas
     bool staged = false;                 // fused, with a grad in another layout: the kernels read a staging copy

@@ -58,8 +58,7 @@ bool cast_span(const TS* s, TO* o, int64_t n, const kernels::CastOp& op, bool ch
 }
 
 template <typename TS>
-bool cast_span_to(const TS* s, const TensorRef& out, int64_t begin, int64_t n, const kernels::CastOp& op,
-                  bool check) {
+bool cast_span_to(const TS* s, const TensorRef& out, int64_t begin, int64_t n, const kernels::CastOp& op, bool check) {
   switch (out.dtype) {
     case DType::kFloat16:
       return cast_span(s, static_cast<c10::Half*>(out.data) + begin, n, op, check);

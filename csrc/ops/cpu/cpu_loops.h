@@ -22,20 +22,19 @@ struct CpuLoops {
   // One fused Adam/AdamW or SGD step over `tensors` (grads divided by grad_scale), then step += 1.
   void (*adam_step)(const kernels::OptimTensor* tensors, int64_t n, const kernels::AdamParams& params,
                     float grad_scale);
-  void (*sgd_step)(const kernels::OptimTensor* tensors, int64_t n, const kernels::SgdParams& params,
-                   float grad_scale);
+  void (*sgd_step)(const kernels::OptimTensor* tensors, int64_t n, const kernels::SgdParams& params, float grad_scale);
   // The compressed all-reduce's cast passes (NOTE [Compressed all-reduce passes]): out[i] = op(float(Out(src[i])))
   // rounded to out's dtype, pairs of one numel. With `check`, returns whether any float(Out(src)) was non-finite.
-  bool (*cast_pass)(const kernels::TensorRef* src, const kernels::TensorRef* out, int64_t n,
-                    const kernels::CastOp& op, bool check);
+  bool (*cast_pass)(const kernels::TensorRef* src, const kernels::TensorRef* out, int64_t n, const kernels::CastOp& op,
+                    bool check);
   // NOTE [Gradient statistics]: one row of kGradStatsColumns doubles per tensor into `out` (zero-size tensors
   // included: their rows are zeros).
   void (*grad_stats)(const kernels::TensorRef* grads, int64_t n, float inv_scale, double* out);
   // NOTE [LAMB passes]: the global norm of the grads (divided by grad_scale), and one LAMB step over `tensors`
   // (grads divided by grad_scale and clipped by *grad_norm, which may be null), then step += 1.
   float (*grad_norm)(const kernels::TensorRef* grads, int64_t n, float grad_scale);
-  void (*lamb_step)(const kernels::OptimTensor* tensors, int64_t n, const kernels::LambParams& params,
-                    float grad_scale, const float* grad_norm);
+  void (*lamb_step)(const kernels::OptimTensor* tensors, int64_t n, const kernels::LambParams& params, float grad_scale,
+                    const float* grad_norm);
   const char* isa;  // "avx512", "avx2" or "default"
 };
 

@@ -7,6 +7,6 @@
 #include "unscale_loops.h"
 
 namespace ampkit::detail::cpu_default {
-const CpuLoops kLoops{&unscale_and_check, &adam_step, &sgd_step, &cast_pass, &grad_stats,
-                      &grad_norm,         &lamb_step, "default"};
+const CpuLoops kLoops{&unscale_and_check, &adam_step, &sgd_step,  &cast_pass,
+                      &grad_stats,        &grad_norm, &lamb_step, "default"};
 }

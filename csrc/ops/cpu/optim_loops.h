@@ -57,8 +57,8 @@ struct VecMath {
 // kMaster, kM, kV, kVmax: which of the master, exp_avg (momentum buffer), exp_avg_sq and max_exp_avg_sq streams
 // the tensor has, as template arguments so that the vector loop tests none of them (dispatch_span picks them).
 template <typename T, bool kMaster, bool kM, bool kV, bool kVmax, typename VecBody, typename ScalarBody>
-void optim_span(const OptimTensor& t, int64_t begin, int64_t end, int64_t tail_from, float grad_scale,
-                bool write_grads, const VecBody& vec_body_arg, const ScalarBody& scalar_body_arg) {
+void optim_span(const OptimTensor& t, int64_t begin, int64_t end, int64_t tail_from, float grad_scale, bool write_grads,
+                const VecBody& vec_body_arg, const ScalarBody& scalar_body_arg) {
   // Local copies of the bodies (NOTE [Loop-invariant options]).
   const VecBody vec_body = vec_body_arg;
   const ScalarBody scalar_body = scalar_body_arg;
@@ -199,8 +199,8 @@ void span_with_streams(const OptimTensor& t, int64_t begin, int64_t end, int64_t
 }
 
 template <Streams kStreams, typename VecBody, typename ScalarBody>
-void dispatch_span(const OptimTensor& t, int64_t begin, int64_t end, int tail_width, float grad_scale,
-                   bool write_grads, const VecBody& vec_body, const ScalarBody& scalar_body) {
+void dispatch_span(const OptimTensor& t, int64_t begin, int64_t end, int tail_width, float grad_scale, bool write_grads,
+                   const VecBody& vec_body, const ScalarBody& scalar_body) {
   const int64_t tail_from = kernels::tail_start(t.numel, tail_width);
   switch (t.dtype) {
     case DType::kFloat16:
@@ -224,18 +224,21 @@ void adam_step(const OptimTensor* tensors, int64_t n, const kernels::AdamParams&
       tensors, n, [&](float step) { return kernels::AdamStepFactors::at_step(params, params.lr, step); });
   // Grads are divided by the scale, as torch's fused kernels do.
   // Optimizer steps do ~20 flops per element: worth threads from a quarter of the unscale's threshold.
-  for_all_chunks(n, [&](int64_t t) { return tensors[t].numel; }, kCpuParallelThreshold / 4,
-                 [&](size_t, const WorkItem& w) {
-    // Local copies (NOTE [Loop-invariant options]).
-    const kernels::AdamOp local = op;
-    const kernels::AdamStepFactors f = factors[w.tensor];
-    dispatch_span<Streams::kAdam>(
-        tensors[w.tensor], w.begin, w.end, params.tail_width, grad_scale, params.write_unscaled_grads,
-        [local, f](VecF& w, VecF g, VecF& m, VecF& v, VecF* vmax) { local.apply<VecF, VecMath>(w, g, m, v, vmax, f); },
-        [local, f](float& w, float g, float* m, float* v, float* vmax, bool tail) {
-          local(w, g, *m, *v, vmax, f, tail);
-        });
-  });
+  for_all_chunks(
+      n, [&](int64_t t) { return tensors[t].numel; }, kCpuParallelThreshold / 4,
+      [&](size_t, const WorkItem& w) {
+        // Local copies (NOTE [Loop-invariant options]).
+        const kernels::AdamOp local = op;
+        const kernels::AdamStepFactors f = factors[w.tensor];
+        dispatch_span<Streams::kAdam>(
+            tensors[w.tensor], w.begin, w.end, params.tail_width, grad_scale, params.write_unscaled_grads,
+            [local, f](VecF& w, VecF g, VecF& m, VecF& v, VecF* vmax) {
+              local.apply<VecF, VecMath>(w, g, m, v, vmax, f);
+            },
+            [local, f](float& w, float g, float* m, float* v, float* vmax, bool tail) {
+              local(w, g, *m, *v, vmax, f, tail);
+            });
+      });
   for (int64_t t = 0; t < n; ++t) {
     *tensors[t].step += 1.f;
   }
@@ -243,21 +246,24 @@ void adam_step(const OptimTensor* tensors, int64_t n, const kernels::AdamParams&
 
 void sgd_step(const OptimTensor* tensors, int64_t n, const kernels::SgdParams& params, float grad_scale) {
   const kernels::SgdOp op{params};
-  for_all_chunks(n, [&](int64_t t) { return tensors[t].numel; }, kCpuParallelThreshold / 4,
-                 [&](size_t, const WorkItem& w) {
-    // NOTE [Loop-invariant options]
-    // The loops store vectors through the intrinsics' unaligned store types, which are declared may_alias: the
-    // compiler must assume that each store may change anything it reads through memory (the op's options, the
-    // step factors, a lambda's captured references) and reloads and re-tests every option on every iteration.
-    // The bodies therefore capture local copies by value, and optim_span runs its own copies of the bodies, whose
-    // addresses never escape: the options stay in registers and their tests leave the loop.
-    const kernels::SgdOp local = op;
-    const bool first = tensors[w.tensor].step == nullptr || *tensors[w.tensor].step == 0.f;
-    dispatch_span<Streams::kSgd>(
-        tensors[w.tensor], w.begin, w.end, params.tail_width, grad_scale, params.write_unscaled_grads,
-        [local, first](VecF& w, VecF g, VecF& buf, VecF&, VecF*) { local.apply<VecF, VecMath>(w, g, &buf, first); },
-        [local, first](float& w, float g, float* buf, float*, float*, bool tail) { local(w, g, buf, first, tail); });
-  });
+  for_all_chunks(
+      n, [&](int64_t t) { return tensors[t].numel; }, kCpuParallelThreshold / 4,
+      [&](size_t, const WorkItem& w) {
+        // NOTE [Loop-invariant options]
+        // The loops store vectors through the intrinsics' unaligned store types, which are declared may_alias: the
+        // compiler must assume that each store may change anything it reads through memory (the op's options, the
+        // step factors, a lambda's captured references) and reloads and re-tests every option on every iteration.
+        // The bodies therefore capture local copies by value, and optim_span runs its own copies of the bodies, whose
+        // addresses never escape: the options stay in registers and their tests leave the loop.
+        const kernels::SgdOp local = op;
+        const bool first = tensors[w.tensor].step == nullptr || *tensors[w.tensor].step == 0.f;
+        dispatch_span<Streams::kSgd>(
+            tensors[w.tensor], w.begin, w.end, params.tail_width, grad_scale, params.write_unscaled_grads,
+            [local, first](VecF& w, VecF g, VecF& buf, VecF&, VecF*) { local.apply<VecF, VecMath>(w, g, &buf, first); },
+            [local, first](float& w, float g, float* buf, float*, float*, bool tail) {
+              local(w, g, buf, first, tail);
+            });
+      });
   for (int64_t t = 0; t < n; ++t) {
     if (tensors[t].step != nullptr) {
       *tensors[t].step += 1.f;

@@ -69,8 +69,7 @@ int main(int argc, char** argv) {
   ampkit::GradScaler scaler(ampkit::GradScalerOptions().init_scale(65536.0).growth_interval(20));
   ampkit::distributed::GradientAllReduce sync(
       model->parameters(), process_group,
-      ampkit::distributed::GradientAllReduceOptions().compression(compression).bucket_bytes(int64_t{1} << 18),
-      &scaler);
+      ampkit::distributed::GradientAllReduceOptions().compression(compression).bucket_bytes(int64_t{1} << 18), &scaler);
 
   torch::manual_seed(7);
   const auto teacher = torch::randn({64, 10});

@@ -74,12 +74,10 @@ int main(int argc, char** argv) {
     const bool was_skipped = found_inf.item<float>() != 0.f;
     skipped += was_skipped ? 1 : 0;
     if (step % 5 == 0 || was_skipped) {
-      std::printf("%5d %12.6f %12.1f %8s\n", step, loss.item<double>(), scale.item<double>(),
-                  was_skipped ? "yes" : "");
+      std::printf("%5d %12.6f %12.1f %8s\n", step, loss.item<double>(), scale.item<double>(), was_skipped ? "yes" : "");
     }
   }
-  const double final_loss =
-      torch::mse_loss(torch::nn::functional::linear(x, master_w, master_b), y).item<double>();
+  const double final_loss = torch::mse_loss(torch::nn::functional::linear(x, master_w, master_b), y).item<double>();
   std::printf("final FP32 loss %.6f, skipped steps %d of %d, final scale %.1f\n", final_loss, skipped, steps,
               scale.item<double>());
   // The run must have learnt (loss down 100x) and skipped exactly the injected overflows.

@@ -43,9 +43,9 @@ int main(int argc, char** argv) {
     }
   }
   const auto stats = scaler.stats();
-  std::printf("steps %lld, skipped %lld (last: step %lld), final scale %.0f\n",
-              static_cast<long long>(stats.steps), static_cast<long long>(stats.skipped_steps),
-              static_cast<long long>(stats.last_overflow_step), stats.scale);
+  std::printf("steps %lld, skipped %lld (last: step %lld), final scale %.0f\n", static_cast<long long>(stats.steps),
+              static_cast<long long>(stats.skipped_steps), static_cast<long long>(stats.last_overflow_step),
+              stats.scale);
   if (argc > 1) {
     torch::save(scaler, argv[1]);
     std::printf("scaler checkpoint written to %s\n", argv[1]);

@@ -100,8 +100,8 @@ double state_mb(const torch::nn::Module& model, const torch::optim::Optimizer& o
   return bytes / 1e6;
 }
 
-Result train(const std::string& mode, const Data& data, const torch::Device& device, torch::ScalarType lowp,
-             int epochs, int inject_every, std::ofstream& history, ampkit::GradStatsLog* grad_log) {
+Result train(const std::string& mode, const Data& data, const torch::Device& device, torch::ScalarType lowp, int epochs,
+             int inject_every, std::ofstream& history, ampkit::GradStatsLog* grad_log) {
   auto model = make_model();
   model->to(device);
   std::unique_ptr<torch::optim::Optimizer> opt;
@@ -113,8 +113,11 @@ Result train(const std::string& mode, const Data& data, const torch::Device& dev
   } else {
     opt = std::make_unique<torch::optim::AdamW>(model->parameters(), torch::optim::AdamWOptions(2e-3));
   }
-  ampkit::GradScaler scaler(
-      ampkit::GradScalerOptions().init_scale(65536.0).growth_interval(200).enabled(mode != "fp32").overflow_report(true));
+  ampkit::GradScaler scaler(ampkit::GradScalerOptions()
+                                .init_scale(65536.0)
+                                .growth_interval(200)
+                                .enabled(mode != "fp32")
+                                .overflow_report(true));
   scaler.set_parameter_names([&] {
     std::vector<std::pair<std::string, at::Tensor>> named;
     for (const auto& p : model->named_parameters()) {

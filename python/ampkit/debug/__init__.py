@@ -8,6 +8,7 @@ file owns the public names only; ``_trace`` records and compares the two runs, `
 and words the suggestion (``ReplayReport``), ``_replay`` checks the arguments and drives the runs.
 """
 from ._replay import replay
-from ._report import HEALTHY_EPS, ReplayReport
+from ._report import HEALTHY_EPS as HEALTHY_EPS
+from ._report import ReplayReport
 
 __all__ = ["replay", "ReplayReport"]

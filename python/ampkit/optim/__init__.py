@@ -23,7 +23,7 @@ the parameter's layout as torch.optim's (``step`` a plain scalar tensor), so ``s
 """
 from __future__ import annotations
 
-from ._base import _FusedOptimizer
+from ._base import _FusedOptimizer as _FusedOptimizer  # the base that ampkit's integrations recognise
 from ._optimizers import LAMB, SGD, Adam, AdamW
 
 __all__ = ["Adam", "AdamW", "SGD", "LAMB"]
@@ -33,4 +33,4 @@ for _cls in (Adam, AdamW, SGD, LAMB):
     _cls.__module__ = __name__
 del _cls
 
-from . import lr_scheduler  # noqa: E402  (ampkit.optim.lr_scheduler)
+from . import lr_scheduler as lr_scheduler  # noqa: E402  (ampkit.optim.lr_scheduler)

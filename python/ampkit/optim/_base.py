@@ -13,6 +13,7 @@ import torch
 from .. import _compile, _dtensor
 from . import _traced
 
+
 def _core():
     from .. import _C
     return _C

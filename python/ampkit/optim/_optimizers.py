@@ -12,7 +12,7 @@ from torch.optim import adam as _torch_adam
 from torch.optim import sgd as _torch_sgd
 
 from .. import _checks, _dtensor, ops
-from ._base import _core, _FusedOptimizer
+from ._base import _FusedOptimizer
 from ._hparams import _capturable_devices, _check_betas, _check_fused_flags, _check_tensor_hparams
 
 

@@ -10,7 +10,7 @@ either (torch.optim's schedulers are stepped unconditionally by most loops: pyto
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import torch
 
