@@ -29,18 +29,14 @@ c10::IValue read_required(torch::serialize::InputArchive& archive, const char* o
 double read_double(torch::serialize::InputArchive& archive, const char* options, const char* key) {
   const c10::IValue ivalue = read_required(archive, options, key);
   TORCH_CHECK_VALUE(ivalue.isDouble(), "ampkit::optim::", options, "::serialize: option '", key,
-                    "' in the archive "
-                    "must be a float, but got ",
-                    ivalue.tagKind());
+                    "' in the archive must be a float, but got ", ivalue.tagKind());
   return ivalue.toDouble();
 }
 
 bool read_bool(torch::serialize::InputArchive& archive, const char* options, const char* key) {
   const c10::IValue ivalue = read_required(archive, options, key);
   TORCH_CHECK_VALUE(ivalue.isBool(), "ampkit::optim::", options, "::serialize: option '", key,
-                    "' in the archive "
-                    "must be a bool, but got ",
-                    ivalue.tagKind());
+                    "' in the archive must be a bool, but got ", ivalue.tagKind());
   return ivalue.toBool();
 }
 
