@@ -349,22 +349,25 @@ void check_step_and_build_descriptors(const char* op, const OptimLists& l, const
 }  // namespace
 
 void check_and_build_descriptors(const AdamStepArgs& a, std::vector<kernels::OptimTensor>* tensors) {
-  check_adam_hparams(a.op, a.lr, a.beta1, a.beta2, a.weight_decay, a.eps);
-  check_step_and_build_descriptors(a.op, a.lists, {"exp_avgs", true, true, a.amsgrad, true, false}, a.scalars,
+  const kernels::AdamParams& h = a.hparams;
+  check_adam_hparams(a.op, h.lr, h.beta1, h.beta2, h.weight_decay, h.eps);
+  check_step_and_build_descriptors(a.op, a.lists, {"exp_avgs", true, true, h.amsgrad, true, false}, a.scalars,
                                    std::nullopt, tensors);
 }
 
 void check_and_build_descriptors(const SgdStepArgs& a, std::vector<kernels::OptimTensor>* tensors) {
-  check_sgd_hparams(a.op, a.lr, a.momentum, a.dampening, a.weight_decay, a.nesterov);
-  const bool momentum = a.momentum != 0.0;
+  const kernels::SgdParams& h = a.hparams;
+  check_sgd_hparams(a.op, h.lr, h.momentum, h.dampening, h.weight_decay, h.nesterov);
+  const bool momentum = h.momentum != 0.0;
   check_step_and_build_descriptors(a.op, a.lists, {"momentum_buffers", momentum, false, false, momentum, false},
                                    a.scalars, std::nullopt, tensors);
 }
 
 void check_and_build_descriptors(const LambStepArgs& a, std::vector<kernels::OptimTensor>* tensors) {
-  check_adam_hparams(a.op, a.lr, a.beta1, a.beta2, a.weight_decay, a.eps);
-  TORCH_CHECK_VALUE(a.max_grad_norm >= 0.0 && std::isfinite(a.max_grad_norm), "ampkit::", a.op,
-                    ": max_grad_norm must be a finite number >= 0 (0: no clipping), but got ", a.max_grad_norm);
+  const kernels::LambParams& h = a.hparams;
+  check_adam_hparams(a.op, h.lr, h.beta1, h.beta2, h.weight_decay, h.eps);
+  TORCH_CHECK_VALUE(h.max_grad_norm >= 0.0 && std::isfinite(h.max_grad_norm), "ampkit::", a.op,
+                    ": max_grad_norm must be a finite number >= 0 (0: no clipping), but got ", h.max_grad_norm);
   check_step_and_build_descriptors(a.op, a.lists, {"exp_avgs", true, true, false, true, true}, a.scalars, a.grad_norm,
                                    tensors);
 }
@@ -390,21 +393,23 @@ kernels::UpdateScaleOp update_scale_op(const UpdateScaleArgs& a) {
 }
 
 kernels::AdamParams adam_params(const AdamStepArgs& a, double lr, int tail_width) {
-  return {lr,         a.beta1,
-          a.beta2,    a.weight_decay,
-          a.eps,      a.amsgrad,
-          a.maximize, a.decoupled_weight_decay,
-          tail_width, a.write_unscaled_grads};
+  kernels::AdamParams p = a.hparams;
+  p.lr = lr;
+  p.tail_width = tail_width;
+  return p;
 }
 
 kernels::LambParams lamb_params(const LambStepArgs& a, double lr) {
-  return {lr,           a.beta1,           a.beta2,       a.weight_decay,
-          a.eps,        a.bias_correction, a.adam_w_mode, a.grad_averaging,
-          a.use_nvlamb, a.max_grad_norm};
+  kernels::LambParams p = a.hparams;
+  p.lr = lr;
+  return p;
 }
 
 kernels::SgdParams sgd_params(const SgdStepArgs& a, double lr, int tail_width) {
-  return {lr, a.momentum, a.dampening, a.weight_decay, a.nesterov, a.maximize, tail_width, a.write_unscaled_grads};
+  kernels::SgdParams p = a.hparams;
+  p.lr = lr;
+  p.tail_width = tail_width;
+  return p;
 }
 
 }  // namespace ampkit::detail

@@ -76,48 +76,28 @@ struct StepScalars {
   std::optional<at::Tensor> lr_tensor;
 };
 
+// The fused steps' hyper-parameters are the kernels' own parameter structs (kernels/optim_functors.h), written
+// once: the op's lr is replaced by scalars.lr_tensor when one is given, and tail_width is the backend's (NOTE
+// [torch's scalar tail]), both set by adam_params / sgd_params / lamb_params below.
 struct AdamStepArgs {
   const char* op;
   OptimLists lists;
-  double lr;  // scalars.lr_tensor, when given, replaces it (read on the device)
-  double beta1;
-  double beta2;
-  double weight_decay;
-  double eps;
-  bool amsgrad;
-  bool maximize;
-  bool decoupled_weight_decay;
+  kernels::AdamParams hparams;  // write_unscaled_grads: with grad_scale, the unscaled grads are stored in grads
   StepScalars scalars;
-  bool write_unscaled_grads;  // with grad_scale: the unscaled grads are stored back into grads
 };
 
 struct SgdStepArgs {
   const char* op;
   OptimLists lists;
-  double lr;
-  double momentum;
-  double dampening;
-  double weight_decay;
-  bool nesterov;
-  bool maximize;
+  kernels::SgdParams hparams;
   StepScalars scalars;
-  bool write_unscaled_grads;
 };
 
 // lamb_step_ (NOTE [LAMB passes] in kernels/optim_functors.h): lists.max_exp_avg_sqs is empty.
 struct LambStepArgs {
   const char* op;
   OptimLists lists;
-  double lr;
-  double beta1;
-  double beta2;
-  double weight_decay;
-  double eps;
-  bool bias_correction;
-  bool adam_w_mode;
-  bool grad_averaging;
-  bool use_nvlamb;
-  double max_grad_norm;
+  kernels::LambParams hparams;
   std::optional<at::Tensor> grad_norm;
   StepScalars scalars;
 };
@@ -142,8 +122,8 @@ void check_and_build_descriptors(const AdamStepArgs& a, std::vector<kernels::Opt
 void check_and_build_descriptors(const SgdStepArgs& a, std::vector<kernels::OptimTensor>* tensors = nullptr);
 void check_and_build_descriptors(const LambStepArgs& a, std::vector<kernels::OptimTensor>* tensors = nullptr);
 
-// The functors' parameters from checked arguments (`lr` replaces the op's lr: the CPU reads lr_tensor on the
-// host; `tail_width`: NOTE [torch's scalar tail]).
+// The functors' parameters of checked arguments, with `lr` for the op's lr (the CPU reads lr_tensor on the host)
+// and the backend's `tail_width` (NOTE [torch's scalar tail]).
 kernels::UpdateScaleOp update_scale_op(const UpdateScaleArgs& a);
 kernels::AdamParams adam_params(const AdamStepArgs& a, double lr, int tail_width);
 kernels::SgdParams sgd_params(const SgdStepArgs& a, double lr, int tail_width);

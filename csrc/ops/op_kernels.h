@@ -98,16 +98,9 @@ void adamw_step_kernel(at::TensorList params, at::TensorList grads, at::TensorLi
   check_and_run_step<AdamStepArgs, Run>(
       {"adamw_step_",
        {params, grads, master_params, param_remainders, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps},
-       lr,
-       beta1,
-       beta2,
-       weight_decay,
-       eps,
-       amsgrad,
-       maximize,
-       decoupled_weight_decay,
-       {grad_scale, found_inf, lr_tensor},
-       write_unscaled_grads});
+       {lr, beta1, beta2, weight_decay, eps, amsgrad, maximize, decoupled_weight_decay, /*tail_width=*/0,
+        write_unscaled_grads},
+       {grad_scale, found_inf, lr_tensor}});
 }
 
 template <StepRunFn<SgdStepArgs> Run>
@@ -119,14 +112,8 @@ void sgd_step_kernel(at::TensorList params, at::TensorList grads, at::TensorList
   check_and_run_step<SgdStepArgs, Run>(
       {"sgd_step_",
        {params, grads, master_params, param_remainders, momentum_buffers, {}, {}, state_steps},
-       lr,
-       momentum,
-       dampening,
-       weight_decay,
-       nesterov,
-       maximize,
-       {grad_scale, found_inf, lr_tensor},
-       write_unscaled_grads});
+       {lr, momentum, dampening, weight_decay, nesterov, maximize, /*tail_width=*/0, write_unscaled_grads},
+       {grad_scale, found_inf, lr_tensor}});
 }
 
 template <StepRunFn<LambStepArgs> Run>
@@ -140,16 +127,7 @@ void lamb_step_kernel(at::TensorList params, at::TensorList grads, at::TensorLis
   check_and_run_step<LambStepArgs, Run>(
       {"lamb_step_",
        {params, grads, master_params, param_remainders, exp_avgs, exp_avg_sqs, {}, state_steps},
-       lr,
-       beta1,
-       beta2,
-       weight_decay,
-       eps,
-       bias_correction,
-       adam_w_mode,
-       grad_averaging,
-       use_nvlamb,
-       max_grad_norm,
+       {lr, beta1, beta2, weight_decay, eps, bias_correction, adam_w_mode, grad_averaging, use_nvlamb, max_grad_norm},
        grad_norm,
        {grad_scale, found_inf, lr_tensor}});
 }

@@ -26,7 +26,7 @@ void step_cpu(const Args& a, const std::vector<kernels::OptimTensor>& tensors, M
   }
   // The CPU steps follow torch's CPU kernels up to their scalar tail (NOTE [torch's scalar tail]).
   run(tensors.data(), static_cast<int64_t>(tensors.size()),
-      make_params(a, lr_of(a.scalars, a.lr), torch_cpu_float_vector_width()), grad_scale_of(a.scalars));
+      make_params(a, lr_of(a.scalars, a.hparams.lr), torch_cpu_float_vector_width()), grad_scale_of(a.scalars));
 }
 
 void adam_step_cpu(const AdamStepArgs& a, const std::vector<kernels::OptimTensor>& tensors) {
@@ -41,8 +41,9 @@ void lamb_step_cpu(const LambStepArgs& a, const std::vector<kernels::OptimTensor
   if (skipped(a.scalars)) {
     return;
   }
-  cpu_loops().lamb_step(tensors.data(), static_cast<int64_t>(tensors.size()), lamb_params(a, lr_of(a.scalars, a.lr)),
-                        grad_scale_of(a.scalars), float_ptr(a.grad_norm));
+  cpu_loops().lamb_step(tensors.data(), static_cast<int64_t>(tensors.size()),
+                        lamb_params(a, lr_of(a.scalars, a.hparams.lr)), grad_scale_of(a.scalars),
+                        float_ptr(a.grad_norm));
 }
 
 at::Tensor grad_norm_cpu(const GradNormArgs& a) {

@@ -25,7 +25,7 @@ void step_cuda(const Args& a, const std::vector<kernels::OptimTensor>& tensors, 
   if (a.scalars.lr_tensor.has_value() && a.scalars.lr_tensor->is_cpu()) {
     // A CPU lr_tensor is read here, on the host (a captured CUDA graph keeps the value read at capture).
     Args on_host = a;
-    on_host.lr = static_cast<double>(*float_ptr(a.scalars.lr_tensor));
+    on_host.hparams.lr = static_cast<double>(*float_ptr(a.scalars.lr_tensor));
     on_host.scalars.lr_tensor = std::nullopt;
     check_launch(a.op, launch(on_host, tensors, c10::cuda::getCurrentCUDAStream()));
     return;

@@ -25,7 +25,7 @@ inline kernels::LaunchStatus launch_adam_step_args(const AdamStepArgs& a,
                                                    cudaStream_t stream) {
   const StepScalars& s = a.scalars;
   return kernels::launch_adam_step(tensors.data(), static_cast<int64_t>(tensors.size()),
-                                   adam_params(a, a.lr, kCudaOptimTailWidth), float_ptr(s.grad_scale),
+                                   adam_params(a, a.hparams.lr, kCudaOptimTailWidth), float_ptr(s.grad_scale),
                                    float_ptr(s.found_inf), float_ptr(s.lr_tensor), stream);
 }
 
@@ -34,7 +34,7 @@ inline kernels::LaunchStatus launch_sgd_step_args(const SgdStepArgs& a,
                                                   cudaStream_t stream) {
   const StepScalars& s = a.scalars;
   return kernels::launch_sgd_step(tensors.data(), static_cast<int64_t>(tensors.size()),
-                                  sgd_params(a, a.lr, kCudaOptimTailWidth), float_ptr(s.grad_scale),
+                                  sgd_params(a, a.hparams.lr, kCudaOptimTailWidth), float_ptr(s.grad_scale),
                                   float_ptr(s.found_inf), float_ptr(s.lr_tensor), stream);
 }
 
@@ -52,7 +52,7 @@ inline kernels::LaunchStatus launch_lamb_step_args(const LambStepArgs& a,
                                      at::TensorOptions().device(a.lists.params[0].device()).dtype(at::kDouble));
   const at::Tensor sums = at::empty({std::max<int64_t>(rows, 1), 2}, lanes.options());
   const StepScalars& s = a.scalars;
-  return kernels::launch_lamb_step(tensors.data(), n, lamb_params(a, a.lr), float_ptr(s.grad_scale),
+  return kernels::launch_lamb_step(tensors.data(), n, lamb_params(a, a.hparams.lr), float_ptr(s.grad_scale),
                                    float_ptr(s.found_inf), float_ptr(s.lr_tensor), float_ptr(a.grad_norm),
                                    lanes.data_ptr<double>(), sums.data_ptr<double>(), stream);
 }
