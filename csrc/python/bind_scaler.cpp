@@ -133,7 +133,8 @@ void bind_scaler(py::module_& m) {
                }
                o.spike_skip(so);
              }
-             return guarded([&] { return GilFreeDelete<GradScaler>::Ptr(new GradScaler(o)); });
+             return guarded_as("ampkit::GradScaler", "ampkit.GradScaler",
+                               [&] { return GilFreeDelete<GradScaler>::Ptr(new GradScaler(o)); });
            }),
            py::arg("init_scale"), py::arg("growth_factor"), py::arg("backoff_factor"), py::arg("growth_interval"),
            py::arg("enabled"), py::arg("hysteresis"), py::arg("min_scale"), py::arg("max_scale"),

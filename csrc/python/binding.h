@@ -6,6 +6,8 @@
 #include <torch/extension.h>
 
 #include <memory>
+#include <string>
+#include <string_view>
 
 #include "ampkit/grad_scaler.h"
 
@@ -37,6 +39,29 @@ decltype(auto) guarded(F&& f) {
     torch::translate_exception_to_python(std::current_exception());
     throw py::error_already_set();
   }
+}
+
+// guarded, reporting the value and type errors of C++ checks in Python's spelling: a message that starts with
+// `cxx` (e.g. "ampkit::GradScaler", as a C++ caller reads it) starts with `python` ("ampkit.GradScaler") instead.
+template <typename F>
+decltype(auto) guarded_as(std::string_view cxx, std::string_view python, F&& f) {
+  const auto respelled = [&](const c10::Error& e, PyObject* type) {
+    std::string msg = e.what_without_backtrace();
+    if (msg.compare(0, cxx.size(), cxx) == 0) {
+      msg.replace(0, cxx.size(), python);
+    }
+    PyErr_SetString(type, msg.c_str());
+    return py::error_already_set();
+  };
+  return guarded([&]() -> decltype(auto) {
+    try {
+      return f();
+    } catch (const c10::ValueError& e) {
+      throw respelled(e, PyExc_ValueError);
+    } catch (const c10::TypeError& e) {
+      throw respelled(e, PyExc_TypeError);
+    }
+  });
 }
 
 // A holder whose deleter releases the GIL while the object is destroyed.

@@ -150,6 +150,28 @@ def _groups(grads: Iterable[torch.Tensor]) -> list:
     return groups
 
 
+class StepParams:
+    """The parameters of one scaler call (``unscale_``, ``step``), scanned for DTensors once: ``sharded`` decides
+    the kind of the call, and the methods below take their plain path without looking at a tensor again."""
+
+    def __init__(self, params: list):
+        self.params = params
+        self.sharded = any_dtensor(params)
+
+    def sharded_grads(self) -> bool:
+        """Whether a DTensor parameter has a grad (the grads this rank holds are shards of the norm)."""
+        return self.sharded and any(p.grad is not None and is_dtensor(p) for p in self.params)
+
+    def local_grads(self, where: str):
+        """:func:`local_grads` of these parameters."""
+        return local_grads(self.params, where) if self.sharded else contextlib.nullcontext(self.params)
+
+    def all_reduce_found_inf(self, found_infs: Iterable[torch.Tensor]) -> None:
+        """:func:`all_reduce_found_inf` over these parameters' grads; nothing to do for plain parameters."""
+        if self.sharded:
+            all_reduce_found_inf(found_infs, self.params)
+
+
 def all_reduce_found_inf(found_infs: Iterable[torch.Tensor], params: Iterable[torch.Tensor]) -> None:
     """All-reduces (MAX, in place) each found_inf flag over the groups of the DTensor grads of ``params``; a no-op
     without DTensor grads."""

@@ -7,7 +7,6 @@ handing ``grad_scale``/``found_inf`` to optimizers that take them (``_step_suppo
 from __future__ import annotations
 
 import inspect
-import numbers
 import os
 import warnings
 from collections import abc
@@ -27,14 +26,15 @@ class OptState(Enum):
     STEPPED = 2
 
 
-def _params(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+def _params(optimizer: torch.optim.Optimizer) -> _dtensor.StepParams:
+    """The optimizer's parameters, with the kind of the call decided once: plain, or DTensors (FSDP2)."""
     params = []
     for group in optimizer.param_groups:
         for p in group["params"]:
             if not isinstance(p, torch.Tensor):
                 raise AssertionError(f"expected param to be torch.Tensor, got {type(p).__name__}")
             params.append(p)
-    return params
+    return _dtensor.StepParams(params)
 
 
 def _number(where: str, name: str, value: Any) -> float:
@@ -62,10 +62,8 @@ def _spike_options(where: str, spike_skip: Any) -> Optional[dict]:
             raise ValueError(f"{where}: spike_skip has no option {key!r}; the options are {', '.join(_SPIKE_KEYS)}")
         if kind is bool:
             _checks.flag(where, f"spike_skip[{key!r}]", value)
-        elif kind is int and (isinstance(value, bool) or not isinstance(value, int)):
-            raise TypeError(f"{where}: spike_skip[{key!r}] must be an int, but got {value!r}")
-        elif kind is int and not -2**63 <= value < 2**63:  # the C++ option's type; its range is checked there
-            raise ValueError(f"{where}: spike_skip[{key!r}] must fit a 64-bit int, but got {value}")
+        elif kind is int:  # the C++ option's type; its range is checked there
+            value = _checks.integer(where, f"spike_skip[{key!r}]", value)
         elif kind is float:
             value = _number(where, f"spike_skip[{key!r}]", value)
         out[key] = value
@@ -162,9 +160,8 @@ class GradScaler:
             warnings.warn("torch.cuda.amp.GradScaler is enabled, but CUDA is not available.  Disabling.", stacklevel=2)
             enabled = False
         self._enabled = enabled
-        for name, value in (("growth_interval", growth_interval), ("hysteresis", hysteresis)):
-            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 2**31 - 1:
-                raise ValueError(f"ampkit.GradScaler: {name} must be an int in [1, 2^31 - 1], but got {value!r}")
+        growth_interval = _checks.integer(where, "growth_interval", growth_interval)  # ranges: the C++ options'
+        hysteresis = _checks.integer(where, "hysteresis", hysteresis)
         spike_skip = _spike_options(where, spike_skip)
         group_type = getattr(torch.distributed, "ProcessGroup", ())
         if process_group is not None and not isinstance(process_group, group_type):
@@ -233,8 +230,8 @@ class GradScaler:
             return
         optimizer = _unwrapped(_optimizer("GradScaler.unscale_", optimizer))
         params = _params(optimizer)
-        if self._traced() and not _dtensor.any_dtensor(params):
-            with_grads = [p for p in params if p.grad is not None]
+        if self._traced() and not params.sharded:
+            with_grads = [p for p in params.params if p.grad is not None]
             torch.ops.ampkit._scaler_unscale_(self._handle, id(optimizer), with_grads, [p.grad for p in with_grads])
             return
         self._unscale(id(optimizer), params)
@@ -243,37 +240,35 @@ class GradScaler:
         """Whether this call is traced by torch.compile and the methods go through custom ops."""
         return self._handle is not None and _compile.is_compiling()
 
-    def _check_calibration(self, where: str, params: list[torch.Tensor]) -> None:
+    def _check_calibration(self, where: str, params: _dtensor.StepParams) -> None:
         """init_scale="auto" measures the grads this rank holds: DTensor shards need the process group over which
         the scaler all-reduces the amax, else each rank would set its own scale (NOTE [Calibrated first scale])."""
-        if (self._options["init_scale"] == "auto" and not self._grouped
-                and _dtensor.any_dtensor([p.grad for p in params if p.grad is not None])):
+        if self._options["init_scale"] == "auto" and not self._grouped and params.sharded_grads():
             raise ValueError(f"ampkit.{where}: init_scale='auto' with DTensor (FSDP2) gradients needs "
                              "process_group=<the group the shards are reduced over, e.g. "
                              "torch.distributed.group.WORLD>, so that every rank calibrates the same scale; pass "
                              "it to GradScaler, or give a numeric init_scale")
         spike = self._options["spike_skip"]
-        if (spike is not None and spike.get("grad_norm", False)
-                and _dtensor.any_dtensor([p.grad for p in params if p.grad is not None])):
+        if spike is not None and spike.get("grad_norm", False) and params.sharded_grads():
             raise ValueError(f"ampkit.{where}: spike_skip with grad_norm=True measures the gradients this rank "
                              "holds, and DTensor (FSDP2) shards are part of the norm only; use spike_skip={'loss': "
                              "True, 'grad_norm': False} with FSDP2 (NOTE [Spike-aware skipping])")
 
-    def _unscale(self, key: int, params: list[torch.Tensor]) -> None:
+    def _unscale(self, key: int, params: _dtensor.StepParams) -> None:
         # DTensor grads (FSDP2): the core unscales and checks the local shards; an Inf/NaN is seen only by the
         # rank holding its shard, so found_inf is all-reduced (MAX) over the grads' mesh, as torch's DTensor does.
         self._check_calibration("GradScaler.unscale_", params)
-        with _dtensor.local_grads(params, "GradScaler.unscale_") as local:
+        with params.local_grads("GradScaler.unscale_") as local:
             self._core.unscale_params_(key, local)
-        _dtensor.all_reduce_found_inf(self._core.found_inf_per_device(key), params)
+        params.all_reduce_found_inf(self._core.found_inf_per_device(key))
 
-    def _prepare_fused_step(self, key: int, params: list[torch.Tensor]):
+    def _prepare_fused_step(self, key: int, params: _dtensor.StepParams):
         checks = self._core.stage(key) == OptState.READY.value  # else unscale_ checked (and all-reduced)
         self._check_calibration("GradScaler.step", params)
-        with _dtensor.local_grads(params, "GradScaler.step") as local:
+        with params.local_grads("GradScaler.step") as local:
             grad_scale, found_inf = self._core.prepare_fused_step(key, local)
         if checks:
-            _dtensor.all_reduce_found_inf([found_inf, *self._core.found_inf_per_device(key)], params)
+            params.all_reduce_found_inf([found_inf, *self._core.found_inf_per_device(key)])
         return grad_scale, found_inf
 
     def _check_spike_group(self, where: str) -> None:
@@ -300,11 +295,10 @@ class GradScaler:
         # hand-over are the optimizer's inside it, which reads them.
         inner = _unwrapped(optimizer)
         key = id(inner)
-        if self._traced() and getattr(optimizer, "_ampkit_traced_step", False) and getattr(
-                optimizer, "grad_scale", None) is None:
-            params = _params(optimizer)
-            if not _dtensor.any_dtensor(params):
-                return self._traced_fused_step(key, optimizer, params, args, kwargs)
+        params = _params(optimizer)  # the step's kind, decided once: plain or DTensor parameters
+        if (self._traced() and not params.sharded and getattr(optimizer, "_ampkit_traced_step", False)
+                and getattr(optimizer, "grad_scale", None) is None):
+            return self._traced_fused_step(key, optimizer, params.params, args, kwargs)
         self._core.begin_step(key)
         if getattr(inner, "_step_supports_amp_scaling", False):
             if "grad_scaler" in inspect.signature(optimizer.step).parameters:
@@ -316,7 +310,7 @@ class GradScaler:
                 retval = optimizer.step(*args, **dict(kwargs, grad_scaler=self))
                 self._core.mark_stepped(key)
                 return retval
-            grad_scale, found_inf = self._prepare_fused_step(key, _params(optimizer))
+            grad_scale, found_inf = self._prepare_fused_step(key, params)
             # As torch: None once unscale_ ran (the grads are unscaled), else the scale times any grad_scale the
             # optimizer already carries.
             user_scale = getattr(inner, "grad_scale", None)
@@ -331,10 +325,9 @@ class GradScaler:
             self._core.mark_stepped(key)
             return retval
         retval = None
-        params = _params(optimizer)
-        if _dtensor.any_dtensor(params) and self._core.stage(key) == OptState.READY.value:
+        if params.sharded and self._core.stage(key) == OptState.READY.value:
             self._unscale(key, params)  # found_inf all-reduced over the mesh before the decision
-        with _dtensor.local_grads(params, "GradScaler.step") as local:
+        with params.local_grads("GradScaler.step") as local:
             run = self._core.prepare_step(key, local)
         if run:
             retval = optimizer.step(*args, **kwargs)
@@ -444,13 +437,7 @@ class GradScaler:
         return self._core.get_growth_interval()
 
     def set_growth_interval(self, new_interval: int) -> None:
-        if isinstance(new_interval, bool) or not isinstance(new_interval, numbers.Integral):
-            raise TypeError("GradScaler.set_growth_interval: new_interval must be an int, but got "
-                            f"{type(new_interval).__name__} {new_interval!r}")
-        if not 1 <= new_interval <= 2**31 - 1:
-            raise ValueError("GradScaler.set_growth_interval: growth_interval must be in [1, 2^31 - 1], but got "
-                             f"{new_interval}")
-        self._core.set_growth_interval(int(new_interval))
+        self._core.set_growth_interval(_checks.integer("GradScaler.set_growth_interval", "new_interval", new_interval))
 
     def is_enabled(self) -> bool:
         return self._enabled

@@ -161,13 +161,16 @@ _p = torch.zeros(3, requires_grad=True)
 
 SCALER_OPTIONS = [
     (dict(init_scale="a"), TypeError, "init_scale must be a number"),
-    (dict(init_scale=-1.0), ValueError, "init_scale must be a finite number > 0"),
+    (dict(init_scale=-1.0), ValueError, r"^ampkit\.GradScaler: init_scale must be a finite number > 0"),
     (dict(init_scale=nan), ValueError, "init_scale must be a finite number > 0"),
     (dict(growth_factor="x"), TypeError, "growth_factor must be a number"),
     (dict(backoff_factor=0.0), ValueError, "backoff_factor must be > 0"),
-    (dict(growth_interval=0), ValueError, "growth_interval must be an int"),
-    (dict(growth_interval=2**64), ValueError, "growth_interval must be an int"),
-    (dict(hysteresis=1.5), ValueError, "hysteresis must be an int"),
+    (dict(growth_interval=0), ValueError,
+     r"^ampkit\.GradScaler: growth_interval must be in \[1, 2\^31 - 1\], but got 0"),
+    (dict(growth_interval=2**31), ValueError, r"^ampkit\.GradScaler: growth_interval must be in"),
+    (dict(growth_interval=2**64), ValueError, "growth_interval must fit a 64-bit int"),
+    (dict(hysteresis=1.5), TypeError, "hysteresis must be an int, but got float 1.5"),
+    (dict(hysteresis=0), ValueError, r"^ampkit\.GradScaler: hysteresis must be in"),
     (dict(min_scale=nan), ValueError, "min_scale must be a finite number"),
     (dict(min_scale=10.0, max_scale=1.0), ValueError, "max_scale must be >= min_scale"),
     (dict(process_group=42), TypeError, "process_group must be a torch.distributed.ProcessGroup"),
@@ -252,6 +255,11 @@ OPTIMIZER_OPTIONS = [
     ("SGD", dict(lr=0.1, dampening=nan), ValueError, "Invalid dampening value: nan"),
     ("SGD", dict(lr=0.1, weight_decay="w"), TypeError, "weight_decay must be a number"),
     ("SGD", dict(lr=0.1, master_weights=3), ValueError, "SGD: master_weights must be None, True, False or"),
+    # torch.optim's message for a tensor lr of another size, given by the C++ core for every optimizer
+    ("AdamW", dict(lr=torch.full((2,), 0.1)), ValueError, "^Tensor lr must be 1-element$"),
+    ("SGD", dict(lr=torch.full((2,), 0.1)), ValueError, "^Tensor lr must be 1-element$"),
+    ("LAMB", dict(lr=torch.zeros(0)), ValueError, "^Tensor lr must be 1-element$"),
+    ("SGD", dict(lr=torch.tensor([0.1j])), ValueError, "Tensor lr must be a 1-element real tensor"),
 ]
 
 
@@ -340,7 +348,7 @@ def test_unclear_python_errors_are_now_clear():
             pass
     with pytest.raises(RuntimeError, match="never entered"):
         ampkit.autocast("cpu", fp32_ops=["softmax"]).__exit__(None, None, None)
-    with pytest.raises(ValueError, match="growth_interval must be an int"):
+    with pytest.raises(ValueError, match="growth_interval must fit a 64-bit int"):
         ampkit.GradScaler("cpu", growth_interval=2**64)
     with pytest.raises(TypeError, match="process_group must be a torch.distributed.ProcessGroup"):
         ampkit.GradScaler("cpu", process_group=42)

@@ -429,7 +429,7 @@ def test_the_compiled_steps_scale_op_notes_the_loss():
         ({"sigmas": 0.0}, ValueError, "spike_skip sigmas must be a finite number > 0, but got 0"),
         ({"loss": False}, ValueError, "spike_skip needs a signal"),
         ({"window_size": 8}, ValueError, "spike_skip has no option 'window_size'; the options are window, sigmas"),
-        ({"window": 8.0}, TypeError, r"spike_skip\['window'\] must be an int, but got 8.0"),
+        ({"window": 8.0}, TypeError, r"spike_skip\['window'\] must be an int, but got float 8.0"),
         ({"grad_norm": 1}, TypeError, r"spike_skip\['grad_norm'\] must be True or False, but got 1"),
         ("on", TypeError, "spike_skip must be True, False, None or a dict"),
     ],

@@ -16,12 +16,9 @@ def _capturable_devices() -> list[str]:
 
 
 def _check_tensor_hparams(lr, betas, foreach, capturable) -> None:
-    """torch.optim.Adam's rules for tensor lr and betas, with its messages and exception types."""
-    if isinstance(lr, torch.Tensor):
-        if foreach and not capturable:
-            raise ValueError("lr as a Tensor is not supported for capturable=False and foreach=True")
-        if lr.numel() != 1:
-            raise ValueError("Tensor lr must be 1-element")
+    """torch.optim.Adam's rule for a tensor lr with foreach, with its message (its size: the C++ core's check)."""
+    if isinstance(lr, torch.Tensor) and foreach and not capturable:
+        raise ValueError("lr as a Tensor is not supported for capturable=False and foreach=True")
 
 
 def _check_betas(betas, foreach, capturable) -> None:

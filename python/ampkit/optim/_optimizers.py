@@ -48,7 +48,7 @@ class Adam(_FusedOptimizer):
         here, ranges in the C++ core."""
         betas = group["betas"]
         for key in ("lr", "eps", "weight_decay"):
-            _checks.number(None, key, group[key])
+            _checks.number(None, key, group[key], any_size=key == "lr")  # lr's size: the core's check
         if not isinstance(betas, (tuple, list)):
             raise TypeError(f"betas must be a pair (beta1, beta2), but got {type(betas).__name__} {betas!r}")
         if len(betas) != 2:
@@ -115,8 +115,6 @@ class SGD(_FusedOptimizer):
                  foreach: Optional[bool] = None, differentiable: bool = False, fused: Optional[bool] = None,
                  master_weights: Optional[bool] = None, write_unscaled_grads: bool = True) -> None:
         self.write_unscaled_grads = _checks.flag(type(self).__name__, "write_unscaled_grads", write_unscaled_grads)
-        if isinstance(lr, torch.Tensor) and lr.numel() != 1:
-            raise ValueError("Tensor lr must be 1-element")
         self._check_values(dict(lr=lr, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov,
                                 dampening=dampening))
         defaults = dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay, nesterov=nesterov,
@@ -130,7 +128,7 @@ class SGD(_FusedOptimizer):
         """torch.optim.SGD's checks and messages (NaN refused too), for the constructor and for every group at
         step(): Python types here, ranges in the C++ core."""
         for key in ("lr", "momentum", "dampening", "weight_decay"):
-            _checks.number(None, key, group[key])
+            _checks.number(None, key, group[key], any_size=key == "lr")  # lr's size: the core's check
         cls._check_ranges(group)
 
     def _torch_step(self, group: dict, params: list) -> None:
@@ -177,8 +175,6 @@ class LAMB(_FusedOptimizer):
         self.write_unscaled_grads = False  # LAMB only reads the grads
         self.set_grad_none = _checks.flag("LAMB", "set_grad_none", set_grad_none)
         self.last_grad_norm: Optional[torch.Tensor] = None
-        if isinstance(lr, torch.Tensor) and lr.numel() != 1:
-            raise ValueError("Tensor lr must be 1-element")
         if max_grad_norm is None:
             max_grad_norm = 0.0  # no clipping
         defaults = dict(lr=lr, bias_correction=bias_correction, betas=tuple(betas), eps=eps,
@@ -193,7 +189,7 @@ class LAMB(_FusedOptimizer):
         """Python types here, ranges (torch.optim's messages for lr, eps, betas, weight_decay) in the C++ core."""
         betas = group["betas"]
         for key in ("lr", "eps", "weight_decay", "max_grad_norm"):
-            _checks.number("LAMB", key, group[key])
+            _checks.number("LAMB", key, group[key], any_size=key == "lr")  # lr's size: the core's check
         if not isinstance(betas, (tuple, list)) or len(betas) != 2:
             raise ValueError(f"LAMB: betas must be a pair (beta1, beta2), but got {betas!r}")
         for i, beta in enumerate(betas):
