@@ -127,22 +127,20 @@ core::GroupConfig group_config(const std::string& kind, const std::string& optim
   const py::object zero = py::float_(0.0);
   c.weight_decay = number(group["weight_decay"]);
   c.maximize = get(group, "maximize", no).cast<bool>();
-  if (c.algorithm == core::Algorithm::kLamb) {
-    const py::object yes = py::bool_(true);
+  if (c.algorithm != core::Algorithm::kSGD) {  // Adam's and LAMB's moments
     const py::sequence betas = group["betas"];
     c.beta1 = number(betas[0]);
     c.beta2 = number(betas[1]);
     c.eps = number(group["eps"]);
+  }
+  if (c.algorithm == core::Algorithm::kLamb) {
+    const py::object yes = py::bool_(true);
     c.decoupled_weight_decay = get(group, "adam_w_mode", yes).cast<bool>();
     c.bias_correction = get(group, "bias_correction", yes).cast<bool>();
     c.grad_averaging = get(group, "grad_averaging", yes).cast<bool>();
     c.use_nvlamb = get(group, "use_nvlamb", no).cast<bool>();
     c.max_grad_norm = number(get(group, "max_grad_norm", zero));
   } else if (c.algorithm == core::Algorithm::kAdam) {
-    const py::sequence betas = group["betas"];
-    c.beta1 = number(betas[0]);
-    c.beta2 = number(betas[1]);
-    c.eps = number(group["eps"]);
     c.amsgrad = get(group, "amsgrad", no).cast<bool>();
     c.decoupled_weight_decay = get(group, "decoupled_weight_decay", no).cast<bool>();
   } else {

@@ -16,6 +16,7 @@ from typing import Any, Iterable, Optional, Union
 import torch
 
 from . import _C, _checks, _compile, _dtensor
+from .optim import _traced as _traced_optim
 
 __all__ = ["GradScaler", "OptState", "load_scaler_state", "save_scaler_state"]
 
@@ -341,11 +342,11 @@ class GradScaler:
         params = [p for p in params if p.grad is not None]
         grad_scale, found_inf = torch.ops.ampkit._scaler_prepare_fused_step(self._handle, key, params,
                                                                           [p.grad for p in params])
-        optimizer.grad_scale = grad_scale
-        optimizer.found_inf = found_inf
-        retval = optimizer.step(*args, **kwargs)
-        del optimizer.grad_scale
-        del optimizer.found_inf
+        _traced_optim.HANDED_OVER[key] = (grad_scale, found_inf)  # NOTE [Scale hand-over under compile]
+        try:
+            retval = optimizer.step(*args, **kwargs)
+        finally:
+            del _traced_optim.HANDED_OVER[key]
         torch.ops.ampkit._scaler_mark_stepped(self._handle, key)
         return retval
 

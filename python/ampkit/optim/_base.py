@@ -143,8 +143,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
         self._validate()
         checked_by_core = self._core_checks_the_group()
         core = _core()
-        grad_scale = getattr(self, "grad_scale", None)
-        found_inf = getattr(self, "found_inf", None)
+        grad_scale, found_inf = _traced.scalars(self)
         name = type(self).__name__
         grad_norm = self._global_grad_norm(grad_scale)
         get_state = self.state.get  # dict.get: no default entry created (one hash per parameter)

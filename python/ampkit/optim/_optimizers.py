@@ -174,7 +174,7 @@ class LAMB(_FusedOptimizer):
             raise RuntimeError("LAMB does not support the AMSGrad variant.")
         self.write_unscaled_grads = False  # LAMB only reads the grads
         self.set_grad_none = _checks.flag("LAMB", "set_grad_none", set_grad_none)
-        self.last_grad_norm: Optional[torch.Tensor] = None
+        self._norms: dict = {"grad_norm": None}  # a dict, filled in place: a traced step sets no attribute
         if max_grad_norm is None:
             max_grad_norm = 0.0  # no clipping
         defaults = dict(lr=lr, bias_correction=bias_correction, betas=tuple(betas), eps=eps,
@@ -208,8 +208,13 @@ class LAMB(_FusedOptimizer):
         if not any(group["max_grad_norm"] > 0 for group in self.param_groups):
             return None
         grads = [p.grad for group in self.param_groups for p in group["params"] if p.grad is not None]
-        self.last_grad_norm = ops.global_grad_norm(grads, grad_scale)
-        return self.last_grad_norm
+        self._norms["grad_norm"] = ops.global_grad_norm(grads, grad_scale)
+        return self._norms["grad_norm"]
+
+    @property
+    def last_grad_norm(self) -> Optional[torch.Tensor]:
+        """The global norm of the unscaled grads the last step clipped with (None before one)."""
+        return self._norms["grad_norm"]
 
     def zero_grad(self, set_to_none: Optional[bool] = None) -> None:
         """torch.optim's zero_grad; ``set_to_none`` defaults to the constructor's ``set_grad_none`` (Apex)."""

@@ -27,6 +27,23 @@ _OPTIONS = {"adam": ("weight_decay", "eps", "amsgrad", "maximize", "decoupled_we
             "sgd": ("momentum", "dampening", "weight_decay", "nesterov", "maximize")}
 
 
+# NOTE [Scale hand-over under compile]
+# A traced GradScaler.step gives grad_scale/found_inf to the optimizer's step through this dict (keyed by the
+# optimizer's id, removed after the step), not as attributes of the optimizer as the eager step does: torch 2.11's
+# Dynamo refuses a setattr on an optimizer inside a graph. scalars() is what both steps read.
+HANDED_OVER: dict[int, tuple] = {}
+
+
+def scalars(optimizer) -> tuple:
+    """The (grad_scale, found_inf) of this step: handed over by a traced scaler step, else the attributes a scaler
+    (or the user) set on the optimizer, else (None, None)."""
+    if HANDED_OVER:
+        handed = HANDED_OVER.get(id(optimizer))
+        if handed is not None:
+            return handed
+    return getattr(optimizer, "grad_scale", None), getattr(optimizer, "found_inf", None)
+
+
 def _meta_grad(layout: Optional[tuple]) -> Optional[torch.Tensor]:
     """A meta tensor with a traced grad's layout (None: no grad), for the core's plan."""
     if layout is None:
@@ -82,8 +99,7 @@ def _layout(g: Optional[torch.Tensor]) -> Optional[tuple]:
 def step(optimizer) -> Optional[str]:
     """One step of ``optimizer`` (an ampkit.optim optimizer) as traced code. None when done; else, before anything
     is written, why the graph cannot hold it (the eager step then runs, outside the graph)."""
-    grad_scale = getattr(optimizer, "grad_scale", None)
-    found_inf = getattr(optimizer, "found_inf", None)
+    grad_scale, found_inf = scalars(optimizer)
     plans = []
     for index, group in enumerate(optimizer.param_groups):
         params = group["params"]
