@@ -1,6 +1,7 @@
 // ampkit::optim::Adam, AdamW, SGD and LAMB (see <ampkit/optim.h>): LibTorch optimizers over ampkit::optim::core,
-// which checks, plans and runs each group's step; what they share is the templates below (construction, the
-// step of every group, checked loads, masters), their archives' reading and writing is libtorch_archive.cpp's.
+// which checks, plans and runs each group's step. FusedOptimizer, their base, is defined here once (construction,
+// the step of every group, checked loads, masters) and instantiated for the four; below it, each optimizer's
+// options, states and config(). Their archives' reading and writing is libtorch_archive.cpp's.
 #include "ampkit/optim.h"
 
 #include <ATen/ATen.h>
@@ -42,23 +43,6 @@ void keep_group_options(std::vector<torch::optim::OptimizerParamGroup>& added, s
       added.at(first + i).set_options(groups[i].options().clone());
     }
   }
-}
-
-// The constructor's and add_param_group's part shared by every optimizer here: groups carrying another
-// optimizer's options are refused, and each group's own options are kept.
-template <typename Options>
-void adopt_groups(const char* optimizer, std::vector<torch::optim::OptimizerParamGroup>& own,
-                  const std::vector<torch::optim::OptimizerParamGroup>& given) {
-  check_group_options<Options>(optimizer, 0, given);
-  keep_group_options(own, 0, given);
-}
-
-template <typename Options>
-void add_group(const char* optimizer, torch::optim::Optimizer& self,
-               const torch::optim::OptimizerParamGroup& param_group) {
-  check_group_options<Options>(optimizer, self.param_groups().size(), {param_group});
-  self.torch::optim::Optimizer::add_param_group(param_group);
-  keep_group_options(self.param_groups(), self.param_groups().size() - 1, {param_group});
 }
 
 // The options a LibTorch archive lacks, from this optimizer's defaults.
@@ -109,141 +93,6 @@ void from_core(const core::ParamState& c, SGDParamState& s) {
 
 using StateMap = ska::flat_hash_map<void*, std::unique_ptr<torch::optim::OptimizerParamState>>;
 
-// One step of every group through the core: every group is checked before the first one is written; states are
-// created for the params the core gives state to (an SGD param without momentum or master gets none).
-template <typename State, typename Options, typename ConfigOf>
-void core_step(std::vector<torch::optim::OptimizerParamGroup>& groups, StateMap& states, const ConfigOf& config_of,
-               const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf,
-               at::Tensor* lamb_grad_norm = nullptr) {
-  std::vector<core::GroupConfig> configs;
-  for (const auto& group : groups) {
-    configs.push_back(config_of(static_cast<const Options&>(group.options())));
-    core::check_group(configs.back(), group.params());
-  }
-  if (lamb_grad_norm != nullptr) {
-    // LAMB's clipping: one global norm over every group's grads (NOTE [LAMB passes]).
-    const bool clip = std::any_of(configs.begin(), configs.end(), [](const auto& c) { return c.max_grad_norm > 0; });
-    if (clip) {
-      std::vector<at::Tensor> grads;
-      for (const auto& group : groups) {
-        for (const auto& p : group.params()) {
-          if (p.grad().defined()) {
-            grads.push_back(p.grad());
-          }
-        }
-      }
-      *lamb_grad_norm = ampkit::global_grad_norm(grads, grad_scale);
-      for (auto& c : configs) {
-        c.grad_norm = *lamb_grad_norm;
-      }
-    }
-  }
-  for (size_t g = 0; g < groups.size(); ++g) {
-    const auto& params = groups[g].params();
-    std::vector<core::ParamState> cores(params.size());
-    std::vector<core::ParamState*> ptrs(params.size());
-    for (size_t i = 0; i < params.size(); ++i) {
-      const auto it = states.find(params[i].unsafeGetTensorImpl());
-      if (it != states.end()) {
-        cores[i] = to_core(static_cast<const State&>(*it->second));
-      }
-      ptrs[i] = &cores[i];
-    }
-    core::step(configs[g], params, ptrs, grad_scale, found_inf);
-    for (size_t i = 0; i < params.size(); ++i) {
-      if (cores[i].empty()) {
-        continue;
-      }
-      auto& slot = states[params[i].unsafeGetTensorImpl()];
-      if (!slot) {
-        slot = std::make_unique<State>();
-      }
-      from_core(cores[i], static_cast<State&>(*slot));
-    }
-  }
-}
-
-// Loads an archive of save() into the optimizer, all or nothing: the options and states are checked by the core,
-// states of fused params kept FP32 (torch::optim::serialize restores them as saved); on any error the optimizer's
-// options and states are put back.
-template <typename State, typename Options, typename ConfigOf>
-void checked_load(const char* name, torch::optim::Optimizer& optimizer, torch::serialize::InputArchive& archive,
-                  const ConfigOf& config_of) {
-  auto& groups = optimizer.param_groups();
-  auto& states = optimizer.state();
-  std::vector<std::unique_ptr<torch::optim::OptimizerOptions>> saved_options;
-  for (const auto& group : groups) {
-    saved_options.push_back(group.options().clone());
-  }
-  StateMap saved_states;
-  for (const auto& [key, value] : states) {
-    saved_states[key] = value->clone();
-  }
-  try {
-    c10::IValue version;
-    const bool has_version = archive.try_read("pytorch_version", version);
-    TORCH_CHECK_VALUE(has_version && version.isString() && version.toStringRef() == "1.5.0", "ampkit::optim::", name,
-                      "::load: the archive must hold 'pytorch_version' = \"1.5.0\" (torch::optim::serialize's "
-                      "format, which LibTorch 1.5 and later and ampkit write), but ",
-                      has_version ? "it holds " + version.tagKind() + " " + c10::str(version) : "it has none");
-    torch::optim::serialize<State, Options>(archive, optimizer);
-    const std::vector<bool> libtorch = groups_written_by_libtorch(archive);
-    for (size_t i = 0; i < groups.size() && i < libtorch.size(); ++i) {
-      if (libtorch[i]) {
-        take_defaults_libtorch_lacks(static_cast<Options&>(groups[i].options()),
-                                     static_cast<const Options&>(optimizer.defaults()));
-      }
-    }
-    size_t index = 0;
-    for (const auto& group : groups) {
-      const core::GroupConfig config = config_of(static_cast<const Options&>(group.options()));
-      core::check_config(config);
-      for (const auto& p : group.params()) {
-        const auto it = states.find(p.unsafeGetTensorImpl());
-        const std::string where = "state[" + std::to_string(index++) + "]";
-        if (it == states.end() || !core::takes_fused(p, p)) {
-          continue;  // torch.optim's state format (the single-tensor path)
-        }
-        core::ParamState c = to_core(static_cast<const State&>(*it->second));
-        std::vector<std::pair<std::string, at::Tensor>> entries;
-        for (const auto& name : core::ParamState::names()) {
-          if (c.entry(name)->defined()) {
-            entries.emplace_back(name, *c.entry(name));
-          }
-        }
-        core::check_loaded_state(config, where, p, entries);
-        for (auto& [name, value] : entries) {
-          *c.entry(name) = core::loaded_entry(name, value, p);
-        }
-        from_core(c, static_cast<State&>(*it->second));
-      }
-    }
-  } catch (...) {
-    for (size_t i = 0; i < groups.size() && i < saved_options.size(); ++i) {
-      groups[i].set_options(std::move(saved_options[i]));
-    }
-    states = std::move(saved_states);
-    throw;
-  }
-}
-
-// Gives every parameter an FP32 master copied from its current value (init_master_params).
-template <typename State>
-void init_masters(std::vector<torch::optim::OptimizerParamGroup>& groups, StateMap& states) {
-  const at::NoGradGuard no_grad;
-  for (auto& group : groups) {
-    for (const auto& p : group.params()) {
-      auto& slot = states[p.unsafeGetTensorImpl()];
-      if (!slot) {
-        slot = std::make_unique<State>();
-      }
-      core::ParamState c = to_core(static_cast<const State&>(*slot));
-      core::init_master(p, c);
-      from_core(c, static_cast<State&>(*slot));
-    }
-  }
-}
-
 // The loss closure of torch::optim::Optimizer::step, run with grad enabled (as LibTorch's optimizers do).
 at::Tensor run_closure(const torch::optim::Optimizer::LossClosure& closure) {
   if (!closure) {
@@ -261,6 +110,146 @@ std::optional<at::Tensor> ScaledStep::grad_scale() const {
 
 std::optional<at::Tensor> ScaledStep::found_inf() const {
   return found_inf_.defined() ? std::optional<at::Tensor>(found_inf_) : std::nullopt;
+}
+
+// ---- FusedOptimizer ---------------------------------------------------------------------------------------------
+
+template <class Derived, class Options, class State>
+FusedOptimizer<Derived, Options, State>::FusedOptimizer(
+    const std::vector<torch::optim::OptimizerParamGroup>& param_groups, Options defaults)
+    : torch::optim::Optimizer(param_groups, std::make_unique<Options>(defaults)) {
+  core::check_config(Derived::config(defaults));
+  check_group_options<Options>(Derived::kName, 0, param_groups);
+  keep_group_options(param_groups_, 0, param_groups);
+}
+
+template <class Derived, class Options, class State>
+void FusedOptimizer<Derived, Options, State>::add_param_group(const torch::optim::OptimizerParamGroup& param_group) {
+  check_group_options<Options>(Derived::kName, param_groups_.size(), {param_group});
+  torch::optim::Optimizer::add_param_group(param_group);
+  keep_group_options(param_groups_, param_groups_.size() - 1, {param_group});
+}
+
+// One step of every group through the core: every group is checked before the first one is written; states are
+// created for the params the core gives state to (an SGD param without momentum or master gets none).
+template <class Derived, class Options, class State>
+at::Tensor FusedOptimizer<Derived, Options, State>::step(LossClosure closure) {
+  at::Tensor loss = run_closure(closure);
+  const at::NoGradGuard no_grad;
+  std::vector<core::GroupConfig> configs;
+  for (const auto& group : param_groups_) {
+    configs.push_back(Derived::config(static_cast<const Options&>(group.options())));
+    core::check_group(configs.back(), group.params());
+  }
+  static_cast<Derived&>(*this).prepare_step(configs);
+  const std::optional<at::Tensor> scale = grad_scale();
+  const std::optional<at::Tensor> inf = found_inf();
+  for (size_t g = 0; g < param_groups_.size(); ++g) {
+    const auto& params = param_groups_[g].params();
+    std::vector<core::ParamState> cores(params.size());
+    std::vector<core::ParamState*> ptrs(params.size());
+    for (size_t i = 0; i < params.size(); ++i) {
+      const auto it = state_.find(params[i].unsafeGetTensorImpl());
+      if (it != state_.end()) {
+        cores[i] = to_core(static_cast<const State&>(*it->second));
+      }
+      ptrs[i] = &cores[i];
+    }
+    core::step(configs[g], params, ptrs, scale, inf);
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (cores[i].empty()) {
+        continue;
+      }
+      auto& slot = state_[params[i].unsafeGetTensorImpl()];
+      if (!slot) {
+        slot = std::make_unique<State>();
+      }
+      from_core(cores[i], static_cast<State&>(*slot));
+    }
+  }
+  return loss;
+}
+
+template <class Derived, class Options, class State>
+void FusedOptimizer<Derived, Options, State>::save(torch::serialize::OutputArchive& archive) const {
+  torch::optim::serialize<State, Options>(archive, *this);
+}
+
+// All or nothing: the options and states are checked by the core, states of fused params kept FP32
+// (torch::optim::serialize restores them as saved); on any error the optimizer's options and states are put back.
+template <class Derived, class Options, class State>
+void FusedOptimizer<Derived, Options, State>::load(torch::serialize::InputArchive& archive) {
+  std::vector<std::unique_ptr<torch::optim::OptimizerOptions>> saved_options;
+  for (const auto& group : param_groups_) {
+    saved_options.push_back(group.options().clone());
+  }
+  StateMap saved_states;
+  for (const auto& [key, value] : state_) {
+    saved_states[key] = value->clone();
+  }
+  try {
+    c10::IValue version;
+    const bool has_version = archive.try_read("pytorch_version", version);
+    TORCH_CHECK_VALUE(has_version && version.isString() && version.toStringRef() == "1.5.0",
+                      "ampkit::optim::", Derived::kName,
+                      "::load: the archive must hold 'pytorch_version' = \"1.5.0\" (torch::optim::serialize's "
+                      "format, which LibTorch 1.5 and later and ampkit write), but ",
+                      has_version ? "it holds " + version.tagKind() + " " + c10::str(version) : "it has none");
+    torch::optim::serialize<State, Options>(archive, *this);
+    const std::vector<bool> libtorch = groups_written_by_libtorch(archive);
+    for (size_t i = 0; i < param_groups_.size() && i < libtorch.size(); ++i) {
+      if (libtorch[i]) {
+        take_defaults_libtorch_lacks(static_cast<Options&>(param_groups_[i].options()),
+                                     static_cast<const Options&>(defaults()));
+      }
+    }
+    size_t index = 0;
+    for (const auto& group : param_groups_) {
+      const core::GroupConfig config = Derived::config(static_cast<const Options&>(group.options()));
+      core::check_config(config);
+      for (const auto& p : group.params()) {
+        const auto it = state_.find(p.unsafeGetTensorImpl());
+        const std::string where = "state[" + std::to_string(index++) + "]";
+        if (it == state_.end() || !core::takes_fused(p, p)) {
+          continue;  // torch.optim's state format (the single-tensor path)
+        }
+        core::ParamState c = to_core(static_cast<const State&>(*it->second));
+        std::vector<std::pair<std::string, at::Tensor>> entries;
+        for (const auto& name : core::ParamState::names()) {
+          if (c.entry(name)->defined()) {
+            entries.emplace_back(name, *c.entry(name));
+          }
+        }
+        core::check_loaded_state(config, where, p, entries);
+        for (auto& [name, value] : entries) {
+          *c.entry(name) = core::loaded_entry(name, value, p);
+        }
+        from_core(c, static_cast<State&>(*it->second));
+      }
+    }
+  } catch (...) {
+    for (size_t i = 0; i < param_groups_.size() && i < saved_options.size(); ++i) {
+      param_groups_[i].set_options(std::move(saved_options[i]));
+    }
+    state_ = std::move(saved_states);
+    throw;
+  }
+}
+
+template <class Derived, class Options, class State>
+void FusedOptimizer<Derived, Options, State>::init_master_params() {
+  const at::NoGradGuard no_grad;
+  for (auto& group : param_groups_) {
+    for (const auto& p : group.params()) {
+      auto& slot = state_[p.unsafeGetTensorImpl()];
+      if (!slot) {
+        slot = std::make_unique<State>();
+      }
+      core::ParamState c = to_core(static_cast<const State&>(*slot));
+      core::init_master(p, c);
+      from_core(c, static_cast<State&>(*slot));
+    }
+  }
 }
 
 // ---- Adam / AdamW -------------------------------------------------------------------------------------------------
@@ -314,7 +303,7 @@ void AdamParamState::serialize(torch::serialize::InputArchive& archive) {
 template <bool kDecoupled>
 core::GroupConfig AdamT<kDecoupled>::config(const Options& o) {
   core::GroupConfig c;
-  c.optimizer = kDecoupled ? "AdamW" : "Adam";
+  c.optimizer = kName;
   c.algorithm = core::Algorithm::kAdam;
   c.lr = o.lr();
   c.lr_tensor = o.lr_tensor();
@@ -329,43 +318,10 @@ core::GroupConfig AdamT<kDecoupled>::config(const Options& o) {
   return c;
 }
 
-template <bool kDecoupled>
-AdamT<kDecoupled>::AdamT(const std::vector<torch::optim::OptimizerParamGroup>& param_groups, Options defaults)
-    : torch::optim::Optimizer(param_groups, std::make_unique<Options>(defaults)) {
-  core::check_config(config(defaults));
-  adopt_groups<Options>(kDecoupled ? "AdamW" : "Adam", param_groups_, param_groups);
-}
-
-template <bool kDecoupled>
-void AdamT<kDecoupled>::add_param_group(const torch::optim::OptimizerParamGroup& param_group) {
-  add_group<Options>(kDecoupled ? "AdamW" : "Adam", *this, param_group);
-}
-
-template <bool kDecoupled>
-at::Tensor AdamT<kDecoupled>::step(LossClosure closure) {
-  at::Tensor loss = run_closure(closure);
-  const at::NoGradGuard no_grad;
-  core_step<AdamParamState, Options>(param_groups_, state_, &AdamT::config, grad_scale(), found_inf());
-  return loss;
-}
-
-template <bool kDecoupled>
-void AdamT<kDecoupled>::init_master_params() {
-  init_masters<AdamParamState>(param_groups_, state_);
-}
-
-template <bool kDecoupled>
-void AdamT<kDecoupled>::save(torch::serialize::OutputArchive& archive) const {
-  torch::optim::serialize<AdamParamState, Options>(archive, *this);
-}
-
-template <bool kDecoupled>
-void AdamT<kDecoupled>::load(torch::serialize::InputArchive& archive) {
-  checked_load<AdamParamState, Options>(kDecoupled ? "AdamW" : "Adam", *this, archive, &AdamT::config);
-}
-
 template struct AdamOptionsT<false>;
 template struct AdamOptionsT<true>;
+template class FusedOptimizer<AdamT<false>, AdamOptionsT<false>, AdamParamState>;
+template class FusedOptimizer<AdamT<true>, AdamOptionsT<true>, AdamParamState>;
 template class AdamT<false>;
 template class AdamT<true>;
 
@@ -412,7 +368,7 @@ void SGDParamState::serialize(torch::serialize::InputArchive& archive) {
 
 core::GroupConfig SGD::config(const SGDOptions& o) {
   core::GroupConfig c;
-  c.optimizer = "SGD";
+  c.optimizer = kName;
   c.algorithm = core::Algorithm::kSGD;
   c.lr = o.lr();
   c.lr_tensor = o.lr_tensor();
@@ -425,25 +381,6 @@ core::GroupConfig SGD::config(const SGDOptions& o) {
   c.write_unscaled_grads = o.write_unscaled_grads();
   return c;
 }
-
-SGD::SGD(const std::vector<torch::optim::OptimizerParamGroup>& param_groups, SGDOptions defaults)
-    : torch::optim::Optimizer(param_groups, std::make_unique<SGDOptions>(defaults)) {
-  core::check_config(config(defaults));
-  adopt_groups<SGDOptions>("SGD", param_groups_, param_groups);
-}
-
-void SGD::add_param_group(const torch::optim::OptimizerParamGroup& param_group) {
-  add_group<SGDOptions>("SGD", *this, param_group);
-}
-
-at::Tensor SGD::step(LossClosure closure) {
-  at::Tensor loss = run_closure(closure);
-  const at::NoGradGuard no_grad;
-  core_step<SGDParamState, SGDOptions>(param_groups_, state_, &SGD::config, grad_scale(), found_inf());
-  return loss;
-}
-
-void SGD::init_master_params() { init_masters<SGDParamState>(param_groups_, state_); }
 
 void SGD::save(torch::serialize::OutputArchive& archive) const {
   // torch::optim::serialize's layout, without the states that equal no state: a momentum buffer that no step has
@@ -467,9 +404,7 @@ void SGD::save(torch::serialize::OutputArchive& archive) const {
   archive.write("param_groups", groups_archive);
 }
 
-void SGD::load(torch::serialize::InputArchive& archive) {
-  checked_load<SGDParamState, SGDOptions>("SGD", *this, archive, &SGD::config);
-}
+template class FusedOptimizer<SGD, SGDOptions, SGDParamState>;
 
 // ---- LAMB -----------------------------------------------------------------------------------------------------
 
@@ -503,7 +438,7 @@ void LAMBOptions::serialize(torch::serialize::InputArchive& archive) {
 
 core::GroupConfig LAMB::config(const LAMBOptions& o) {
   core::GroupConfig c;
-  c.optimizer = "LAMB";
+  c.optimizer = kName;
   c.algorithm = core::Algorithm::kLamb;
   c.lr = o.lr();
   c.lr_tensor = o.lr_tensor();
@@ -520,32 +455,24 @@ core::GroupConfig LAMB::config(const LAMBOptions& o) {
   return c;
 }
 
-LAMB::LAMB(const std::vector<torch::optim::OptimizerParamGroup>& param_groups, LAMBOptions defaults)
-    : torch::optim::Optimizer(param_groups, std::make_unique<LAMBOptions>(defaults)) {
-  core::check_config(config(defaults));
-  adopt_groups<LAMBOptions>("LAMB", param_groups_, param_groups);
+void LAMB::prepare_step(std::vector<core::GroupConfig>& configs) {
+  if (std::none_of(configs.begin(), configs.end(), [](const auto& c) { return c.max_grad_norm > 0; })) {
+    return;
+  }
+  std::vector<at::Tensor> grads;
+  for (const auto& group : param_groups_) {
+    for (const auto& p : group.params()) {
+      if (p.grad().defined()) {
+        grads.push_back(p.grad());
+      }
+    }
+  }
+  last_grad_norm_ = ampkit::global_grad_norm(grads, grad_scale());
+  for (auto& c : configs) {
+    c.grad_norm = last_grad_norm_;
+  }
 }
 
-void LAMB::add_param_group(const torch::optim::OptimizerParamGroup& param_group) {
-  add_group<LAMBOptions>("LAMB", *this, param_group);
-}
-
-at::Tensor LAMB::step(LossClosure closure) {
-  at::Tensor loss = run_closure(closure);
-  const at::NoGradGuard no_grad;
-  core_step<AdamParamState, LAMBOptions>(param_groups_, state_, &LAMB::config, grad_scale(), found_inf(),
-                                         &last_grad_norm_);
-  return loss;
-}
-
-void LAMB::init_master_params() { init_masters<AdamParamState>(param_groups_, state_); }
-
-void LAMB::save(torch::serialize::OutputArchive& archive) const {
-  torch::optim::serialize<AdamParamState, LAMBOptions>(archive, *this);
-}
-
-void LAMB::load(torch::serialize::InputArchive& archive) {
-  checked_load<AdamParamState, LAMBOptions>("LAMB", *this, archive, &LAMB::config);
-}
+template class FusedOptimizer<LAMB, LAMBOptions, AdamParamState>;
 
 }  // namespace ampkit::optim

@@ -1,12 +1,15 @@
-// ampkit::optim::Adam, AdamW and SGD: torch::optim::Optimizer subclasses on ampkit's fused kernels. Options
-// mirror LibTorch's (AdamWOptions(lr).betas(...).weight_decay(...)) plus master_weights (MasterWeights: unset
-// keeps an FP32 master for FP16/BF16 parameters, true/false forces it, MasterWeights::remainder() keeps BF16
-// parameters' masters as int16 remainders), lr_tensor (a one-element tensor learning rate read on the device) and
-// write_unscaled_grads. Their decisions (state creation, checks, master modes, fallbacks) are ampkit::optim::core's,
-// shared with ampkit.optim in Python: FP16/BF16/FP32 parameters take the fused kernels with FP32 states; FP64 and
-// complex parameters, sparse SGD grads and parameters with gaps in memory take torch.optim's single-tensor
-// formulas on torch's state format. ampkit::GradScaler drives them without a host sync: it hands them
-// grad_scale/found_inf and the skip happens on the device.
+// ampkit::optim::Adam, AdamW, SGD and LAMB: torch::optim::Optimizer subclasses on ampkit's fused kernels. What they
+// share (construction, param groups, the step of every group, checked loads, masters) is written once in their base
+// FusedOptimizer; each adds its options, their conversion to core::GroupConfig and its state type. Options mirror
+// LibTorch's (AdamWOptions(lr).betas(...).weight_decay(...)) plus master_weights (MasterWeights: unset keeps an FP32
+// master for FP16/BF16 parameters, true/false forces it, MasterWeights::remainder() keeps BF16 parameters' masters
+// as int16 remainders), lr_tensor (a one-element tensor learning rate read on the device) and write_unscaled_grads
+// (not LAMB's, which only reads the grads). Their decisions (state creation, checks, master modes, fallbacks) are
+// ampkit::optim::core's, shared with ampkit.optim in Python: FP16/BF16/FP32 parameters take the fused kernels with
+// FP32 states; FP64 and complex parameters, sparse SGD grads and parameters with gaps in memory take torch.optim's
+// single-tensor formulas on torch's state format (LAMB takes FP16/BF16/FP32 dense parameters only).
+// ampkit::GradScaler drives them without a host sync: it hands them grad_scale/found_inf and the skip happens on
+// the device.
 #pragma once
 
 #include <torch/arg.h>
@@ -16,6 +19,7 @@
 #include <optional>
 #include <tuple>
 #include <typeinfo>
+#include <utility>
 #include <vector>
 
 #include "ampkit/export.h"
@@ -41,6 +45,43 @@ class AMPKIT_API ScaledStep : public AmpScalingOptimizer {
  private:
   at::Tensor grad_scale_;
   at::Tensor found_inf_;
+};
+
+// The base of the optimizers below (CRTP): everything they share, written once. Derived supplies
+//   static constexpr const char* kName;                      // "Adam": the name its errors use
+//   static core::GroupConfig config(const Options& options);  // the core's view of a group's options
+// and may hide prepare_step (LAMB's global grad norm) or override save (SGD's). State is the per-parameter state
+// it keeps. Instantiated in libampkit for Adam, AdamW, SGD and LAMB only.
+template <class Derived, class Options, class State>
+class AMPKIT_API FusedOptimizer : public torch::optim::Optimizer, public ScaledStep {
+ public:
+  // Adds a param group with its own options (torch::optim::Optimizer::add_param_group gives a group of a custom
+  // optimizer the defaults instead of the options it carries); a group carrying another optimizer's options is
+  // refused, as in the constructor.
+  void add_param_group(const torch::optim::OptimizerParamGroup& param_group);
+  // Checks every param group (options, parameter dtypes) before anything is written or created: a step that
+  // raises leaves every parameter and state as it was. Then one core::step per group, with the scaler's
+  // grad_scale/found_inf when GradScaler::step drives it.
+  at::Tensor step(LossClosure closure = nullptr) override;
+  // torch::optim::serialize's layout, with steps as int64 so that LibTorch's optimizers read it too (ignoring
+  // masters and ampkit's options): NOTE [LibTorch archives] in csrc/optim/libtorch_archive.h.
+  void save(torch::serialize::OutputArchive& archive) const override;
+  // Loads an archive of save() or, for Adam, AdamW and SGD, of LibTorch's optimizer of that name (LibTorch's
+  // options and int steps; the options it lacks from this optimizer's defaults; no masters: taken from the
+  // weights); checks the options and every state (shapes, dtypes, Adam's step and moments all present or all
+  // absent) and keeps states FP32: an archive that fails leaves the optimizer as it was.
+  void load(torch::serialize::InputArchive& archive) override;
+  // Creates every parameter's state now, with an FP32 master copied from its current value. Call it while the
+  // model is still FP32, then cast the model to FP16/BF16 (O2): the masters keep the unrounded weights.
+  void init_master_params();
+
+ protected:
+  // Checks the defaults (core::check_config) and keeps the options each group carries; a group carrying another
+  // optimizer's options is refused.
+  FusedOptimizer(const std::vector<torch::optim::OptimizerParamGroup>& param_groups, Options defaults);
+
+  // Called by step() once every group is checked, before the first is written: nothing here.
+  void prepare_step(std::vector<core::GroupConfig>&) {}
 };
 
 template <bool kDecoupled>
@@ -86,29 +127,15 @@ struct AMPKIT_API AdamParamState : public torch::optim::OptimizerCloneableParamS
 };
 
 template <bool kDecoupled>
-class AMPKIT_API AdamT : public torch::optim::Optimizer, public ScaledStep {
+class AMPKIT_API AdamT : public FusedOptimizer<AdamT<kDecoupled>, AdamOptionsT<kDecoupled>, AdamParamState> {
  public:
   using Options = AdamOptionsT<kDecoupled>;
-  explicit AdamT(const std::vector<torch::optim::OptimizerParamGroup>& param_groups, Options defaults = {});
+  static constexpr const char* kName = kDecoupled ? "AdamW" : "Adam";
+
+  explicit AdamT(const std::vector<torch::optim::OptimizerParamGroup>& param_groups, Options defaults = {})
+      : FusedOptimizer<AdamT, Options, AdamParamState>(param_groups, std::move(defaults)) {}
   explicit AdamT(std::vector<at::Tensor> params, Options defaults = {})
       : AdamT({torch::optim::OptimizerParamGroup(std::move(params))}, std::move(defaults)) {}
-
-  // Adds a param group with its own options (torch::optim::Optimizer::add_param_group gives a group of a custom
-  // optimizer the defaults instead of the options it carries).
-  void add_param_group(const torch::optim::OptimizerParamGroup& param_group);
-  // Checks every param group (options, parameter dtypes) before anything is written or created: a step that
-  // raises leaves every parameter and state as it was.
-  at::Tensor step(LossClosure closure = nullptr) override;
-  void save(torch::serialize::OutputArchive& archive) const override;
-  // Loads an archive of save() or of torch::optim::Adam/AdamW's (LibTorch's options and int steps; the options it
-  // lacks from this optimizer's defaults; no masters: taken from the weights); checks the options and every state
-  // (shapes, dtypes, Adam's step and moments all present or all absent) and keeps states FP32: an archive that
-  // fails leaves the optimizer as it was. save() writes steps as int64, so LibTorch's optimizers read it too
-  // (ignoring masters and ampkit's options): NOTE [LibTorch archives] in csrc/optim/optim.cpp.
-  void load(torch::serialize::InputArchive& archive) override;
-  // Creates every parameter's state now, with an FP32 master copied from its current value. Call it while the
-  // model is still FP32, then cast the model to FP16/BF16 (O2): the masters keep the unrounded weights.
-  void init_master_params();
 
   // The core's view of a group's options.
   static core::GroupConfig config(const Options& o);
@@ -146,22 +173,20 @@ struct AMPKIT_API SGDParamState : public torch::optim::OptimizerCloneableParamSt
   void serialize(torch::serialize::InputArchive& archive) override;
 };
 
-class AMPKIT_API SGD : public torch::optim::Optimizer, public ScaledStep {
+class AMPKIT_API SGD : public FusedOptimizer<SGD, SGDOptions, SGDParamState> {
  public:
-  explicit SGD(const std::vector<torch::optim::OptimizerParamGroup>& param_groups, SGDOptions defaults);
+  static constexpr const char* kName = "SGD";
+
+  explicit SGD(const std::vector<torch::optim::OptimizerParamGroup>& param_groups, SGDOptions defaults)
+      : FusedOptimizer(param_groups, std::move(defaults)) {}
   explicit SGD(std::vector<at::Tensor> params, SGDOptions defaults)
       : SGD({torch::optim::OptimizerParamGroup(std::move(params))}, std::move(defaults)) {}
 
-  void add_param_group(const torch::optim::OptimizerParamGroup& param_group);  // as AdamT's
-  at::Tensor step(LossClosure closure = nullptr) override;
-  // As AdamT's, with torch::optim::SGD's archives; states equal to none (step 0: a skipped first step) are not
-  // saved, since LibTorch takes any momentum buffer as filled.
+  // FusedOptimizer::save's, without the states that equal none (step 0: a skipped first step), since LibTorch
+  // takes any momentum buffer as filled.
   void save(torch::serialize::OutputArchive& archive) const override;
-  void load(torch::serialize::InputArchive& archive) override;  // as AdamT's
-  // As AdamT::init_master_params.
-  void init_master_params();
 
-  static core::GroupConfig config(const SGDOptions& o);
+  static core::GroupConfig config(const SGDOptions& o);  // as AdamT's
 };
 
 // LAMB (You et al. 2020) with the semantics and defaults of Apex's FusedLAMB (NVIDIA's BERT recipe): Adam moments,
@@ -193,24 +218,28 @@ struct AMPKIT_API LAMBOptions : public torch::optim::OptimizerCloneableOptions<L
   void serialize(torch::serialize::InputArchive& archive) override;
 };
 
-class AMPKIT_API LAMB : public torch::optim::Optimizer, public ScaledStep {
+class AMPKIT_API LAMB : public FusedOptimizer<LAMB, LAMBOptions, AdamParamState> {
  public:
-  explicit LAMB(const std::vector<torch::optim::OptimizerParamGroup>& param_groups, LAMBOptions defaults = {});
+  static constexpr const char* kName = "LAMB";
+
+  explicit LAMB(const std::vector<torch::optim::OptimizerParamGroup>& param_groups, LAMBOptions defaults = {})
+      : FusedOptimizer(param_groups, std::move(defaults)) {}
   explicit LAMB(std::vector<at::Tensor> params, LAMBOptions defaults = {})
       : LAMB({torch::optim::OptimizerParamGroup(std::move(params))}, std::move(defaults)) {}
 
-  void add_param_group(const torch::optim::OptimizerParamGroup& param_group);  // as AdamT's
-  at::Tensor step(LossClosure closure = nullptr) override;
-  void save(torch::serialize::OutputArchive& archive) const override;
-  void load(torch::serialize::InputArchive& archive) override;  // as AdamT's
-  void init_master_params();                                    // as AdamT's
   // The global norm of the unscaled grads that the last step() clipped with (undefined before a clipping step):
   // a 0-dim FP32 device tensor, read it without syncing each step.
   const at::Tensor& last_grad_norm() const { return last_grad_norm_; }
 
-  static core::GroupConfig config(const LAMBOptions& o);
+  static core::GroupConfig config(const LAMBOptions& o);  // as AdamT's
 
  private:
+  friend class FusedOptimizer<LAMB, LAMBOptions, AdamParamState>;
+
+  // The clipping of step(): with max_grad_norm > 0 in any group, one global norm over every group's grads, into
+  // each group's config and last_grad_norm_ (NOTE [LAMB passes]).
+  void prepare_step(std::vector<core::GroupConfig>& configs);
+
   at::Tensor last_grad_norm_;
 };
 
@@ -233,6 +262,10 @@ State* state_of(torch::optim::Optimizer& optimizer, const at::Tensor& p) {
 
 extern template struct AdamOptionsT<false>;
 extern template struct AdamOptionsT<true>;
+extern template class FusedOptimizer<AdamT<false>, AdamOptionsT<false>, AdamParamState>;
+extern template class FusedOptimizer<AdamT<true>, AdamOptionsT<true>, AdamParamState>;
+extern template class FusedOptimizer<SGD, SGDOptions, SGDParamState>;
+extern template class FusedOptimizer<LAMB, LAMBOptions, AdamParamState>;
 extern template class AdamT<false>;
 extern template class AdamT<true>;
 
