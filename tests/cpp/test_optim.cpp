@@ -1,9 +1,13 @@
 // ampkit::optim from C++: AdamW and SGD against LibTorch's on FP32, BF16 params following an FP32 run through
-// their masters, the sync-free GradScaler path with skipped steps, and torch::save / torch::load round trips.
+// their masters, the sync-free GradScaler path with skipped steps, torch::save / torch::load round trips, and what
+// Adam, AdamW, SGD and LAMB take from their shared base (param groups, names in errors, constructors).
 #include "support/catch_torch.h"
 
 #include <cstdio>
 #include <limits>
+#include <sstream>
+#include <string>
+#include <type_traits>
 
 #include "support/test_helpers.h"
 
@@ -402,5 +406,76 @@ TEST_CASE("optim::LAMB: bad options and parameters raise before anything is writ
   const auto before = ps[0].detach().clone();
   REQUIRE_THROWS_WITH(opt.step(), Catch::Contains("LAMB needs FP16, BF16 or FP32 parameters"));
   CHECK(bits_equal(ps[0].detach(), before));
+  CHECK(opt.state().empty());
+}
+
+namespace {
+
+template <class Optimizer>
+struct OptionsOf;
+template <bool kDecoupled>
+struct OptionsOf<ampkit::optim::AdamT<kDecoupled>> {
+  using type = ampkit::optim::AdamOptionsT<kDecoupled>;
+};
+template <>
+struct OptionsOf<ampkit::optim::SGD> {
+  using type = ampkit::optim::SGDOptions;
+};
+template <>
+struct OptionsOf<ampkit::optim::LAMB> {
+  using type = ampkit::optim::LAMBOptions;
+};
+
+// The constructors each optimizer has: explicit, with default options except SGD's (SGDOptions has no default lr).
+static_assert(std::is_constructible_v<ampkit::optim::Adam, std::vector<at::Tensor>>);
+static_assert(std::is_constructible_v<ampkit::optim::AdamW, std::vector<at::Tensor>>);
+static_assert(std::is_constructible_v<ampkit::optim::LAMB, std::vector<at::Tensor>>);
+static_assert(!std::is_constructible_v<ampkit::optim::SGD, std::vector<at::Tensor>>);
+static_assert(std::is_constructible_v<ampkit::optim::SGD, std::vector<at::Tensor>, ampkit::optim::SGDOptions>);
+static_assert(!std::is_convertible_v<std::vector<at::Tensor>, ampkit::optim::Adam>);
+static_assert(std::is_base_of_v<torch::optim::Optimizer, ampkit::optim::LAMB>);
+static_assert(std::is_base_of_v<ampkit::AmpScalingOptimizer, ampkit::optim::SGD>);
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("optim: Adam, AdamW, SGD and LAMB keep a group's options, refuse another's, and name themselves",
+                   "[optim][cpu]", ampkit::optim::Adam, ampkit::optim::AdamW, ampkit::optim::SGD, ampkit::optim::LAMB) {
+  using Options = typename OptionsOf<TestType>::type;
+  const std::string name = TestType::kName;
+  CHECK(std::string(TestType::config(Options(1e-3)).optimizer) == name);
+  auto a = torch::zeros({2}, torch::requires_grad());
+  auto b = torch::zeros({2}, torch::requires_grad());
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(std::vector<at::Tensor>{a});
+  groups.emplace_back(std::vector<at::Tensor>{b}, std::make_unique<Options>(2e-3));
+  TestType opt(groups, Options(1e-3));
+  CHECK(opt.param_groups()[0].options().get_lr() == 1e-3);
+  CHECK(opt.param_groups()[1].options().get_lr() == 2e-3);
+  auto c = torch::zeros({1}, torch::requires_grad());
+  opt.add_param_group(torch::optim::OptimizerParamGroup({c}, std::make_unique<Options>(5e-3)));
+  CHECK(opt.param_groups()[2].options().get_lr() == 5e-3);
+  CHECK(dynamic_cast<const Options*>(&opt.param_groups()[2].options()) != nullptr);
+
+  auto d = torch::zeros({1}, torch::requires_grad());
+  REQUIRE_THROWS_WITH(
+      opt.add_param_group(torch::optim::OptimizerParamGroup({d}, std::make_unique<torch::optim::AdagradOptions>(0.1))),
+      Catch::Contains("ampkit::optim::" + name + ": param group 3 carries the options of another optimizer"));
+  CHECK(opt.param_groups().size() == 3);
+  groups.emplace_back(std::vector<at::Tensor>{d}, std::make_unique<torch::optim::AdagradOptions>(0.1));
+  REQUIRE_THROWS_WITH(TestType(groups, Options(1e-3)),
+                      Catch::Contains("ampkit::optim::" + name + ": param group 2 carries the options of another"));
+
+  torch::serialize::OutputArchive no_version;  // LibTorch's layout before 1.5
+  no_version.write("learning_rate", c10::IValue(0.5));
+  std::ostringstream out;
+  no_version.save_to(out);
+  std::istringstream in(out.str());
+  torch::serialize::InputArchive archive;
+  archive.load_from(in);
+  REQUIRE_THROWS_WITH(opt.load(archive), Catch::Contains("ampkit::optim::" + name +
+                                                         "::load: the archive must hold "
+                                                         "'pytorch_version' = \"1.5.0\"") &&
+                                             Catch::Contains("but it has none"));
+  CHECK(opt.param_groups()[2].options().get_lr() == 5e-3);
   CHECK(opt.state().empty());
 }
