@@ -194,6 +194,7 @@ class GradScaler:
             raise_at_min_scale=raise_at_min_scale, dynamic=dynamic,
             calibration_margin=calibration_margin, spike_skip=spike_skip)
         self._grouped = process_group is not None
+        self._hook_buckets: set = set()  # the DDP buckets unscaled by ampkit.distributed's hooks this iteration
         if calibrate:
             self._options["init_scale"] = "auto"
 
@@ -368,7 +369,7 @@ class GradScaler:
     def _note_hook_bucket(self, index: int, hook: str) -> None:
         """ampkit.distributed's hooks: refuse a second unscale of one DDP bucket in an iteration (a second
         backward before update() would add scaled grads to unscaled ones and unscale both)."""
-        buckets = self.__dict__.setdefault("_hook_buckets", set())
+        buckets = self._hook_buckets
         if index in buckets:
             raise RuntimeError(
                 f"ampkit.distributed.{hook}: DDP bucket {index} was already all-reduced and unscaled in this "
@@ -399,7 +400,8 @@ class GradScaler:
         """Back off or grow the scale on the device from this iteration's inf checks (or set ``new_scale``)."""
         if not self._enabled:
             return
-        self.__dict__.pop("_hook_buckets", None)
+        if self._hook_buckets:  # (no __dict__ access: torch 2.11's Dynamo cannot trace one in a compiled update)
+            self._hook_buckets.clear()
         if new_scale is None and self._traced():
             torch.ops.ampkit._scaler_update(self._handle)
         elif new_scale is None:
