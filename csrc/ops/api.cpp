@@ -10,6 +10,7 @@
 #include "ampkit/ops.h"
 #include "cpu/cpu_loops.h"
 #include "cuda_archs.h"
+#include "op_args.h"
 
 namespace ampkit {
 namespace {
@@ -108,6 +109,42 @@ at::Tensor grad_norm(at::TensorList grads, const std::optional<at::Tensor>& grad
     return at::zeros({}, at::TensorOptions().dtype(at::kFloat));
   }
   return op_handle<grad_norm>("ampkit::grad_norm").call(grads, grad_scale);
+}
+
+std::tuple<at::Tensor, at::Tensor, std::optional<at::Tensor>> fp8_quantize(const at::Tensor& x, const at::Tensor& scale,
+                                                                           at::ScalarType dtype, bool transpose) {
+  return op_handle<fp8_quantize>("ampkit::fp8_quantize").call(x, scale, dtype, transpose);
+}
+
+at::Tensor fp8_compute_scale(const at::Tensor& amax, double fp8_max, double margin, double epsilon, bool power_of_2) {
+  return op_handle<fp8_compute_scale>("ampkit::fp8_compute_scale").call(amax, fp8_max, margin, epsilon, power_of_2);
+}
+
+void fp8_update_amax_history_and_scale_(at::TensorList amax_histories, at::TensorList scales,
+                                        c10::string_view amax_compute_algo, c10::ArrayRef<double> fp8_maxes,
+                                        double margin) {
+  if (amax_histories.empty() && scales.empty()) {  // no tensor to dispatch on: checked here, nothing to do
+    detail::check(detail::Fp8UpdateArgs{"fp8_update_amax_history_and_scale_", amax_histories, scales,
+                                        std::string_view(amax_compute_algo.data(), amax_compute_algo.size()), fp8_maxes,
+                                        margin});
+    return;
+  }
+  op_handle<fp8_update_amax_history_and_scale_>("ampkit::fp8_update_amax_history_and_scale_")
+      .call(amax_histories, scales, amax_compute_algo, fp8_maxes, margin);
+}
+
+at::Tensor fp8_linear(const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                      c10::string_view fp8_format, double amax_epsilon, bool power_of_2,
+                      std::optional<at::ScalarType> out_dtype) {
+  return op_handle<fp8_linear>("ampkit::fp8_linear")
+      .call(input, weight, bias, fp8_format, amax_epsilon, power_of_2, out_dtype);
+}
+
+at::Tensor fp8_linear_delayed(const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                              at::TensorList amax_histories, at::TensorList scales, c10::string_view fp8_format,
+                              std::optional<at::ScalarType> out_dtype) {
+  return op_handle<fp8_linear_delayed>("ampkit::fp8_linear_delayed")
+      .call(input, weight, bias, amax_histories, scales, fp8_format, out_dtype);
 }
 
 GradStats grad_stats_by_name(const at::Tensor& rows) {

@@ -10,12 +10,14 @@
 #include <vector>
 
 #include "ampkit/ops.h"
+#include "fp8_linear.h"
 
 namespace ampkit::detail {
 namespace {
 
 // NOTE [Autograd kernels]
-// ampkit's ops have no derivatives. Without a kernel for the Autograd key, the dispatcher sends every call through
+// ampkit's ops have no derivatives, except fp8_linear and fp8_linear_delayed, whose kernels here apply a C++ autograd
+// function (NOTE [FP8 linear] in fp8_linear.cpp). Without a kernel for the Autograd key, the dispatcher sends every call through
 // torch's boxed autograd fallback, which turns each tensor of each list into an IValue and back before the
 // backend kernel runs: about a microsecond per tensor for the optimizer steps' five to eight lists, most of a
 // step over thousands of small tensors. These kernels run the op below autograd without boxing, redispatching with
@@ -137,6 +139,9 @@ AMPKIT_OP_NAME(lamb_step_)
 AMPKIT_OP_NAME(grad_norm)
 AMPKIT_OP_NAME(global_grad_norm)
 AMPKIT_OP_NAME(make_optim_state)
+AMPKIT_OP_NAME(fp8_quantize)
+AMPKIT_OP_NAME(fp8_compute_scale)
+AMPKIT_OP_NAME(fp8_update_amax_history_and_scale_)
 #undef AMPKIT_OP_NAME
 
 }  // namespace
@@ -159,4 +164,10 @@ TORCH_LIBRARY_IMPL(ampkit, Autograd, m) {
   AMPKIT_BELOW_AUTOGRAD(grad_norm);
   AMPKIT_BELOW_AUTOGRAD(global_grad_norm);
   AMPKIT_BELOW_AUTOGRAD(make_optim_state);
+  AMPKIT_BELOW_AUTOGRAD(fp8_quantize);
+  AMPKIT_BELOW_AUTOGRAD(fp8_compute_scale);
+  AMPKIT_BELOW_AUTOGRAD(fp8_update_amax_history_and_scale_);
+  // The differentiable ops: a C++ autograd function each (NOTE [FP8 linear] in fp8_linear.cpp).
+  m.impl("fp8_linear", TORCH_FN(fp8_linear_autograd));
+  m.impl("fp8_linear_delayed", TORCH_FN(fp8_linear_delayed_autograd));
 }

@@ -17,4 +17,7 @@ TORCH_LIBRARY_IMPL(ampkit, Meta, m) {
   m.impl("sgd_step_", &sgd_step_kernel<nullptr>);
   m.impl("lamb_step_", &lamb_step_kernel<nullptr>);
   m.impl("grad_norm", &grad_norm_kernel<grad_norm_result>);
+  m.impl("fp8_quantize", &fp8_quantize_kernel<nullptr>);
+  m.impl("fp8_compute_scale", &fp8_compute_scale_kernel<nullptr>);
+  m.impl("fp8_update_amax_history_and_scale_", &fp8_update_amax_history_and_scale_kernel<nullptr>);
 }

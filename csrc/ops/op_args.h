@@ -7,9 +7,11 @@
 #include <ATen/core/Tensor.h>
 
 #include <optional>
+#include <string_view>
 #include <vector>
 
 #include "../../kernels/amp_functors.h"
+#include "../../kernels/fp8_functors.h"
 #include "../../kernels/optim_functors.h"
 
 namespace ampkit::detail {
@@ -109,12 +111,46 @@ struct GradNormArgs {
   std::optional<at::Tensor> grad_scale;
 };
 
+// fp8_quantize: q = saturate(x * scale) in `dtype` (NOTE [Saturating FP8 cast]), amax = max |x|, and the
+// transposed copy of a 2-D x when `transpose`.
+struct Fp8QuantizeArgs {
+  const char* op;
+  at::Tensor x;
+  at::Tensor scale;
+  at::ScalarType dtype;
+  bool transpose;
+};
+
+// fp8_compute_scale (NOTE [FP8 scale]): one scale per element of amax.
+struct Fp8ComputeScaleArgs {
+  const char* op;
+  at::Tensor amax;
+  double fp8_max;
+  double margin;
+  double epsilon;
+  bool power_of_2;
+};
+
+// fp8_update_amax_history_and_scale_ (NOTE [Delayed scaling update]): fp8_maxes has one value per history, or one
+// for all of them.
+struct Fp8UpdateArgs {
+  const char* op;
+  at::TensorList amax_histories;
+  at::TensorList scales;
+  std::string_view amax_compute_algo;
+  c10::ArrayRef<double> fp8_maxes;
+  double margin;
+};
+
 // Throw (naming the op, the argument and the list index) unless the arguments are consistent.
 void check(const UnscaleArgs& a);
 void check(const UpdateScaleArgs& a);
 void check(const CastArgs& a);
 void check(const GradStatsArgs& a);
 void check(const GradNormArgs& a);
+void check(const Fp8QuantizeArgs& a);
+void check(const Fp8ComputeScaleArgs& a);
+void check(const Fp8UpdateArgs& a);
 // The same for the fused steps, which also fill `tensors`, when given (the Meta kernels check only), with one
 // kernel descriptor per parameter (zero-size params included: their step counts advance), built in the same
 // pass as the checks (NOTE [One pass per parameter]).
@@ -128,5 +164,9 @@ kernels::UpdateScaleOp update_scale_op(const UpdateScaleArgs& a);
 kernels::AdamParams adam_params(const AdamStepArgs& a, double lr, int tail_width);
 kernels::SgdParams sgd_params(const SgdStepArgs& a, double lr, int tail_width);
 kernels::LambParams lamb_params(const LambStepArgs& a, double lr);
+kernels::Fp8Format fp8_format(at::ScalarType dtype);
+kernels::Fp8ScaleOp fp8_scale_op(double fp8_max, double margin, double epsilon, bool power_of_2);
+// The update's functor for history i (fp8_maxes[i], or fp8_maxes[0] for all).
+kernels::Fp8HistoryOp fp8_history_op(const Fp8UpdateArgs& a, size_t i);
 
 }  // namespace ampkit::detail

@@ -5,6 +5,9 @@
 // role: the schema (registration.cpp), the public declaration, and this file.
 #pragma once
 
+#include <ATen/ops/empty_like.h>
+
+#include <tuple>
 #include <type_traits>
 
 #include "ampkit/ops.h"
@@ -142,6 +145,43 @@ at::Tensor grad_norm_kernel(at::TensorList grads, const std::optional<at::Tensor
 // The 0-dim FP32 result of grad_norm on the device of its arguments (the Meta kernel's whole work).
 at::Tensor grad_norm_result(const GradNormArgs& a);
 
+// fp8_quantize's results (q, amax, q_t), allocated on x's device: amax zeroed, q_t only with transpose.
+using Fp8QuantizeResult = std::tuple<at::Tensor, at::Tensor, std::optional<at::Tensor>>;
+Fp8QuantizeResult fp8_quantize_result(const Fp8QuantizeArgs& a);
+
+template <void (*Run)(const Fp8QuantizeArgs&, const Fp8QuantizeResult&)>
+Fp8QuantizeResult fp8_quantize_kernel(const at::Tensor& x, const at::Tensor& scale, at::ScalarType dtype,
+                                      bool transpose) {
+  const Fp8QuantizeArgs args{"fp8_quantize", x, scale, dtype, transpose};
+  check(args);
+  Fp8QuantizeResult out = fp8_quantize_result(args);
+  if constexpr (Run != nullptr) {
+    Run(args, out);
+  }
+  return out;
+}
+
+template <void (*Run)(const Fp8ComputeScaleArgs&, const at::Tensor&)>
+at::Tensor fp8_compute_scale_kernel(const at::Tensor& amax, double fp8_max, double margin, double epsilon,
+                                    bool power_of_2) {
+  const Fp8ComputeScaleArgs args{"fp8_compute_scale", amax, fp8_max, margin, epsilon, power_of_2};
+  check(args);
+  at::Tensor scale = at::empty_like(amax, at::MemoryFormat::Contiguous);
+  if constexpr (Run != nullptr) {
+    Run(args, scale);
+  }
+  return scale;
+}
+
+template <RunFn<Fp8UpdateArgs> Run>
+void fp8_update_amax_history_and_scale_kernel(at::TensorList amax_histories, at::TensorList scales,
+                                              c10::string_view amax_compute_algo, c10::ArrayRef<double> fp8_maxes,
+                                              double margin) {
+  check_and_run<Fp8UpdateArgs, Run>({"fp8_update_amax_history_and_scale_", amax_histories, scales,
+                                     std::string_view(amax_compute_algo.data(), amax_compute_algo.size()), fp8_maxes,
+                                     margin});
+}
+
 // Each kernel has exactly the signature of its public entry point.
 static_assert(std::is_same_v<decltype(unscale_and_check_kernel<nullptr>), decltype(ampkit::unscale_and_check_)>);
 static_assert(std::is_same_v<decltype(check_finite_kernel<nullptr>), decltype(ampkit::check_finite_)>);
@@ -156,5 +196,9 @@ static_assert(std::is_same_v<decltype(adamw_step_kernel<nullptr>), decltype(ampk
 static_assert(std::is_same_v<decltype(sgd_step_kernel<nullptr>), decltype(ampkit::sgd_step_)>);
 static_assert(std::is_same_v<decltype(lamb_step_kernel<nullptr>), decltype(ampkit::lamb_step_)>);
 static_assert(std::is_same_v<decltype(grad_norm_kernel<grad_norm_result>), decltype(ampkit::grad_norm)>);
+static_assert(std::is_same_v<decltype(fp8_quantize_kernel<nullptr>), decltype(ampkit::fp8_quantize)>);
+static_assert(std::is_same_v<decltype(fp8_compute_scale_kernel<nullptr>), decltype(ampkit::fp8_compute_scale)>);
+static_assert(std::is_same_v<decltype(fp8_update_amax_history_and_scale_kernel<nullptr>),
+                             decltype(ampkit::fp8_update_amax_history_and_scale_)>);
 
 }  // namespace ampkit::detail

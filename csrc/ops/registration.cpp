@@ -61,4 +61,23 @@ TORCH_LIBRARY(ampkit, m) {
   m.def("make_optim_state(Tensor param, str[] entries, float step=0.0) -> Tensor[]", {at::Tag::pt2_compliant_tag});
   // grad_norm over grads on several devices: each device's norm, combined in FP64 on the first grad's device.
   m.def("global_grad_norm(Tensor[] grads, Tensor? grad_scale=None) -> Tensor", {at::Tag::pt2_compliant_tag});
+  // FP8 (docs/fp8.md; the formulas in kernels/fp8_functors.h). quantize: q = saturate(x * scale) in dtype, the
+  // amax of x, and for 2-D x the transposed copy, in one pass; scale: tensorwise (one element) or rowwise.
+  m.def("fp8_quantize(Tensor x, Tensor scale, ScalarType dtype, bool transpose=False) -> (Tensor q, Tensor amax, "
+        "Tensor? q_t)",
+        {at::Tag::pt2_compliant_tag});
+  m.def("fp8_compute_scale(Tensor amax, float fp8_max, float margin=0.0, float epsilon=1e-12, bool power_of_2=False) "
+        "-> Tensor",
+        {at::Tag::pt2_compliant_tag});
+  m.def("fp8_update_amax_history_and_scale_(Tensor(a!)[] amax_histories, Tensor(b!)[] scales, str amax_compute_algo, "
+        "float[] fp8_maxes, float margin=0.0) -> ()",
+        {at::Tag::pt2_compliant_tag});
+  // The FP8 linear layer (NOTE [FP8 linear] in fp8_linear.cpp), differentiable through its C++ Autograd kernel:
+  // current scaling (pure), and delayed scaling with the (input, weight, grad_output) histories and scales, which
+  // records the amaxes into row 0 of the histories (grad_output's in the backward).
+  m.def("fp8_linear(Tensor input, Tensor weight, Tensor? bias, str fp8_format='hybrid', float amax_epsilon=1e-12, "
+        "bool power_of_2=False, ScalarType? out_dtype=None) -> Tensor",
+        {at::Tag::pt2_compliant_tag});
+  m.def("fp8_linear_delayed(Tensor input, Tensor weight, Tensor? bias, Tensor(a!)[] amax_histories, Tensor[] scales, "
+        "str fp8_format='hybrid', ScalarType? out_dtype=None) -> Tensor");
 }

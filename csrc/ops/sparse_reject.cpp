@@ -50,7 +50,8 @@ void reject_layouts(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 void register_rejects(torch::Library& m) {
   for (const char* name :
        {"unscale_and_check_", "check_finite_", "cast_divide_", "cast_unscale_and_check_", "grad_stats", "update_scale_",
-        "update_scale_hysteresis_", "adamw_step_", "sgd_step_", "lamb_step_", "grad_norm"}) {
+        "update_scale_hysteresis_", "adamw_step_", "sgd_step_", "lamb_step_", "grad_norm", "fp8_quantize",
+        "fp8_compute_scale", "fp8_update_amax_history_and_scale_"}) {
     m.impl(name, torch::CppFunction::makeFromBoxedFunction<&reject_layouts>());
   }
 }

@@ -86,5 +86,6 @@ void bind_autocast(py::module_& m);     // bind_autocast.cpp: overrides, registe
 void bind_monitor(py::module_& m);      // bind_monitor.cpp: GradStatsLog, OpStatsGuard
 void bind_optim(py::module_& m);        // bind_optim.cpp: ampkit.optim's bridge to ampkit::optim::core
 void bind_distributed(py::module_& m);  // bind_distributed.cpp: GradientAllReduce
+void bind_fp8(py::module_& m);          // bind_fp8.cpp: FP8 recipe checks and shape rule
 
 }  // namespace ampkit::python

@@ -1,6 +1,6 @@
 // The pybind11 module ampkit._C: assembles the component bindings, one file each (bind_scaler.cpp,
-// bind_autocast.cpp, bind_monitor.cpp, bind_optim.cpp, bind_distributed.cpp; shared helpers in binding.h) and
-// binds the build's description. The ops reach Python through the dispatcher (torch.ops.ampkit.*), registered
+// bind_autocast.cpp, bind_monitor.cpp, bind_optim.cpp, bind_distributed.cpp, bind_fp8.cpp; shared helpers in
+// binding.h) and binds the build's description. The ops reach Python through the dispatcher (torch.ops.ampkit.*), registered
 // when this module's dependency libampkit is loaded.
 #include <torch/extension.h>
 
@@ -36,4 +36,5 @@ PYBIND11_MODULE(_C, m) {
   ampkit::python::bind_monitor(m);
   ampkit::python::bind_optim(m);
   ampkit::python::bind_distributed(m);
+  ampkit::python::bind_fp8(m);
 }

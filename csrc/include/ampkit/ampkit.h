@@ -9,3 +9,4 @@
 #include "ampkit/lr_scheduler.h"
 #include "ampkit/distributed.h"
 #include "ampkit/monitor.h"
+#include "ampkit/fp8.h"

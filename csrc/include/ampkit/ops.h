@@ -7,6 +7,7 @@
 
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "ampkit/export.h"
@@ -165,6 +166,54 @@ AMPKIT_API at::Tensor global_grad_norm(at::TensorList grads,
 
 AMPKIT_API std::vector<at::Tensor> make_optim_state(const at::Tensor& param, const std::vector<std::string>& entries,
                                                     double step = 0.0);
+
+// FP8 (docs/fp8.md). quantize: q = saturate(x * scale) cast to `dtype` (torch.float8_e4m3fn or float8_e5m2) with
+// one rounding to nearest-even, values beyond the format's largest finite one and +-Inf saturating to +-max, NaN
+// staying NaN; amax = max |x| of the unscaled x (a 0-dim FP32 tensor, NaN if any element is NaN); q_t, when
+// `transpose` (2-D x only), the contiguous transpose of q, written in the same pass. x: FP32, BF16 or FP16, any
+// strides; scale: one FP32 element (tensorwise) or x's shape with the last dimension 1 (rowwise), on x's device,
+// read on the device. Reads x and scale only.
+AMPKIT_API std::tuple<at::Tensor, at::Tensor, std::optional<at::Tensor>> fp8_quantize(const at::Tensor& x,
+                                                                                      const at::Tensor& scale,
+                                                                                      at::ScalarType dtype,
+                                                                                      bool transpose = false);
+
+// The scale for each element of `amax` (FP32, any shape; the result is a new contiguous FP32 tensor of its shape):
+// a = max(amax, epsilon); a of 0, Inf or NaN gives 1; else (fp8_max / a) / 2^margin, an overflow giving FLT_MAX,
+// rounded down to a power of two when power_of_2 (NOTE [FP8 scale] in kernels/fp8_functors.h). The default epsilon
+// 1e-12 (torchao's) keeps an all-zero tensor from a zero amax: it gets the scale fp8_max / 1e-12.
+AMPKIT_API at::Tensor fp8_compute_scale(const at::Tensor& amax, double fp8_max, double margin = 0.0,
+                                        double epsilon = 1e-12, bool power_of_2 = false);
+
+// Delayed scaling's end-of-iteration update of every FP8 tensor in one call, on the device, no host sync: for each
+// history (FP32, contiguous, rows first, the same number of rows for all; row 0 holds the current amaxes) and its
+// scale (FP32, contiguous, one element per history column), amax = the maximum over the rows ("max") or row 0
+// ("most_recent"); scale = (fp8_max / amax) / 2^margin, kept as it was when amax is 0, Inf or NaN, FLT_MAX on
+// overflow; then the history rolls by -1 along the rows and row 0 is zeroed (NOTE [Delayed scaling update]).
+// fp8_maxes: one per history, or one for all. Mutates amax_histories and scales.
+AMPKIT_API void fp8_update_amax_history_and_scale_(at::TensorList amax_histories, at::TensorList scales,
+                                                   c10::string_view amax_compute_algo, c10::ArrayRef<double> fp8_maxes,
+                                                   double margin = 0.0);
+
+// y = q(input) q(weight)^T (+ bias) on torch._scaled_mm, differentiable: dX = q(dY) q(weight), dW = q(input)^T q(dY),
+// each operand quantized tensorwise by fp8_quantize (NOTE [FP8 linear] in csrc/ops/fp8_linear.cpp). fp8_format
+// "hybrid": E4M3 for input and weight, E5M2 for dY; "e4m3": E4M3 for all three. fp8_linear: current scaling, each
+// operand's scale from its own amax (fp8_compute_scale with amax_epsilon and power_of_2). The output dtype is
+// out_dtype, else autocast's when autocast is on for input's device, else input's.
+AMPKIT_API at::Tensor fp8_linear(const at::Tensor& input, const at::Tensor& weight,
+                                 const std::optional<at::Tensor>& bias, c10::string_view fp8_format = "hybrid",
+                                 double amax_epsilon = 1e-12, bool power_of_2 = false,
+                                 std::optional<at::ScalarType> out_dtype = std::nullopt);
+
+// fp8_linear with delayed scaling: amax_histories and scales hold three tensors each, for input, weight and
+// grad_output (a history of one column, [rows] or [rows, 1], FP32; a one-element FP32 scale). Each operand is
+// quantized with its scale as it is (fp8_update_amax_history_and_scale_ updates them between iterations), and its
+// amax goes into row 0 of its history (the maximum with what row 0 holds; grad_output's in the backward).
+// Mutates amax_histories.
+AMPKIT_API at::Tensor fp8_linear_delayed(const at::Tensor& input, const at::Tensor& weight,
+                                         const std::optional<at::Tensor>& bias, at::TensorList amax_histories,
+                                         at::TensorList scales, c10::string_view fp8_format = "hybrid",
+                                         std::optional<at::ScalarType> out_dtype = std::nullopt);
 
 // What this build of ampkit contains: whether its CUDA kernels were compiled, for which architectures, and
 // which instruction set the CPU loops use on this machine.

@@ -1,0 +1,21 @@
+// The Autograd kernels of fp8_linear and fp8_linear_delayed (fp8_linear.cpp; NOTE [FP8 linear]): unlike the other
+// ops' kernels on that key, they record a C++ autograd function. autograd_kernels.cpp registers them.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/string_view.h>
+
+#include <optional>
+
+namespace ampkit::detail {
+
+at::Tensor fp8_linear_autograd(const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                               c10::string_view fp8_format, double amax_epsilon, bool power_of_2,
+                               std::optional<at::ScalarType> out_dtype);
+
+at::Tensor fp8_linear_delayed_autograd(const at::Tensor& input, const at::Tensor& weight,
+                                       const std::optional<at::Tensor>& bias, at::TensorList amax_histories,
+                                       at::TensorList scales, c10::string_view fp8_format,
+                                       std::optional<at::ScalarType> out_dtype);
+
+}  // namespace ampkit::detail

@@ -1,0 +1,171 @@
+// The formulas of FP8 training, one functor or function each, shared by the CPU loops and the CUDA kernels: the
+// saturating FP32 -> FP8 conversion (E4M3FN, E5M2), the amax accumulation, the scale from an amax (Transformer
+// Engine's semantics) and the delayed-scaling update of one amax history column.
+#pragma once
+
+#include "common.h"
+
+namespace ampkit::kernels {
+
+// The two FP8 formats of the OCP 8-bit floating point specification that FP8 training uses.
+enum class Fp8Format : uint8_t { kE4M3 = 0, kE5M2 = 1 };
+
+// Largest finite values: E4M3FN 448 (S.1111.110), E5M2 57344 (S.11110.11).
+constexpr float kFp8E4M3Max = 448.f;
+constexpr float kFp8E5M2Max = 57344.f;
+constexpr float kFloatMax = 3.40282347e+38f;
+
+// NOTE [Saturating FP8 cast]
+// v -> FP8 with one rounding to nearest-even; a value beyond the format's largest finite one, and +-Inf, become
+// +-max (the saturation of the hardware's cvt.rn.satfinite and Transformer Engine's casts; torch's eager CPU cast
+// sends E5M2 overflows to Inf instead); NaN stays NaN (0x7F with v's sign). The conversion is done here in integer
+// arithmetic, so the CPU loops and the CUDA kernels (any architecture, and the emulated build) produce the same
+// bits. Callers compute v = x * scale in FP32 first; the amax they report comes from x itself (fp8_abs_bits), so
+// a non-finite input is visible in the amax even though the cast saturates it.
+template <Fp8Format F>
+AMPKIT_HOST_DEVICE AMPKIT_INLINE uint8_t fp8_from_float(float v) {
+  constexpr int kMantissa = F == Fp8Format::kE4M3 ? 3 : 2;
+  constexpr int kBias = F == Fp8Format::kE4M3 ? 7 : 15;
+  constexpr uint32_t kMaxCode = F == Fp8Format::kE4M3 ? 0x7Eu : 0x7Bu;
+  constexpr float kMax = F == Fp8Format::kE4M3 ? kFp8E4M3Max : kFp8E5M2Max;
+  const uint32_t bits = bit_cast<uint32_t>(v);
+  const uint32_t sign = (bits >> 24) & 0x80u;
+  const uint32_t abs_bits = bits & 0x7fffffffu;
+  if (abs_bits > 0x7f800000u) {
+    return static_cast<uint8_t>(sign | 0x7Fu);
+  }
+  if (abs_bits > bit_cast<uint32_t>(kMax)) {  // finite overflow and Inf saturate
+    return static_cast<uint8_t>(sign | kMaxCode);
+  }
+  const int exponent = static_cast<int>(abs_bits >> 23) - 127;  // -127 for zero and FP32 subnormals
+  const uint32_t mantissa = abs_bits & 0x7fffffu;
+  uint32_t code;
+  uint32_t rest;
+  uint32_t half;
+  if (exponent >= 1 - kBias) {  // a normal FP8 number: drop 23 - kMantissa mantissa bits
+    constexpr int kDrop = 23 - kMantissa;
+    code = (static_cast<uint32_t>(exponent + kBias) << kMantissa) | (mantissa >> kDrop);
+    rest = mantissa & ((1u << kDrop) - 1u);
+    half = 1u << (kDrop - 1);
+  } else {  // an FP8 subnormal (or zero): units of 2^(1 - kBias - kMantissa)
+    const uint32_t significand = exponent == -127 ? mantissa : (mantissa | 0x800000u);
+    const int shift = 23 + (1 - kBias - kMantissa) - (exponent == -127 ? -126 : exponent);
+    if (shift >= 32) {
+      return static_cast<uint8_t>(sign);
+    }
+    code = significand >> shift;
+    rest = significand & ((1u << shift) - 1u);
+    half = 1u << (shift - 1);
+  }
+  if (rest > half || (rest == half && (code & 1u) != 0)) {
+    code += 1;  // a carry into the exponent field is the next binade, as it should be
+  }
+  return static_cast<uint8_t>(sign | code);
+}
+
+AMPKIT_HOST_DEVICE AMPKIT_INLINE uint8_t fp8_from_float(float v, Fp8Format format) {
+  return format == Fp8Format::kE4M3 ? fp8_from_float<Fp8Format::kE4M3>(v) : fp8_from_float<Fp8Format::kE5M2>(v);
+}
+
+// One element of fp8_quantize: x * scale, one FP32 rounding, then the saturating cast.
+AMPKIT_HOST_DEVICE AMPKIT_INLINE uint8_t fp8_quantize_value(float x, float scale, Fp8Format format) {
+  return fp8_from_float(x * scale, format);
+}
+
+// |x| as FP32 bits for an amax taken as an unsigned maximum: every NaN becomes the canonical 0x7fc00000, above
+// +Inf's 0x7f800000, so a maximum over these bits is NaN if any element is NaN, and otherwise max |x| (the order of
+// the elements never matters: CPU threads and CUDA blocks agree bit for bit).
+AMPKIT_HOST_DEVICE AMPKIT_INLINE uint32_t fp8_abs_bits(float x) {
+  const uint32_t a = bit_cast<uint32_t>(x) & 0x7fffffffu;
+  return a > 0x7f800000u ? 0x7fc00000u : a;
+}
+
+// NOTE [FP8 scale]
+// The scale that maps an amax onto the format's range (Transformer Engine's compute_scale_from_amax and its
+// delayed-scaling default):
+//   a = max(amax, epsilon)                 (a NaN amax stays NaN)
+//   a == 0, Inf or NaN  -> fallback         (1 for current scaling, the previous scale for delayed scaling)
+//   scale = (fp8_max / a) / margin_divisor  (margin_divisor = 2^margin, formed by the caller in double)
+//   scale Inf           -> FLT_MAX
+//   power_of_2          -> scale rounded down to a power of two (exponent bits kept, mantissa cleared), unless
+//                          that would give 0 (a subnormal scale is kept as it is)
+// Every step is one FP32 operation, correctly rounded on the CPU and on CUDA (no fast-math, no contraction).
+struct Fp8ScaleOp {
+  float fp8_max;
+  float margin_divisor = 1.f;
+  float epsilon = 0.f;
+  bool power_of_2 = false;
+
+  AMPKIT_HOST_DEVICE float operator()(float amax, float fallback) const {
+    float a = amax < epsilon ? epsilon : amax;
+    if (a == 0.f || is_non_finite(a)) {
+      return fallback;
+    }
+    float scale = (fp8_max / a) / margin_divisor;
+    if (is_non_finite(scale)) {
+      scale = kFloatMax;
+    }
+    if (power_of_2) {
+      const uint32_t rounded = bit_cast<uint32_t>(scale) & 0xff800000u;
+      if ((rounded & 0x7f800000u) != 0) {
+        scale = bit_cast<float>(rounded);
+      }
+    }
+    return scale;
+  }
+};
+
+// NOTE [Delayed scaling update]
+// One column of an amax history (rows x columns, row-major FP32; row 0 collects the current iteration's amax) and
+// its scale, as Transformer Engine's delayed scaling updates them at the end of an iteration:
+//   amax  = row 0 (most_recent) or the maximum over every row (max; NaN if any row is NaN, fp8_abs_bits)
+//   scale = Fp8ScaleOp(amax, fallback = the previous scale)  (a 0, Inf or NaN amax keeps the scale)
+//   then the column rolls by -1 (row r takes row r + 1, the last row takes row 0) and row 0 is zeroed,
+// so the scale used in iteration i comes from the amaxes recorded before iteration i.
+struct Fp8HistoryOp {
+  Fp8ScaleOp scale_op;
+  int64_t rows;
+  bool most_recent;
+
+  // The amax of the column starting at `history` (stride: the number of columns).
+  AMPKIT_HOST_DEVICE float amax(const float* history, int64_t stride) const {
+    if (most_recent) {
+      return history[0];
+    }
+    uint32_t m = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      const uint32_t b = fp8_abs_bits(history[r * stride]);
+      m = b > m ? b : m;
+    }
+    return bit_cast<float>(m);
+  }
+
+  // Updates one column and its scale in place.
+  AMPKIT_HOST_DEVICE void operator()(float* history, int64_t stride, float* scale) const {
+    *scale = scale_op(amax(history, stride), *scale);
+    const float first = history[0];
+    for (int64_t r = 0; r + 1 < rows; ++r) {
+      history[r * stride] = history[(r + 1) * stride];
+    }
+    history[(rows - 1) * stride] = first;
+    history[0] = 0.f;
+  }
+};
+
+// The arguments of one fp8_quantize pass: x (dense, rows x cols, FP32, BF16 or FP16) times its scale (one FP32
+// value, or one per row when rowwise) cast to `format` into q (rows x cols) and, when q_t is not null, into q_t
+// (cols x rows, the transpose); *amax (zeroed by the caller) receives max |x| (fp8_abs_bits: NaN if any is NaN).
+struct Fp8QuantizeParams {
+  const void* x;
+  DType dtype;
+  int64_t rows;
+  int64_t cols;
+  const float* scale;
+  bool rowwise;
+  uint8_t* q;
+  uint8_t* q_t;
+  float* amax;
+  Fp8Format format;
+};
+
+}  // namespace ampkit::kernels

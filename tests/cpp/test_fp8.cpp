@@ -1,0 +1,90 @@
+// ampkit::fp8::Float8Linear and the FP8 ops through LibTorch on the CPU: SQNR against torch::nn::Linear, the
+// delayed-scaling buffers and their serialization, bad input.
+
+#include "support/catch_torch.h"
+#include <unistd.h>
+
+#include <ampkit/ampkit.h>
+
+#include <cmath>
+#include <filesystem>
+#include <string>
+
+namespace {
+
+double sqnr(const at::Tensor& ref, const at::Tensor& got) {
+  const auto r = ref.to(at::kDouble);
+  const auto g = got.to(at::kDouble);
+  return 10.0 * std::log10(r.pow(2).sum().item<double>() / (r - g).pow(2).sum().item<double>());
+}
+
+}  // namespace
+
+TEST_CASE("fp8 Float8Linear: current tensorwise scaling by default, close to nn::Linear", "[fp8][cpu]") {
+  torch::manual_seed(0);
+  ampkit::fp8::Float8Linear f8(torch::nn::LinearOptions(128, 64));
+  torch::nn::Linear ref(torch::nn::LinearOptions(128, 64));
+  {
+    torch::NoGradGuard no_grad;
+    ref->weight.copy_(f8->weight);
+    ref->bias.copy_(f8->bias);
+  }
+  REQUIRE(std::holds_alternative<ampkit::fp8::CurrentScaling>(f8->recipe));
+  REQUIRE(f8->named_buffers().size() == 0);
+  const auto x = torch::randn({4, 32, 128});
+  const auto dy = torch::randn({4, 32, 64});
+  auto x8 = x.clone().requires_grad_();
+  auto xr = x.clone().requires_grad_();
+  const auto y8 = f8->forward(x8);
+  const auto yr = ref->forward(xr);
+  REQUIRE(y8.sizes() == yr.sizes());
+  REQUIRE(y8.scalar_type() == at::kFloat);
+  y8.backward(dy);
+  yr.backward(dy);
+  CHECK(sqnr(yr, y8) >= 25.0);
+  CHECK(sqnr(xr.grad(), x8.grad()) >= 20.0);
+  CHECK(sqnr(ref->weight.grad(), f8->weight.grad()) >= 20.0);
+  CHECK(torch::allclose(ref->bias.grad(), f8->bias.grad()));
+}
+
+TEST_CASE("fp8 Float8Linear: delayed scaling keeps its histories and scales as buffers, saved and loaded",
+          "[fp8][cpu]") {
+  torch::manual_seed(1);
+  const auto recipe = ampkit::fp8::DelayedScaling().amax_history_len(8).amax_compute_algo("most_recent");
+  ampkit::fp8::Float8Linear f8(torch::nn::LinearOptions(32, 48), recipe);
+  REQUIRE(f8->named_buffers().size() == 6);
+  const auto x = torch::randn({16, 32});
+  const auto dy = torch::randn({16, 48});
+  f8->forward(x).backward(dy);
+  CHECK(f8->amax_history_input[0].item<float>() == x.abs().amax().item<float>());
+  CHECK(f8->amax_history_grad_output[0].item<float>() == dy.abs().amax().item<float>());
+  CHECK(f8->scale_input.item<float>() == 1.f);  // iteration 0 ran with the initial scales
+  f8->forward(x).backward(dy);
+  CHECK(f8->scale_input.item<float>() == 448.f / x.abs().amax().item<float>());
+  CHECK(f8->scale_grad_output.item<float>() == 57344.f / dy.abs().amax().item<float>());
+  const auto path = std::filesystem::temp_directory_path() / ("ampkit_fp8_" + std::to_string(::getpid()) + ".pt");
+  torch::save(f8, path.string());
+  ampkit::fp8::Float8Linear loaded(torch::nn::LinearOptions(32, 48), recipe);
+  torch::load(loaded, path.string());
+  std::filesystem::remove(path);
+  CHECK(torch::equal(loaded->scale_grad_output, f8->scale_grad_output));
+  CHECK(torch::equal(loaded->amax_history_weight, f8->amax_history_weight));
+  loaded->eval();
+  f8->eval();
+  CHECK(torch::equal(loaded->forward(x), f8->forward(x)));
+}
+
+TEST_CASE("fp8 ops from C++: quantize's amax, empty update lists, bad input", "[fp8][cpu]") {
+  const auto x = torch::randn({8, 16}) * 1000;
+  const auto [q, amax, q_t] = ampkit::fp8_quantize(x, torch::ones({1}), at::ScalarType::Float8_e4m3fn, false);
+  CHECK(amax.item<float>() == x.abs().amax().item<float>());
+  CHECK(!q_t.has_value());
+  CHECK(q.to(at::kFloat).abs().amax().item<float>() == 448.f);  // saturated, not NaN
+  ampkit::fp8_update_amax_history_and_scale_({}, {}, "max", {448.0}, 0.0);
+  CHECK_THROWS_WITH(ampkit::fp8_update_amax_history_and_scale_({}, {}, "mean", {448.0}, 0.0),
+                    Catch::Contains("ampkit::fp8_update_amax_history_and_scale_: amax_compute_algo"));
+  CHECK_THROWS_WITH(ampkit::fp8::Float8Linear(torch::nn::LinearOptions(20, 32)), Catch::Contains("multiples of 16"));
+  CHECK_THROWS_WITH(
+      ampkit::fp8::Float8Linear(torch::nn::LinearOptions(32, 32), ampkit::fp8::CurrentScaling().granularity("rowwise")),
+      Catch::Contains("tensorwise scaling only"));
+}

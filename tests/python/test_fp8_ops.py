@@ -1,0 +1,282 @@
+"""The FP8 ops (fp8_quantize, fp8_compute_scale, fp8_update_amax_history_and_scale_) against scalar re-derivations
+of their formulas: the saturating cast as an explicit clamp followed by torch's own round-to-nearest-even cast and
+as exact rationals for every code and every tie, the scale in FP32 steps, the history update as Python loops;
+edge cases, bad input (a clear error, nothing written), opcheck and Meta shapes."""
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import pytest
+import torch
+
+import ampkit  # noqa: F401
+from conftest import DEVICES
+
+FORMATS = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
+FLT_MAX = torch.finfo(torch.float32).max
+INF, NAN = float("inf"), float("nan")
+
+
+def f32(v) -> torch.Tensor:
+    return torch.tensor(v, dtype=torch.float32)
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal FP8/FP32 bits, any NaN equal to any NaN."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    na, nb = a.float().isnan(), b.float().isnan()
+    if not torch.equal(na, nb):
+        return False
+    it = torch.uint8 if a.element_size() == 1 else torch.int32
+    return torch.equal(a.contiguous().view(it)[~na], b.contiguous().view(it)[~nb])
+
+
+def reference_quantize(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """x * scale in FP32, clamped to the format's range (+-Inf too), then torch's round-to-nearest-even cast."""
+    m = FORMATS[dtype]
+    v = x.float() * scale.float()
+    return torch.where(v.isnan(), v, v.clamp(-m, m)).to(dtype)
+
+
+def special_input(n: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, generator=g) * torch.exp2(torch.randint(-30, 30, (n,), generator=g).float())
+    specials = [0.0, -0.0, INF, -INF, 1e-40, -1e-45, 460.0, -464.0, 61440.0, 1e30]
+    x[: len(specials)] = torch.tensor(specials)
+    return x[torch.randperm(n, generator=g)].to(dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fp8", list(FORMATS))
+@pytest.mark.parametrize("xdtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("scale", [1.0, 0.37, 1024.0, 3.0e-30])
+def test_quantize_matches_clamped_cast(device, fp8, xdtype, scale):
+    x = special_input(4099, xdtype, seed=1).reshape(1, 4099).to(device)
+    s = f32([scale]).to(device)
+    q, amax, q_t = torch.ops.ampkit.fp8_quantize(x, s, fp8, True)
+    assert q.dtype == fp8 and q.shape == x.shape and q_t.shape == (4099, 1)
+    assert same_bits(q.cpu(), reference_quantize(x.cpu(), s.cpu(), fp8))
+    assert same_bits(q_t.cpu(), q.cpu().t().contiguous())
+    assert amax.dtype == torch.float32 and amax.dim() == 0
+    assert same_bits(amax.cpu(), x.cpu().abs().amax().float())
+    assert torch.isinf(amax).item()  # the input holds +-Inf: the amax shows it although q saturated it
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_quantize_nan_amax_and_saturation(device):
+    x = f32([1.0, NAN, -INF, 1e9]).to(device)
+    for fp8, m in FORMATS.items():
+        q, amax, q_t = torch.ops.ampkit.fp8_quantize(x, f32(1.0).to(device), fp8)
+        assert q_t is None
+        assert math.isnan(amax.item())
+        qf = q.float().cpu()
+        assert qf[0] == 1.0 and math.isnan(qf[1]) and qf[2] == -m and qf[3] == m
+
+
+def _values_of_codes(fp8: torch.dtype):
+    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(fp8).float()
+    finite = codes[torch.isfinite(codes)]
+    return sorted({Fraction(v) for v in finite.tolist() if v >= 0})
+
+
+@pytest.mark.parametrize("fp8", list(FORMATS))
+def test_quantize_every_code_and_every_tie(fp8):
+    """Every non-negative finite code round-trips; every midpoint between neighbours goes to the even code (ties to
+    even), and just above / below a midpoint to the nearer code: exact rationals, independent of any cast."""
+    values = _values_of_codes(fp8)
+    xs, expected = [], []
+    for lo, hi in zip(values, values[1:]):
+        mid = (lo + hi) / 2
+        lo_code = torch.tensor([float(lo)]).to(fp8).view(torch.uint8).item()
+        even = lo if lo_code % 2 == 0 else hi
+        for x, e in ((lo, lo), (mid, even), (mid + (hi - lo) / 8, hi), (mid - (hi - lo) / 8, lo)):
+            xs.append(float(x))  # every value here is exact in FP32
+            expected.append(float(e))
+    x = torch.tensor(xs + [-v for v in xs], dtype=torch.float32)
+    want = torch.tensor(expected + [-v for v in expected], dtype=torch.float32)
+    q, _, _ = torch.ops.ampkit.fp8_quantize(x, f32(1.0), fp8)
+    assert torch.equal(q.float(), want)
+    assert torch.equal(torch.signbit(q.float()), torch.signbit(want))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fp8", list(FORMATS))
+def test_quantize_rowwise_noncontiguous_and_empty(device, fp8):
+    g = torch.Generator().manual_seed(3)
+    x = (torch.randn(40, 33, generator=g) * 100).to(device)[:, 1::2]  # non-contiguous, 40 x 16
+    s = (torch.rand(40, 1, generator=g) * 10).to(device)
+    q, amax, q_t = torch.ops.ampkit.fp8_quantize(x, s, fp8, True)
+    assert same_bits(q.cpu(), reference_quantize(x.cpu(), s.cpu(), fp8))
+    assert same_bits(q_t.cpu(), q.cpu().t().contiguous())
+    assert amax.item() == x.abs().amax().item()
+    x3 = x.reshape(4, 10, 16)
+    q3, _, _ = torch.ops.ampkit.fp8_quantize(x3, s.reshape(4, 10, 1), fp8)
+    assert same_bits(q3.reshape(40, 16).cpu(), q.cpu())
+    empty = torch.empty(0, 16, device=device)
+    qe, ae, te = torch.ops.ampkit.fp8_quantize(empty, f32(2.0).to(device), fp8, True)
+    assert qe.shape == (0, 16) and te.shape == (16, 0) and ae.item() == 0.0
+
+
+def test_quantize_bad_input_names_op_and_argument():
+    x, s = torch.randn(4, 4), f32(1.0)
+    cases = [
+        ((x.double(), s, torch.float8_e4m3fn), TypeError, "x must be Float, BFloat16 or Half"),
+        ((x, s.double(), torch.float8_e4m3fn), TypeError, "scale must be a Float tensor"),
+        ((x, torch.ones(3), torch.float8_e4m3fn), ValueError, "scale must have one element"),
+        ((x, s, torch.float16), ValueError, "dtype must be torch.float8_e4m3fn or torch.float8_e5m2"),
+        ((x.reshape(16), s, torch.float8_e4m3fn, True), ValueError, "transpose=True needs a 2-D x"),
+    ]
+    for args, kind, message in cases:
+        with pytest.raises(kind, match=f"ampkit::fp8_quantize: {message}"):
+            torch.ops.ampkit.fp8_quantize(*args)
+
+
+def reference_scale(amax: float, fp8_max: float, margin: float, eps: float, p2: bool, fallback: float = 1.0):
+    a = f32(amax)
+    if a < f32(eps):
+        a = f32(eps)
+    if a == 0 or not torch.isfinite(a):
+        return f32(fallback)
+    s = (f32(fp8_max) / a) / f32(2.0 ** margin)
+    if torch.isinf(s):
+        s = f32(FLT_MAX)
+    if p2:
+        mantissa, exponent = math.frexp(s.item())
+        if s.item() >= torch.finfo(torch.float32).tiny:
+            s = f32(math.ldexp(0.5, exponent))
+    return s
+
+
+AMAXES = [0.0, -0.0, INF, NAN, 1e-45, 1e-40, 1e-12, 3e-3, 1.0, 2.5, 448.0, 57344.0, 1e30, FLT_MAX]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fp8_max", [448.0, 57344.0])
+@pytest.mark.parametrize("margin", [0.0, 1.0, 3.0])
+@pytest.mark.parametrize("eps", [0.0, 1e-12])
+@pytest.mark.parametrize("p2", [False, True])
+def test_compute_scale_matches_reference(device, fp8_max, margin, eps, p2):
+    amax = f32(AMAXES).to(device)
+    got = torch.ops.ampkit.fp8_compute_scale(amax, fp8_max, margin, eps, p2).cpu()
+    want = torch.stack([reference_scale(a, fp8_max, margin, eps, p2) for a in AMAXES])
+    assert same_bits(got, want), (got, want)
+
+
+def test_compute_scale_documented_cases():
+    s = torch.ops.ampkit.fp8_compute_scale(f32([0.0, INF, NAN, 1e-45, 448.0]), 448.0, 0.0, 0.0, False)
+    assert s.tolist()[:3] == [1.0, 1.0, 1.0]  # current scaling: 0, Inf, NaN give 1
+    assert s[3].item() == FLT_MAX  # 448 / 1e-45 overflows
+    assert s[4].item() == 1.0
+    default_eps = torch.ops.ampkit.fp8_compute_scale(f32([0.0]), 448.0)  # amax_epsilon 1e-12 by default
+    assert default_eps.item() == (f32(448.0) / f32(1e-12)).item()
+    with pytest.raises(ValueError, match="ampkit::fp8_compute_scale: fp8_max must be a finite number > 0"):
+        torch.ops.ampkit.fp8_compute_scale(f32([1.0]), 0.0)
+    with pytest.raises(ValueError, match="ampkit::fp8_compute_scale: epsilon must be"):
+        torch.ops.ampkit.fp8_compute_scale(f32([1.0]), 448.0, 0.0, -1.0)
+
+
+def reference_update(histories, scales, algo, maxes, margin):
+    """Python loops over the columns: the amax, the scale (a 0/Inf/NaN amax keeps the scale), roll -1, zero row 0."""
+    for i, (h, s) in enumerate(zip(histories, scales)):
+        fp8_max = maxes[i] if len(maxes) > 1 else maxes[0]
+        cols = h.reshape(h.shape[0], -1)
+        flat_s = s.reshape(-1)
+        for c in range(cols.shape[1]):
+            col = cols[:, c]
+            if algo == "most_recent":
+                a = col[0].item()
+            else:
+                a = NAN if col.isnan().any() else col.abs().max().item()
+            flat_s[c] = reference_scale(a, fp8_max, margin, 0.0, False, fallback=flat_s[c].item())
+        rolled = torch.roll(cols, -1, 0)
+        rolled[0] = 0.0
+        cols.copy_(rolled)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("algo", ["max", "most_recent"])
+@pytest.mark.parametrize("rows", [1, 2, 16])
+def test_update_history_matches_reference(device, algo, rows):
+    g = torch.Generator().manual_seed(rows)
+    shapes = [(rows,), (rows, 1), (rows, 3), (rows, 2, 2)]
+    histories = [torch.rand(shape, generator=g) * 100 for shape in shapes]
+    histories[0][rows - 1] = INF  # a non-finite amax in the oldest row (max: keeps the scale)
+    histories[1][0] = 0.0  # a zero current amax (most_recent: keeps the scale)
+    histories[2][0, 1] = NAN
+    histories[3][0, 0, 0] = 1e-45  # subnormal: the scale overflows to FLT_MAX (most_recent)
+    scales = [torch.rand(shape[1:] if len(shape) > 1 else (1,), generator=g) + 0.5 for shape in shapes]
+    maxes = [448.0, 57344.0, 448.0, 57344.0]
+    want_h, want_s = [h.clone() for h in histories], [s.clone() for s in scales]
+    reference_update(want_h, want_s, algo, maxes, 1.0)
+    got_h, got_s = [h.to(device) for h in histories], [s.to(device) for s in scales]
+    torch.ops.ampkit.fp8_update_amax_history_and_scale_(got_h, got_s, algo, maxes, 1.0)
+    for i in range(len(shapes)):
+        assert same_bits(got_h[i].cpu(), want_h[i]), i
+        assert same_bits(got_s[i].cpu(), want_s[i]), i
+
+
+def test_update_history_scale_of_iteration_i_comes_from_earlier_amaxes():
+    h, s = torch.zeros(4), torch.ones(1)
+    update = torch.ops.ampkit.fp8_update_amax_history_and_scale_
+    update([h], [s], "max", [448.0], 0.0)
+    assert s.item() == 1.0  # an empty history keeps the scale
+    h[0] = 2.0  # iteration 0's amax
+    update([h], [s], "max", [448.0], 0.0)
+    assert s.item() == 224.0 and h.tolist() == [0.0, 0.0, 0.0, 2.0]
+    h[0] = 1.0
+    update([h], [s], "max", [448.0], 0.0)
+    assert s.item() == 224.0 and h.tolist() == [0.0, 0.0, 2.0, 1.0]  # the max over the history
+    update([h], [s], "most_recent", [448.0], 0.0)
+    assert s.item() == 224.0  # row 0 is 0: most_recent keeps the scale
+
+
+def test_update_bad_input_writes_nothing():
+    h, s = torch.rand(4, 2), torch.ones(2)
+    before = (h.clone(), s.clone())
+    update = torch.ops.ampkit.fp8_update_amax_history_and_scale_
+    op = "ampkit::fp8_update_amax_history_and_scale_"
+    bad = [
+        (([h, torch.rand(3)], [s, torch.ones(1)], "max", [448.0], 0.0), ValueError,
+         r"amax_histories\[1\] must have 4 rows"),
+        (([h], [torch.ones(3)], "max", [448.0], 0.0), ValueError, r"scales\[0\] must have one element per column"),
+        (([h], [s], "mean", [448.0], 0.0), ValueError, "amax_compute_algo must be 'max' or 'most_recent'"),
+        (([h], [s], "max", [448.0, 1.0], 0.0), ValueError, "fp8_maxes must have one value per amax history"),
+        (([h], [s], "max", [-1.0], 0.0), ValueError, r"fp8_maxes\[0\] must be a finite number > 0"),
+        (([h], [s.double()], "max", [448.0], 0.0), TypeError, "must be Float tensors"),
+        (([h.t()], [s], "max", [448.0], 0.0), RuntimeError, "must be contiguous"),
+        (([h], [h[0]], "max", [448.0], 0.0), RuntimeError, "share memory|overlap"),
+    ]
+    for args, kind, message in bad:
+        with pytest.raises(kind, match=message) as info:
+            update(*args)
+        assert op in str(info.value)
+        assert torch.equal(h, before[0]) and torch.equal(s, before[1])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck_fp8_ops(device):
+    x = torch.randn(32, 48, device=device)
+    s = f32([0.5]).to(device)
+    for fp8 in FORMATS:
+        torch.library.opcheck(torch.ops.ampkit.fp8_quantize.default, (x, s, fp8, True))
+        torch.library.opcheck(torch.ops.ampkit.fp8_quantize.default, (x, s, fp8, False))
+    torch.library.opcheck(torch.ops.ampkit.fp8_quantize.default, (x, torch.rand(32, 1, device=device),
+                                                                  torch.float8_e5m2, False))
+    torch.library.opcheck(torch.ops.ampkit.fp8_compute_scale.default, (f32([0.0, 3.0]).to(device), 448.0, 1.0))
+    hist = [torch.rand(8, device=device), torch.rand(8, 2, device=device)]
+    scales = [torch.ones(1, device=device), torch.ones(2, device=device)]
+    torch.library.opcheck(torch.ops.ampkit.fp8_update_amax_history_and_scale_.default,
+                          (hist, scales, "max", [448.0, 57344.0], 0.0))
+
+
+def test_meta_shapes():
+    x = torch.empty(6, 32, device="meta")
+    q, amax, q_t = torch.ops.ampkit.fp8_quantize(x, torch.empty(1, device="meta"), torch.float8_e4m3fn, True)
+    assert (q.shape, q.dtype, amax.shape, amax.dtype, q_t.shape) == ((6, 32), torch.float8_e4m3fn, (), torch.float32,
+                                                                     (32, 6))
+    s = torch.ops.ampkit.fp8_compute_scale(torch.empty(3, 1, device="meta"), 448.0)
+    assert s.shape == (3, 1) and s.dtype == torch.float32
+    with pytest.raises(ValueError, match="ampkit::fp8_quantize: scale must have one element"):
+        torch.ops.ampkit.fp8_quantize(x, torch.empty(5, device="meta"), torch.float8_e4m3fn)
