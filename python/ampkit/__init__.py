@@ -23,7 +23,7 @@ def _check_torch_version(running: str, built: str) -> None:
 _check_torch_version(_torch.__version__, _BUILT_TORCH)
 
 # After the version check: the extension below needs the torch it was built against.
-from . import _C, debug, monitor, optim  # noqa: E402, I001
+from . import _C, debug, fp8, monitor, optim  # noqa: E402, I001
 from .autocast import LEVELS, autocast, decorate, op_stats, precision_support, register_autocast  # noqa: E402
 from .grad_scaler import GradScaler, OptState, load_scaler_state, save_scaler_state  # noqa: E402
 from .ops import (  # noqa: E402
@@ -73,6 +73,7 @@ __all__ = [
     "OptState",
     "build_info",
     "debug",
+    "fp8",
     "load_scaler_state",
     "optim",
     "save_scaler_state",

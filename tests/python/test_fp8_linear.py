@@ -1,0 +1,223 @@
+"""ampkit.fp8: fp8_linear / fp8_linear_delayed and Float8Linear against a dequantized-operand FP32 reference and
+against FP32 nn.Linear by SQNR; delayed scaling's one-iteration lag on a spike, current scaling following it;
+convert, autocast, state_dict, opcheck and torch.compile."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import ampkit
+from ampkit import fp8
+from conftest import DEVICES
+
+E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
+MAX = {E4M3: 448.0, E5M2: 57344.0}
+
+
+def sqnr(ref: torch.Tensor, got: torch.Tensor) -> float:
+    ref, got = ref.double(), got.double()
+    return (10 * torch.log10(ref.pow(2).sum() / (ref - got).pow(2).sum())).item()
+
+
+def dequantized(x: torch.Tensor, dtype: torch.dtype, scale: torch.Tensor | None = None) -> torch.Tensor:
+    """The operand the FP8 GEMM multiplies: q(x) = clamp(x * scale).to(dtype), then times 1/scale, in FP32."""
+    x = x.float()
+    if scale is None:
+        amax = torch.clamp(x.abs().amax(), min=1e-12)
+        scale = torch.tensor(MAX[dtype], dtype=torch.float32) / amax
+    scale = scale.reshape(())
+    q = (x * scale).clamp(-MAX[dtype], MAX[dtype]).to(dtype)
+    return q.float() * torch.reciprocal(scale)
+
+
+def make(device, n=64, k=96, m=48, seed=0, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, k, generator=g).to(device, dtype)
+    layer = nn.Linear(k, m).to(device)
+    with torch.no_grad():
+        layer.weight.copy_(torch.randn(m, k, generator=g) * 0.1)
+        layer.bias.copy_(torch.randn(m, generator=g))
+    dy = torch.randn(n, m, generator=g).to(device, dtype)
+    return x, layer, dy
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fmt", ["hybrid", "e4m3"])
+def test_forward_backward_match_dequantized_reference(device, fmt):
+    x, layer, dy = make(device)
+    f8 = fp8.Float8Linear.from_linear(copy.deepcopy(layer), fp8.CurrentScaling(fp8_format=fmt))
+    xg = x.clone().requires_grad_()
+    y = f8(xg)
+    y.backward(dy)
+    dy_dtype = E5M2 if fmt == "hybrid" else E4M3
+    xq, wq, dyq = dequantized(x, E4M3), dequantized(layer.weight.detach(), E4M3), dequantized(dy, dy_dtype)
+    torch.testing.assert_close(y, xq @ wq.t() + layer.bias.detach(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(xg.grad, dyq @ wq, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(f8.weight.grad, dyq.t() @ xq, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(f8.bias.grad, dy.sum(0), rtol=1e-6, atol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_sqnr_against_fp32_linear(device):
+    x, layer, dy = make(device, n=256, k=256, m=128, seed=1)
+    ref = copy.deepcopy(layer)
+    xr = x.clone().requires_grad_()
+    ref(xr).backward(dy)
+    f8 = fp8.convert(copy.deepcopy(layer), fp8.CurrentScaling())
+    assert isinstance(f8, fp8.Float8Linear)
+    xg = x.clone().requires_grad_()
+    y = f8(xg)
+    y.backward(dy)
+    assert sqnr(ref(x), y) >= 25.0
+    assert sqnr(xr.grad, xg.grad) >= 20.0
+    assert sqnr(ref.weight.grad, f8.weight.grad) >= 20.0
+
+
+def _delayed(layer, history_len=16, algo="max"):
+    return fp8.Float8Linear.from_linear(copy.deepcopy(layer), fp8.DelayedScaling(amax_history_len=history_len,
+                                                                                 amax_compute_algo=algo))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_delayed_scaling_lags_a_spike_by_one_iteration(device):
+    x, layer, dy = make(device, seed=2)
+    f8 = _delayed(layer)
+    ref = lambda inp: layer(inp).detach()  # noqa: E731
+    for _ in range(3):  # warm the histories on ordinary data
+        f8(x).backward(dy)
+    assert sqnr(ref(x), f8(x).detach()) >= 25.0
+    spike = x * 64.0
+    y_spike = f8(spike)  # quantized with the scale of the earlier iterations: saturates
+    assert sqnr(ref(spike), y_spike.detach()) < 15.0
+    assert f8.amax_history_input[0].item() == spike.abs().amax().item()  # the spike's amax is recorded
+    y_next = f8(spike)  # the next iteration's scale has seen the spike
+    assert sqnr(ref(spike), y_next.detach()) >= 25.0
+    assert f8.scale_input.item() == pytest.approx(448.0 / spike.abs().amax().item(), rel=1e-6)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_current_scaling_follows_a_spike(device):
+    x, layer, _ = make(device, seed=3)
+    f8 = fp8.Float8Linear.from_linear(copy.deepcopy(layer))
+    assert sqnr(layer(x), f8(x)) >= 25.0
+    assert sqnr(layer(x * 64.0), f8(x * 64.0)) >= 25.0
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_delayed_grad_output_history_and_state_dict_round_trip(device):
+    x, layer, dy = make(device, seed=4)
+    f8 = _delayed(layer, algo="most_recent")
+    f8(x).backward(dy)
+    assert f8.amax_history_grad_output[0].item() == dy.abs().amax().item()
+    assert f8.amax_history_weight[0].item() == layer.weight.abs().amax().item()
+    f8(x).backward(dy)  # the second forward updated the scales from the first iteration's amaxes
+    assert f8.scale_grad_output.item() == pytest.approx(57344.0 / dy.abs().amax().item(), rel=1e-6)
+    state = f8.state_dict()
+    for name in ("amax_history_input", "amax_history_weight", "amax_history_grad_output", "scale_input",
+                 "scale_weight", "scale_grad_output"):
+        assert name in state
+    other = _delayed(nn.Linear(96, 48).to(device), algo="most_recent")
+    other.load_state_dict(state)
+    for name, value in state.items():
+        assert torch.equal(other.state_dict()[name], value)
+    assert torch.equal(other.eval()(x), f8.eval()(x))
+
+
+def test_convert_skips_unsupported_shapes_and_filtered_layers():
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10), nn.Sequential(nn.Linear(64, 64)))
+    params = list(model.parameters())
+    out = fp8.convert(model, fp8.DelayedScaling(amax_history_len=4),
+                      module_filter_fn=lambda module, fqn: fqn != "3.0")
+    assert out is model
+    assert isinstance(model[0], fp8.Float8Linear) and type(model[2]) is nn.Linear and type(model[3][0]) is nn.Linear
+    skipped = fp8.skipped_layers(model)
+    assert "multiples of 16" in skipped["2"] and skipped["3.0"] == "excluded by module_filter_fn"
+    assert [p for p in model.parameters()] == params  # the same Parameter objects
+    assert model[0].amax_history_input.shape == (4,)
+
+
+def test_bad_recipes_and_shapes_raise():
+    with pytest.raises(RuntimeError, match="tensorwise scaling only"):
+        fp8.Float8Linear(32, 32, recipe=fp8.CurrentScaling(granularity="rowwise"))
+    with pytest.raises(ValueError, match="amax_compute_algo must be 'max' or 'most_recent'"):
+        fp8.Float8Linear(32, 32, recipe=fp8.DelayedScaling(amax_compute_algo="mean"))
+    with pytest.raises(ValueError, match="multiples of 16"):
+        fp8.Float8Linear(30, 32)
+    with pytest.raises(ValueError, match="ampkit::fp8_linear: input must have weight.size"):
+        torch.ops.ampkit.fp8_linear(torch.randn(4, 16), torch.randn(32, 32), None)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_autocast_output_dtype_and_grads(device):
+    x, layer, _ = make(device, seed=5)
+    f8 = fp8.Float8Linear.from_linear(copy.deepcopy(layer))
+    xg = x.clone().requires_grad_()
+    with ampkit.autocast(device, dtype=torch.bfloat16):
+        y = f8(xg)
+    assert y.dtype == torch.bfloat16
+    y.float().sum().backward()
+    assert xg.grad.dtype == torch.float32 and f8.weight.grad.dtype == torch.float32
+    assert sqnr(layer(x), y.float()) >= 25.0
+    yb = f8(x.bfloat16())  # BF16 input outside autocast: BF16 output
+    assert yb.dtype == torch.bfloat16
+
+
+# torch's SchemaCheckMode (opcheck's test_schema) compares every tensor an inner op sees with a multiply, which
+# torch has no CPU kernel for on FP8 tensors (_scaled_mm's operands); test_schema's point, which arguments an op
+# mutates, is checked directly below instead.
+OPCHECK_UTILS = ("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck_fp8_linear(device):
+    x, layer, _ = make(device, n=32, k=32, m=16, seed=6)
+    w, b = layer.weight.detach().clone().requires_grad_(), layer.bias.detach().clone().requires_grad_()
+    xg = x.clone().requires_grad_()
+    torch.library.opcheck(torch.ops.ampkit.fp8_linear.default, (xg, w, b), test_utils=OPCHECK_UTILS)
+    torch.library.opcheck(torch.ops.ampkit.fp8_linear.default, (x, w.detach(), None, "e4m3", 1e-12, True),
+                          test_utils=OPCHECK_UTILS)
+    hist = [torch.zeros(4, device=device) for _ in range(3)]
+    scales = [torch.ones(1, device=device) for _ in range(3)]
+    torch.library.opcheck(torch.ops.ampkit.fp8_linear_delayed.default, (x, w.detach(), b.detach(), hist, scales),
+                          test_utils=("test_faketensor",))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fp8_linear_mutates_only_what_its_schema_says(device):
+    x, layer, dy = make(device, n=32, k=32, m=16, seed=8)
+    w, b = layer.weight.detach().clone().requires_grad_(), layer.bias.detach().clone().requires_grad_()
+    xg = x.clone().requires_grad_()
+    before = [t.detach().clone() for t in (xg, w, b)]
+    torch.ops.ampkit.fp8_linear(xg, w, b).backward(dy)
+    assert all(torch.equal(t.detach(), c) for t, c in zip((xg, w, b), before))
+    hist = [torch.zeros(4, device=device) for _ in range(3)]
+    scales = [torch.full((1,), 2.0, device=device) for _ in range(3)]
+    versions = [h._version for h in hist]
+    torch.ops.ampkit.fp8_linear_delayed(xg, w, b, hist, scales).backward(dy)
+    assert all(torch.equal(t.detach(), c) for t, c in zip((xg, w, b), before))
+    assert all(s.item() == 2.0 for s in scales)  # scales are read only
+    assert [h[0].item() for h in hist] == [x.abs().amax().item(), w.abs().amax().item(), dy.abs().amax().item()]
+    assert all(h[1:].eq(0).all() for h in hist)
+    assert all(h._version > v for h, v in zip(hist, versions))
+
+
+def test_meta_shape():
+    x = torch.empty(2, 5, 32, device="meta", dtype=torch.bfloat16)
+    y = torch.ops.ampkit.fp8_linear(x, torch.empty(64, 32, device="meta"), None)
+    assert y.shape == (2, 5, 64) and y.dtype == torch.bfloat16
+
+
+def test_torch_compile_current_scaling_matches_eager():
+    x, layer, dy = make("cpu", seed=7)
+    eager = fp8.Float8Linear.from_linear(copy.deepcopy(layer))
+    compiled_module = fp8.Float8Linear.from_linear(copy.deepcopy(layer))
+    compiled = torch.compile(compiled_module, backend="aot_eager", fullgraph=True)
+    xe, xc = x.clone().requires_grad_(), x.clone().requires_grad_()
+    ye, yc = eager(xe), compiled(xc)
+    ye.backward(dy)
+    yc.backward(dy)
+    assert torch.equal(ye, yc)
+    assert torch.equal(xe.grad, xc.grad) and torch.equal(eager.weight.grad, compiled_module.weight.grad)
