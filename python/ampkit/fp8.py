@@ -80,6 +80,8 @@ class Float8Linear(nn.Linear):
         reason = _C.fp8_unsupported_reason(in_features, out_features)
         if reason:
             raise ValueError(f"ampkit.fp8.Float8Linear: {reason}")
+        # The formats' maxima for (input, weight, grad_output), looked up once (no C++ call in the traced forward).
+        self._fp8_maxes = list(_C.fp8_maxes(self.recipe.fp8_format))
         self._init_scaling_buffers(self.weight.device)
 
     def _init_scaling_buffers(self, device: torch.device) -> None:
@@ -113,7 +115,7 @@ class Float8Linear(nn.Linear):
         scales = [self.scale_input, self.scale_weight, self.scale_grad_output]
         if self.training:
             torch.ops.ampkit.fp8_update_amax_history_and_scale_(
-                histories, scales, recipe.amax_compute_algo, list(_C.fp8_maxes(recipe.fp8_format)), recipe.margin)
+                histories, scales, recipe.amax_compute_algo, self._fp8_maxes, recipe.margin)
         return torch.ops.ampkit.fp8_linear_delayed(input, self.weight, self.bias, histories, scales,
                                                    recipe.fp8_format)
 

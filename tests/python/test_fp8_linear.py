@@ -221,3 +221,22 @@ def test_torch_compile_current_scaling_matches_eager():
     yc.backward(dy)
     assert torch.equal(ye, yc)
     assert torch.equal(xe.grad, xc.grad) and torch.equal(eager.weight.grad, compiled_module.weight.grad)
+
+
+def test_torch_compile_delayed_scaling_matches_eager():
+    """The histories written in the forward and (grad_output) in the backward, and the scales updated at each
+    forward, come out of the compiled module bit for bit as in eager mode, through a spike."""
+    x, layer, dy = make("cpu", n=16, k=32, m=48, seed=9)
+    eager = _delayed(layer, history_len=4)
+    compiled_module = _delayed(layer, history_len=4)
+    compiled = torch.compile(compiled_module, backend="aot_eager", fullgraph=True)
+    for i in range(4):
+        xi = x * (64.0 if i == 2 else 1.0)
+        xe, xc = xi.clone().requires_grad_(), xi.clone().requires_grad_()
+        ye, yc = eager(xe), compiled(xc)
+        ye.backward(dy)
+        yc.backward(dy)
+        assert torch.equal(ye, yc) and torch.equal(xe.grad, xc.grad)
+        assert torch.equal(eager.weight.grad, compiled_module.weight.grad)
+        for name, buffer in eager.named_buffers():
+            assert torch.equal(buffer, compiled_module.get_buffer(name)), (i, name)
