@@ -13,7 +13,7 @@ void bind_fp8(py::module_& m) {
   m.def(
       "fp8_maxes",
       [](const std::string& fp8_format) {
-        const auto maxes = guarded([&] { return ampkit::fp8::fp8_maxes(fp8_format); });
+        const auto maxes = guarded_as("ampkit::fp8", "ampkit.fp8", [&] { return ampkit::fp8::fp8_maxes(fp8_format); });
         return py::make_tuple(maxes[0], maxes[1], maxes[2]);
       },
       py::arg("fp8_format"), "The FP8 maxima of (input, weight, grad_output) for a recipe's fp8_format.");
@@ -27,7 +27,7 @@ void bind_fp8(py::module_& m) {
   m.def(
       "fp8_check_current_scaling",
       [](const std::string& granularity, bool power_of_2, double amax_epsilon, const std::string& fp8_format) {
-        guarded([&] {
+        guarded_as("ampkit::fp8", "ampkit.fp8", [&] {
           ampkit::fp8::check_recipe(ampkit::fp8::CurrentScaling()
                                         .granularity(granularity)
                                         .power_of_2(power_of_2)
@@ -40,7 +40,7 @@ void bind_fp8(py::module_& m) {
   m.def(
       "fp8_check_delayed_scaling",
       [](int64_t amax_history_len, double margin, const std::string& amax_compute_algo, const std::string& fp8_format) {
-        guarded([&] {
+        guarded_as("ampkit::fp8", "ampkit.fp8", [&] {
           ampkit::fp8::check_recipe(ampkit::fp8::DelayedScaling()
                                         .amax_history_len(amax_history_len)
                                         .margin(margin)
