@@ -1,5 +1,6 @@
 """Many small tensors: ampkit.optim's AdamW and SGD (momentum 0.9) steps over 2,000 FP32 tensors of ~1,000
-elements (bench/run.py's many_small case), timed three ways:
+elements (bench/run.py's many_small case), and AdamW stepped through ampkit.GradScaler (``scaled``: scale, step and
+update, the scaler's host path and its inf check included), timed three ways:
 
   warm         steps back to back (the tensors and their metadata stay in the caches);
   cold         a 256 MiB in-place pass before each step evicts the caches, as a forward and backward pass would;
@@ -45,22 +46,31 @@ def measure() -> dict:
     out = {"ampkit": os.path.dirname(os.path.dirname(ampkit.__file__)), "torch": torch.__version__,
            "threads": torch.get_num_threads()}
     for name, make in [("adamw", lambda ps: ampkit.optim.AdamW(ps, lr=1e-3)),
-                       ("sgd", lambda ps: ampkit.optim.SGD(ps, lr=1e-3, momentum=0.9))]:
+                       ("sgd", lambda ps: ampkit.optim.SGD(ps, lr=1e-3, momentum=0.9)),
+                       ("scaled", lambda ps: ampkit.optim.AdamW(ps, lr=1e-3, write_unscaled_grads=False))]:
         opt = make(params())
-        opt.step()
+        step = opt.step
+        if name == "scaled":  # the grads stay as they are (not unscaled in place): every step sees the same values
+            scaler, loss = ampkit.GradScaler("cpu"), torch.ones(())
+
+            def step():
+                scaler.scale(loss)
+                scaler.step(opt)
+                scaler.update()
+        step()
         for o in others:
             o.step()
         warm = []
         for _ in range(15):
             t0 = time.perf_counter()
             for _ in range(10):
-                opt.step()
+                step()
             warm.append((time.perf_counter() - t0) * 1e3 / 10)
         cold = []
         for _ in range(30):
             flush.add_(1.0)
             t0 = time.perf_counter()
-            opt.step()
+            step()
             cold.append((time.perf_counter() - t0) * 1e3)
         interleaved = []
         for _ in range(20):
@@ -68,8 +78,8 @@ def measure() -> dict:
                 o.step()
                 o.step()
             t0 = time.perf_counter()
-            opt.step()
-            opt.step()
+            step()
+            step()
             interleaved.append((time.perf_counter() - t0) * 1e3 / 2)
         out[name] = {"warm": statistics.median(warm), "cold": statistics.median(cold),
                      "interleaved": statistics.median(interleaved)}
@@ -107,7 +117,7 @@ def main() -> None:
     print(f"{'step':6s} {'timing':12s} " + " ".join(f"{'v' + str(i):>9s}" for i in range(len(variants)))
           + "".join(f"   v{i}/v0" for i in range(1, len(variants))))
     table = []
-    for name in ("adamw", "sgd"):
+    for name in ("adamw", "sgd", "scaled"):
         for timing in ("warm", "cold", "interleaved"):
             ms = [statistics.median(r[name][timing] for r in runs[i]) for i in range(len(variants))]
             ratios = [m / ms[0] for m in ms[1:]]
