@@ -9,6 +9,7 @@
 #include <limits>
 
 #include "alias_check.h"
+#include "descriptors.h"
 #include "op_kernels.h"
 
 namespace ampkit::detail {
@@ -36,6 +37,22 @@ void check_margin(const char* op, double margin) {
 
 kernels::Fp8Format fp8_format(at::ScalarType dtype) {
   return dtype == at::ScalarType::Float8_e5m2 ? kernels::Fp8Format::kE5M2 : kernels::Fp8Format::kE4M3;
+}
+
+kernels::Fp8QuantizeParams fp8_quantize_params(const Fp8QuantizeArgs& a, const at::Tensor& x, const at::Tensor& scale,
+                                               const Fp8QuantizeResult& out) {
+  const auto& q_t = std::get<2>(out);
+  const int64_t cols = x.dim() == 0 ? 1 : x.size(-1);
+  return {x.const_data_ptr(),
+          kernel_dtype(x.scalar_type()),
+          x.numel() / cols,
+          cols,
+          scale.const_data_ptr<float>(),
+          scale.numel() != 1,
+          static_cast<uint8_t*>(std::get<0>(out).mutable_data_ptr()),
+          q_t.has_value() ? static_cast<uint8_t*>(q_t->mutable_data_ptr()) : nullptr,
+          std::get<1>(out).mutable_data_ptr<float>(),
+          fp8_format(a.dtype)};
 }
 
 kernels::Fp8ScaleOp fp8_scale_op(double fp8_max, double margin, double epsilon, bool power_of_2) {

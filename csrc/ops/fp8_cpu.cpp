@@ -57,19 +57,7 @@ void fp8_quantize_cpu(const Fp8QuantizeArgs& a, const Fp8QuantizeResult& out) {
   }
   const at::Tensor x = a.x.contiguous();  // read only: a staging copy when x is not contiguous
   const at::Tensor scale = a.scale.contiguous();
-  const at::Tensor& q = std::get<0>(out);
-  const auto& q_t = std::get<2>(out);
-  const int64_t cols = x.dim() == 0 ? 1 : x.size(-1);
-  const kernels::Fp8QuantizeParams p{x.const_data_ptr(),
-                                     kernel_dtype(x.scalar_type()),
-                                     x.numel() / cols,
-                                     cols,
-                                     scale.const_data_ptr<float>(),
-                                     scale.numel() != 1,
-                                     static_cast<uint8_t*>(q.mutable_data_ptr()),
-                                     q_t.has_value() ? static_cast<uint8_t*>(q_t->mutable_data_ptr()) : nullptr,
-                                     std::get<1>(out).mutable_data_ptr<float>(),
-                                     fp8_format(a.dtype)};
+  const kernels::Fp8QuantizeParams p = fp8_quantize_params(a, x, scale, out);
   switch (x.scalar_type()) {
     case at::kHalf:
       quantize_all<c10::Half>(p);

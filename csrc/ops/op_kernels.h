@@ -148,6 +148,10 @@ at::Tensor grad_norm_result(const GradNormArgs& a);
 // fp8_quantize's results (q, amax, q_t), allocated on x's device: amax zeroed, q_t only with transpose.
 using Fp8QuantizeResult = std::tuple<at::Tensor, at::Tensor, std::optional<at::Tensor>>;
 Fp8QuantizeResult fp8_quantize_result(const Fp8QuantizeArgs& a);
+// The quantize functor's parameters for checked arguments, the CPU's and the CUDA kernel's alike: `x` and `scale`
+// are the contiguous tensors the kernel reads (the caller keeps them alive), `out` the op's results.
+kernels::Fp8QuantizeParams fp8_quantize_params(const Fp8QuantizeArgs& a, const at::Tensor& x, const at::Tensor& scale,
+                                               const Fp8QuantizeResult& out);
 
 template <void (*Run)(const Fp8QuantizeArgs&, const Fp8QuantizeResult&)>
 Fp8QuantizeResult fp8_quantize_kernel(const at::Tensor& x, const at::Tensor& scale, at::ScalarType dtype,
