@@ -1,6 +1,6 @@
 // ampkit::fp8::Float8Linear and the recipe helpers of <ampkit/fp8.h>: a torch::nn module over the FP8 ops.
 #include <torch/nn/init.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <cmath>
 
