@@ -124,8 +124,9 @@ Quantized quantize_operand(const at::Tensor& x, at::ScalarType dtype, const Fp8L
   if (c.delayed()) {
     scale = c.scales[role].reshape({});
   } else {
-    const at::Tensor amax =
-        x.sym_numel() == 0 ? at::zeros({}, x.options().dtype(at::kFloat)) : at::abs(x).amax().to(at::kFloat);
+    // max |x| in one read-only pass, without abs(x)'s temporary (exact in x's dtype; NaN propagates).
+    const at::Tensor amax = x.sym_numel() == 0 ? at::zeros({}, x.options().dtype(at::kFloat))
+                                               : at::linalg_vector_norm(x, INFINITY).to(at::kFloat);
     scale = ampkit::fp8_compute_scale(amax, fp8_max_of(dtype), 0.0, c.epsilon, c.power_of_2);
   }
   auto [q, amax, q_t] = ampkit::fp8_quantize(x, scale, dtype, transpose);
