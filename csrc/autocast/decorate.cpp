@@ -14,6 +14,7 @@
 #include <unordered_set>
 
 #include "ampkit/autocast.h"
+#include "ampkit/fp8.h"
 #include "ampkit/optim.h"
 
 namespace ampkit {
@@ -194,6 +195,9 @@ void decorate_impl(torch::nn::Module& module, torch::optim::Optimizer* optimizer
         set_master_of(*optimizer, param);  // from the weight before its cast (Apex O2)
       }
       param.set_data(param.to(dtype));
+    }
+    if (dynamic_cast<const fp8::Float8LinearImpl*>(item.value().get()) != nullptr) {
+      continue;  // its buffers are FP8 scaling state, kept FP32
     }
     for (auto& b : item.value()->named_buffers(/*recurse=*/false)) {
       if (b.value().is_floating_point()) {

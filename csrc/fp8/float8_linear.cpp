@@ -28,9 +28,6 @@ void check_recipe(const Recipe& recipe) {
     TORCH_CHECK_VALUE(current->granularity() == "tensorwise" || current->granularity() == "rowwise",
                       "ampkit::fp8: CurrentScaling granularity must be 'tensorwise' or 'rowwise', but got '",
                       current->granularity(), "'");
-    TORCH_CHECK(current->granularity() == "tensorwise",
-                "ampkit::fp8: Float8Linear implements tensorwise scaling only; rowwise scaling is available from "
-                "ampkit::fp8_quantize but not yet in the linear layer");
     TORCH_CHECK_VALUE(std::isfinite(current->amax_epsilon()) && current->amax_epsilon() >= 0,
                       "ampkit::fp8: amax_epsilon must be a finite number >= 0, but got ", current->amax_epsilon());
     fp8_maxes(current->fp8_format());
@@ -95,7 +92,8 @@ void Float8LinearImpl::pretty_print(std::ostream& stream) const {
 at::Tensor Float8LinearImpl::forward(const at::Tensor& input) {
   const std::optional<at::Tensor> b = bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt;
   if (const auto* current = std::get_if<CurrentScaling>(&recipe)) {
-    return ampkit::fp8_linear(input, weight, b, current->fp8_format(), current->amax_epsilon(), current->power_of_2());
+    return ampkit::fp8_linear(input, weight, b, current->fp8_format(), current->amax_epsilon(), current->power_of_2(),
+                              std::nullopt, current->granularity());
   }
   const auto& delayed = std::get<DelayedScaling>(recipe);
   const std::vector<at::Tensor> histories{amax_history_input, amax_history_weight, amax_history_grad_output};
@@ -105,6 +103,55 @@ at::Tensor Float8LinearImpl::forward(const at::Tensor& input) {
     ampkit::fp8_update_amax_history_and_scale_(histories, scales, delayed.amax_compute_algo(), maxes, delayed.margin());
   }
   return ampkit::fp8_linear_delayed(input, weight, b, histories, scales, delayed.fp8_format());
+}
+
+namespace {
+
+// After a cast of `layer`: its scaling buffers back to FP32 (from their values before it), on their new device.
+void restore_fp32_buffers(Float8LinearImpl& layer, const std::vector<at::Tensor>& before) {
+  size_t i = 0;
+  for (auto& b : layer.named_buffers(/*recurse=*/false)) {
+    if (b.value().scalar_type() != at::kFloat) {
+      b.value().set_data(before[i].to(b.value().device()));
+    }
+    ++i;
+  }
+}
+
+std::vector<at::Tensor> buffer_copies(const Float8LinearImpl& layer) {
+  std::vector<at::Tensor> out;
+  for (const auto& b : layer.named_buffers(/*recurse=*/false)) {
+    out.push_back(b.value().clone());
+  }
+  return out;
+}
+
+}  // namespace
+
+void Float8LinearImpl::to(torch::Device device, torch::Dtype dtype, bool non_blocking) {
+  const auto before = buffer_copies(*this);
+  torch::nn::Module::to(device, dtype, non_blocking);
+  restore_fp32_buffers(*this, before);
+}
+
+void Float8LinearImpl::to(torch::Dtype dtype, bool non_blocking) {
+  const auto before = buffer_copies(*this);
+  torch::nn::Module::to(dtype, non_blocking);
+  restore_fp32_buffers(*this, before);
+}
+
+std::vector<at::Tensor> current_amaxes(const torch::nn::Module& module) {
+  std::vector<at::Tensor> rows;
+  for (const auto& m : module.modules(/*include_self=*/true)) {
+    const auto* layer = dynamic_cast<const Float8LinearImpl*>(m.get());
+    if (layer != nullptr && std::holds_alternative<DelayedScaling>(layer->recipe)) {
+      for (const at::Tensor* h :
+           {&layer->amax_history_input, &layer->amax_history_weight, &layer->amax_history_grad_output}) {
+        rows.push_back(h->view({-1}).narrow(0, 0, 1));
+      }
+    }
+  }
+  return rows;
 }
 
 }  // namespace ampkit::fp8

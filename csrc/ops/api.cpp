@@ -135,9 +135,9 @@ void fp8_update_amax_history_and_scale_(at::TensorList amax_histories, at::Tenso
 
 at::Tensor fp8_linear(const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                       c10::string_view fp8_format, double amax_epsilon, bool power_of_2,
-                      std::optional<at::ScalarType> out_dtype) {
+                      std::optional<at::ScalarType> out_dtype, c10::string_view granularity) {
   return op_handle<fp8_linear>("ampkit::fp8_linear")
-      .call(input, weight, bias, fp8_format, amax_epsilon, power_of_2, out_dtype);
+      .call(input, weight, bias, fp8_format, amax_epsilon, power_of_2, out_dtype, granularity);
 }
 
 at::Tensor fp8_linear_delayed(const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,

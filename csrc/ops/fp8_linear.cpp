@@ -25,6 +25,10 @@ namespace {
 // of an FP32 copy) for the backward, not x and W. With delayed scaling every operand is quantized with the scale
 // its module holds, and its amax goes into row 0 of its history (the maximum with what row 0 already holds, so
 // several calls in one iteration record their maximum); grad_output's amax is recorded by the backward.
+// Rowwise (current scaling): every operand has one scale per row along the dimension its GEMM sums over, so each
+// operand is quantized once per GEMM (x along features for y and along tokens for dW, W along in_features for y
+// and along out_features for dX, dY along out_features for dX and along tokens for dW; torchao's rowwise recipe);
+// the forward saves q(x^T) and q(W^T) with their scales. torch._scaled_mm takes the scales as [M, 1] and [1, N].
 struct Fp8LinearConfig {
   const char* op;
   at::ScalarType forward_dtype;   // input and weight
@@ -34,6 +38,7 @@ struct Fp8LinearConfig {
   at::ScalarType out_dtype;
   std::vector<at::Tensor> histories;  // delayed scaling: input, weight, grad_output; empty: current scaling
   std::vector<at::Tensor> scales;
+  bool rowwise = false;
   bool delayed() const { return !histories.empty(); }
 };
 
@@ -44,7 +49,7 @@ double fp8_max_of(at::ScalarType t) { return t == at::ScalarType::Float8_e5m2 ? 
 Fp8LinearConfig make_config(const char* op, const at::Tensor& input, const at::Tensor& weight,
                             const std::optional<at::Tensor>& bias, at::TensorList histories, at::TensorList scales,
                             c10::string_view fp8_format, double epsilon, bool power_of_2,
-                            std::optional<at::ScalarType> out_dtype) {
+                            std::optional<at::ScalarType> out_dtype, c10::string_view granularity = "tensorwise") {
   TORCH_CHECK(input.defined() && input.layout() == at::kStrided, "ampkit::", op, ": input must be a strided tensor");
   TORCH_CHECK(weight.defined() && weight.layout() == at::kStrided, "ampkit::", op, ": weight must be a strided tensor");
   TORCH_CHECK_TYPE(is_float(input.scalar_type()), "ampkit::", op, ": input must be Float, BFloat16 or Half, but got ",
@@ -68,6 +73,9 @@ Fp8LinearConfig make_config(const char* op, const at::Tensor& input, const at::T
                     ": fp8_format must be 'hybrid' or 'e4m3', but got '", format, "'");
   TORCH_CHECK_VALUE(std::isfinite(epsilon) && epsilon >= 0, "ampkit::", op,
                     ": amax_epsilon must be a finite number >= 0, but got ", epsilon);
+  const std::string_view gran(granularity.data(), granularity.size());
+  TORCH_CHECK_VALUE(gran == "tensorwise" || gran == "rowwise", "ampkit::", op,
+                    ": granularity must be 'tensorwise' or 'rowwise', but got '", gran, "'");
   if (out_dtype.has_value()) {
     TORCH_CHECK_TYPE(is_float(*out_dtype), "ampkit::", op, ": out_dtype must be Float, BFloat16 or Half, but got ",
                      *out_dtype);
@@ -79,7 +87,8 @@ Fp8LinearConfig make_config(const char* op, const at::Tensor& input, const at::T
                     power_of_2,
                     input.scalar_type(),
                     {},
-                    {}};
+                    {},
+                    gran == "rowwise"};
   const auto device_type = input.device().type();
   if (out_dtype.has_value()) {
     c.out_dtype = *out_dtype;
@@ -112,14 +121,34 @@ Fp8LinearConfig make_config(const char* op, const at::Tensor& input, const at::T
 
 struct Quantized {
   at::Tensor q;
-  at::Tensor q_t;
-  at::Tensor inv_scale;  // the dequantizing scale _scaled_mm takes
+  at::Tensor q_t;          // tensorwise: q's transpose; rowwise: x^T quantized along its own rows
+  at::Tensor inv_scale;    // the dequantizing scale _scaled_mm takes: [] or, rowwise, [rows, 1]
+  at::Tensor inv_scale_t;  // q_t's
 };
+
+// Rowwise current scaling of a 2-D operand: one scale per row, from that row's amax.
+Quantized quantize_rows(const at::Tensor& x, at::ScalarType dtype, const Fp8LinearConfig& c) {
+  const at::Tensor amax =
+      x.sym_size(1) == 0 ? at::zeros_symint({x.sym_size(0), 1}, x.options().dtype(at::kFloat))
+                         : at::linalg_vector_norm(x, INFINITY, at::IntArrayRef{1}, /*keepdim=*/true).to(at::kFloat);
+  const at::Tensor scale = ampkit::fp8_compute_scale(amax, fp8_max_of(dtype), 0.0, c.epsilon, c.power_of_2);
+  auto [q, unused_amax, unused_t] = ampkit::fp8_quantize(x, scale, dtype, false);
+  return {q, at::Tensor(), at::reciprocal(scale), at::Tensor()};
+}
 
 // Quantizes a 2-D operand: current scaling takes its scale from its own amax, delayed scaling the scale of its
 // role (0 input, 1 weight, 2 grad_output) and records the amax in that role's history.
 Quantized quantize_operand(const at::Tensor& x, at::ScalarType dtype, const Fp8LinearConfig& c, size_t role,
                            bool transpose) {
+  if (c.rowwise) {
+    Quantized r = quantize_rows(x, dtype, c);
+    if (transpose) {
+      const Quantized t = quantize_rows(x.t(), dtype, c);
+      r.q_t = t.q;
+      r.inv_scale_t = t.inv_scale;
+    }
+    return r;
+  }
   at::Tensor scale;
   if (c.delayed()) {
     scale = c.scales[role].reshape({});
@@ -134,23 +163,58 @@ Quantized quantize_operand(const at::Tensor& x, at::ScalarType dtype, const Fp8L
     at::Tensor row0 = c.histories[role].view({-1}).narrow(0, 0, 1);
     row0.copy_(at::maximum(row0, amax.reshape({1})));
   }
-  return {q, q_t.has_value() ? *q_t : at::Tensor(), at::reciprocal(scale)};
+  const at::Tensor inv = at::reciprocal(scale);
+  return {q, q_t.has_value() ? *q_t : at::Tensor(), inv, inv};
 }
 
+// An FP8 tensor with `rows` zero rows and `cols` zero columns added (byte 0 is +0 in both formats).
+at::Tensor pad_fp8(const at::Tensor& t, const c10::SymInt& rows, const c10::SymInt& cols) {
+  const std::vector<c10::SymInt> pad{0, cols, 0, rows};
+  return at::constant_pad_nd_symint(t.view(at::kByte), pad, 0).view(t.scalar_type());
+}
+
+// a [M, K] row-major times b [K, N] column-major, dequantized by inv_a ([] or [M, 1]) and inv_b ([] or, rowwise,
+// [N, 1], passed as [1, N]). The GPU's _scaled_mm takes M and K that are multiples of 16 (N, the layer's features,
+// is checked by unsupported_reason): other token counts are padded with zero rows and columns, which change no
+// sum, and the result is cut back. The same on every device, so that the CPU tests run this path.
 at::Tensor scaled_mm(const at::Tensor& a, const at::Tensor& b, const at::Tensor& inv_a, const at::Tensor& inv_b,
-                     at::ScalarType out_dtype) {
-  if (a.sym_size(0) == 0 || a.sym_size(1) == 0 || b.sym_size(1) == 0) {
-    return at::zeros_symint({a.sym_size(0), b.sym_size(1)}, a.options().dtype(out_dtype));
+                     at::ScalarType out_dtype, bool rowwise) {
+  const c10::SymInt m = a.sym_size(0);
+  if (m == 0 || a.sym_size(1) == 0 || b.sym_size(1) == 0) {
+    return at::zeros_symint({m, b.sym_size(1)}, a.options().dtype(out_dtype));
   }
-  return at::_scaled_mm(a, b, inv_a, inv_b, std::nullopt, std::nullopt, out_dtype, /*use_fast_accum=*/false);
+  const c10::SymInt pad_m = (16 - m % 16) % 16;
+  const c10::SymInt pad_k = (16 - a.sym_size(1) % 16) % 16;
+  if (pad_m != 0 || pad_k != 0) {
+    const at::Tensor a16 = pad_fp8(a, pad_m, pad_k);
+    const at::Tensor b16 = pad_fp8(b.t(), 0, pad_k).t();
+    const at::Tensor inv_a16 =
+        rowwise ? at::constant_pad_nd_symint(inv_a, std::vector<c10::SymInt>{0, 0, 0, pad_m}, 1.0) : inv_a;
+    return scaled_mm(a16, b16, inv_a16, inv_b, out_dtype, rowwise).narrow_symint(0, 0, m);
+  }
+  if (!rowwise) {
+    return at::_scaled_mm(a, b, inv_a, inv_b, std::nullopt, std::nullopt, out_dtype, /*use_fast_accum=*/false);
+  }
+  const at::Tensor inv_b_row = inv_b.view({1, -1});
+  if (a.device().type() == at::kCUDA) {
+    // The GPU's rowwise GEMM writes BF16 only.
+    const at::Tensor y =
+        at::_scaled_mm(a, b, inv_a, inv_b_row, std::nullopt, std::nullopt, at::kBFloat16, /*use_fast_accum=*/false);
+    return out_dtype == at::kBFloat16 ? y : y.to(out_dtype);
+  }
+  // Elsewhere (the CPU's _scaled_mm takes rowwise scales from torch 2.12 on): the unscaled product in FP32, exact
+  // products summed in FP32, then scaled by row and column; one rounding to out_dtype.
+  const at::Tensor one = at::ones({}, inv_a.options());
+  const at::Tensor y = at::_scaled_mm(a, b, one, one, std::nullopt, std::nullopt, at::kFloat, /*use_fast_accum=*/false);
+  return (y * inv_a * inv_b_row).to(out_dtype);
 }
 
 // What the forward keeps for the backward.
 struct Saved {
   at::Tensor q_x_t;
   at::Tensor q_w_t;
-  at::Tensor inv_x;
-  at::Tensor inv_w;
+  at::Tensor inv_x_t;
+  at::Tensor inv_w_t;
 };
 
 at::Tensor forward(const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
@@ -159,12 +223,12 @@ at::Tensor forward(const at::Tensor& input, const at::Tensor& weight, const std:
   const at::Tensor x = input.reshape_symint({-1, input.sym_size(-1)});
   const Quantized qx = quantize_operand(x, c.forward_dtype, c, 0, saved != nullptr && need_dw);
   const Quantized qw = quantize_operand(weight, c.forward_dtype, c, 1, saved != nullptr && need_dx);
-  at::Tensor y = scaled_mm(qx.q, qw.q.t(), qx.inv_scale, qw.inv_scale, c.out_dtype);
+  at::Tensor y = scaled_mm(qx.q, qw.q.t(), qx.inv_scale, qw.inv_scale, c.out_dtype, c.rowwise);
   if (bias.has_value() && bias->defined()) {
     y = at::add(y, bias->to(c.out_dtype));
   }
   if (saved != nullptr) {
-    *saved = Saved{qx.q_t, qw.q_t, qx.inv_scale, qw.inv_scale};
+    *saved = Saved{qx.q_t, qw.q_t, qx.inv_scale_t, qw.inv_scale_t};
   }
   std::vector<c10::SymInt> shape(input.sym_sizes().begin(), input.sym_sizes().end() - 1);
   shape.push_back(weight.sym_size(0));
@@ -179,7 +243,7 @@ class Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
     const bool need_dx = input.requires_grad();
     const bool need_dw = weight.requires_grad();
     at::Tensor y = detail::forward(input, weight, bias, c, &s, need_dx, need_dw);
-    ctx->save_for_backward({s.q_x_t, s.q_w_t, s.inv_x, s.inv_w});
+    ctx->save_for_backward({s.q_x_t, s.q_w_t, s.inv_x_t, s.inv_w_t});
     // Delayed scaling's grad_output history and scale: no version check (the scale the backward finds is used).
     ctx->saved_data["delayed"] = c.delayed();
     if (c.delayed()) {
@@ -190,6 +254,7 @@ class Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
     ctx->saved_data["backward_dtype"] = c.backward_dtype;
     ctx->saved_data["epsilon"] = c.epsilon;
     ctx->saved_data["power_of_2"] = c.power_of_2;
+    ctx->saved_data["rowwise"] = c.rowwise;
     ctx->saved_data["input_dtype"] = input.scalar_type();
     ctx->saved_data["weight_dtype"] = weight.scalar_type();
     ctx->saved_data["has_bias"] = bias.has_value() && bias->defined();
@@ -210,7 +275,8 @@ class Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
                       d.at("power_of_2").toBool(),
                       at::kFloat,
                       {},
-                      {}};
+                      {},
+                      d.at("rowwise").toBool()};
     if (d.at("delayed").toBool()) {
       c.histories = {at::Tensor(), at::Tensor(), d.at("grad_output_history").toTensor()};
       c.scales = {at::Tensor(), at::Tensor(), d.at("grad_output_scale").toTensor()};
@@ -230,11 +296,12 @@ class Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
         // input's shape: grad's leading dimensions and in_features (the rows of q(W)^T).
         std::vector<c10::SymInt> shape(grad.sym_sizes().begin(), grad.sym_sizes().end() - 1);
         shape.push_back(saved[1].sym_size(0));
-        dx = scaled_mm(qdy.q, saved[1].t(), qdy.inv_scale, saved[3], d.at("input_dtype").toScalarType())
+        dx = scaled_mm(qdy.q, saved[1].t(), qdy.inv_scale, saved[3], d.at("input_dtype").toScalarType(), c.rowwise)
                  .view_symint(shape);
       }
       if (need_dw) {
-        dw = scaled_mm(qdy.q_t, saved[0].t(), qdy.inv_scale, saved[2], d.at("weight_dtype").toScalarType());
+        dw =
+            scaled_mm(qdy.q_t, saved[0].t(), qdy.inv_scale_t, saved[2], d.at("weight_dtype").toScalarType(), c.rowwise);
       }
     }
     if (need_db) {
@@ -247,9 +314,9 @@ class Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
 // Below autograd (CPU, CUDA): the forward alone; on Meta, the output's shape and dtype.
 at::Tensor fp8_linear_forward(const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                               c10::string_view fp8_format, double amax_epsilon, bool power_of_2,
-                              std::optional<at::ScalarType> out_dtype) {
-  const auto c =
-      make_config("fp8_linear", input, weight, bias, {}, {}, fp8_format, amax_epsilon, power_of_2, out_dtype);
+                              std::optional<at::ScalarType> out_dtype, c10::string_view granularity) {
+  const auto c = make_config("fp8_linear", input, weight, bias, {}, {}, fp8_format, amax_epsilon, power_of_2, out_dtype,
+                             granularity);
   return forward(input, weight, bias, c, nullptr, false, false);
 }
 
@@ -270,10 +337,10 @@ at::Tensor meta_result(const at::Tensor& input, const at::Tensor& weight, const 
 
 at::Tensor fp8_linear_meta(const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                            c10::string_view fp8_format, double amax_epsilon, bool power_of_2,
-                           std::optional<at::ScalarType> out_dtype) {
-  return meta_result(
-      input, weight,
-      make_config("fp8_linear", input, weight, bias, {}, {}, fp8_format, amax_epsilon, power_of_2, out_dtype));
+                           std::optional<at::ScalarType> out_dtype, c10::string_view granularity) {
+  return meta_result(input, weight,
+                     make_config("fp8_linear", input, weight, bias, {}, {}, fp8_format, amax_epsilon, power_of_2,
+                                 out_dtype, granularity));
 }
 
 at::Tensor fp8_linear_delayed_meta(const at::Tensor& input, const at::Tensor& weight,
@@ -289,9 +356,9 @@ at::Tensor fp8_linear_delayed_meta(const at::Tensor& input, const at::Tensor& we
 
 at::Tensor fp8_linear_autograd(const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                                c10::string_view fp8_format, double amax_epsilon, bool power_of_2,
-                               std::optional<at::ScalarType> out_dtype) {
-  const auto c =
-      make_config("fp8_linear", input, weight, bias, {}, {}, fp8_format, amax_epsilon, power_of_2, out_dtype);
+                               std::optional<at::ScalarType> out_dtype, c10::string_view granularity) {
+  const auto c = make_config("fp8_linear", input, weight, bias, {}, {}, fp8_format, amax_epsilon, power_of_2, out_dtype,
+                             granularity);
   return Fp8LinearFunction::apply(input, weight, bias, c);
 }
 

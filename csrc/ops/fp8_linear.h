@@ -11,7 +11,7 @@ namespace ampkit::detail {
 
 at::Tensor fp8_linear_autograd(const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                                c10::string_view fp8_format, double amax_epsilon, bool power_of_2,
-                               std::optional<at::ScalarType> out_dtype);
+                               std::optional<at::ScalarType> out_dtype, c10::string_view granularity);
 
 at::Tensor fp8_linear_delayed_autograd(const at::Tensor& input, const at::Tensor& weight,
                                        const std::optional<at::Tensor>& bias, at::TensorList amax_histories,

@@ -76,8 +76,12 @@ TORCH_LIBRARY(ampkit, m) {
   // current scaling (pure), and delayed scaling with the (input, weight, grad_output) histories and scales, which
   // records the amaxes into row 0 of the histories (grad_output's in the backward).
   m.def("fp8_linear(Tensor input, Tensor weight, Tensor? bias, str fp8_format='hybrid', float amax_epsilon=1e-12, "
-        "bool power_of_2=False, ScalarType? out_dtype=None) -> Tensor",
+        "bool power_of_2=False, ScalarType? out_dtype=None, str granularity='tensorwise') -> Tensor",
         {at::Tag::pt2_compliant_tag});
+  // Counts of a quantization (x * scale to dtype): [saturated (|x * scale| beyond the format's max by more than half
+  // an ulp: clamped; +-Inf included),
+  // flushed to zero (x nonzero, |x * scale| at most half the smallest subnormal), NaN], int64.
+  m.def("fp8_quantization_stats(Tensor x, Tensor scale, ScalarType dtype) -> Tensor");
   m.def("fp8_linear_delayed(Tensor input, Tensor weight, Tensor? bias, Tensor(a!)[] amax_histories, Tensor[] scales, "
         "str fp8_format='hybrid', ScalarType? out_dtype=None) -> Tensor");
 }

@@ -12,6 +12,16 @@
 namespace ampkit::python {
 
 void bind_distributed(py::module_& m) {
+  m.def(
+      "all_reduce_max",
+      [](const std::vector<at::Tensor>& tensors, const c10::intrusive_ptr<c10d::ProcessGroup>& group) {
+        guarded([&] {
+          const py::gil_scoped_release release;  // waits on the process group
+          ampkit::distributed::all_reduce_max(tensors, group);
+        });
+      },
+      py::arg("tensors"), py::arg("process_group"),
+      "The elementwise MAX over the group's ranks of each tensor, in one all-reduce (packed).");
   // ampkit::distributed::GradientAllReduce, for ampkit.distributed.GradientAllReduce. Destroyed without the GIL:
   // dropping the last reference to a Gloo process group joins its worker thread, which may need the GIL to free
   // Python state of finished work.

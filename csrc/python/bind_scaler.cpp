@@ -165,6 +165,13 @@ void bind_scaler(py::module_& m) {
       .def("mark_stepped", &GradScaler::mark_stepped)
       .def("record_unscaled_grads",
            [](GradScaler& s, const at::Tensor& found_inf) { guarded([&] { s.record_unscaled_grads(found_inf); }); })
+      .def("reduce_with_found_inf",
+           [](GradScaler& s, const std::vector<at::Tensor>& tensors) {
+             guarded_as("ampkit::GradScaler::reduce_with_found_inf", "GradScaler.reduce_with_found_inf", [&] {
+               const py::gil_scoped_release release;  // may wait on the process group
+               s.reduce_with_found_inf(tensors);
+             });
+           })
       .def("unscale_factor",
            [](GradScaler& s, const std::string& device) {
              return guarded([&] { return s.unscale_factor(c10::Device(device)); });

@@ -13,6 +13,7 @@
 #include <limits>
 #include <sstream>
 
+#include "ampkit/distributed.h"
 #include "ampkit/ops.h"
 #include "scaler_internal.h"
 
@@ -280,10 +281,7 @@ void GradScaler::record_checks(int64_t key, const std::vector<at::Tensor>& param
   if (options_.process_group() && !state.found_inf.empty()) {
     // Every rank must take the same decision: all-reduce (MAX) this optimizer's combined flag.
     at::Tensor combined = combined_found_inf(key);
-    std::vector<at::Tensor> tensors{combined};
-    c10d::AllreduceOptions opts;
-    opts.reduceOp = c10d::ReduceOp::MAX;
-    options_.process_group()->allreduce(tensors, opts)->wait();
+    all_reduce_found_inf(combined);
     state.found_inf = {{combined.device(), combined}};
   }
 }
@@ -324,10 +322,7 @@ void GradScaler::unscale_params_(int64_t key, const std::vector<at::Tensor>& par
     if (options_.process_group() && !external_reduced_) {
       // The recorded flag agrees across the all-reduce's group; the scaler's group may be larger (pipeline or
       // tensor parallel around data parallel): every rank of it must take the same decision.
-      std::vector<at::Tensor> tensors{external_found_inf_};
-      c10d::AllreduceOptions opts;
-      opts.reduceOp = c10d::ReduceOp::MAX;
-      options_.process_group()->allreduce(tensors, opts)->wait();
+      all_reduce_found_inf(external_found_inf_);
       external_reduced_ = true;
     }
     if (calibrating_) {  // the all-reduce unscaled them
@@ -465,6 +460,11 @@ void GradScaler::update() {
     return;
   }
   const at::Tensor& scale = check_scale_exists("update");
+  if (!reduce_with_found_inf_.empty()) {  // no found_inf all-reduce carried them
+    const std::vector<at::Tensor> pending = std::move(reduce_with_found_inf_);
+    reduce_with_found_inf_.clear();
+    distributed::all_reduce_max(pending, options_.process_group());
+  }
   std::vector<at::Tensor> found;
   for (const auto& [key, state] : per_optimizer_) {
     for (const auto& [device, t] : state.found_inf) {

@@ -318,6 +318,7 @@ void GradScaler::end_iteration() {
   recorded_count_ = 0;
   external_found_inf_ = at::Tensor();
   external_reduced_ = false;
+  reduce_with_found_inf_.clear();
   calibration_amax_ = at::Tensor();
 }
 

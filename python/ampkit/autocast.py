@@ -255,8 +255,9 @@ def decorate(model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = None
                         rounded.append(p)
                     optimizer.state[p]["master_param"] = p.detach().to(torch.float32, copy=True)
                 p.data = p.data.to(dtype)
+        fp32_buffers = getattr(module, "_ampkit_fp32_buffers", ())  # FP8 scaling state (ampkit.fp8.Float8Linear)
         for name, buf in module.named_buffers(recurse=False):
-            if buf.is_floating_point():
+            if buf.is_floating_point() and name not in fp32_buffers:
                 setattr(module, name, buf.to(dtype))
     if rounded:
         warnings.warn(f"decorate: {len(rounded)} parameter(s) were already FP16/BF16, so their FP32 masters are "

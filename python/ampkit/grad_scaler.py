@@ -11,7 +11,7 @@ import os
 import warnings
 from collections import abc
 from enum import Enum
-from typing import Any, Iterable, Optional, Union
+from typing import Any, Iterable, Optional, Sequence, Union
 
 import torch
 
@@ -365,6 +365,22 @@ class GradScaler:
             raise TypeError("GradScaler.record_unscaled_grads: found_inf must be a Tensor, but got "
                             f"{type(found_inf).__name__}")
         self._core.record_unscaled_grads(found_inf)
+
+    def reduce_with_found_inf(self, tensors: Sequence[torch.Tensor]) -> None:
+        """All-reduce (MAX) ``tensors`` (float32, on the scale's device) over ``process_group`` in the same collective
+        as this iteration's ``found_inf``: every rank then holds the maximum of each. ``ampkit.fp8.sync_amaxes`` uses
+        it for the FP8 amaxes. The tensors are read when that collective runs, at the next ``unscale_``/``step`` of
+        this iteration (they may be written until then); if none comes before :meth:`update`, ``update`` reduces them
+        alone; a disabled scaler (or one before its first ``scale``) reduces them at once. Every rank passes tensors
+        of the same sizes in the same order."""
+        if not self._grouped:
+            raise ValueError("GradScaler.reduce_with_found_inf: needs a scaler made with process_group=<the group "
+                             "whose ranks must agree, e.g. torch.distributed.group.WORLD>, but this one has none")
+        items = None if isinstance(tensors, torch.Tensor) else list(tensors)
+        if items is None or not all(isinstance(t, torch.Tensor) for t in items):
+            raise TypeError("GradScaler.reduce_with_found_inf: tensors must be a sequence of Tensors, but got "
+                            f"{type(tensors).__name__}")
+        self._core.reduce_with_found_inf(items)
 
     def _note_hook_bucket(self, index: int, hook: str) -> None:
         """ampkit.distributed's hooks: refuse a second unscale of one DDP bucket in an iteration (a second

@@ -148,3 +148,101 @@ TEST_CASE("distributed: GradientAllReduce and store_process_group refuse bad arg
   CHECK(one.bytes_reduced() == 12);
   std::remove(path.c_str());
 }
+
+namespace {
+
+struct Fp8RankResult {
+  std::vector<at::Tensor> before;  // this rank's amaxes before the reduction, per iteration
+  std::vector<at::Tensor> after;
+  std::vector<at::Tensor> scales;
+};
+
+Fp8RankResult train_fp8(int rank, int world, const std::string& path) {
+  auto store = c10::make_intrusive<c10d::FileStore>(path, world);
+  auto pg = ampkit::distributed::store_process_group(store, rank, world);
+  torch::nn::Sequential model;
+  {
+    const std::lock_guard<std::mutex> lock(rng_mutex);
+    torch::manual_seed(0);
+    const auto recipe = ampkit::fp8::DelayedScaling().amax_history_len(3);
+    model =
+        torch::nn::Sequential(ampkit::fp8::Float8Linear(torch::nn::LinearOptions(16, 32), recipe), torch::nn::ReLU(),
+                              ampkit::fp8::Float8Linear(torch::nn::LinearOptions(32, 16), recipe));
+  }
+  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.01));
+  ampkit::GradScaler scaler(ampkit::GradScalerOptions().init_scale(256.0).process_group(pg));
+  Fp8RankResult out;
+  for (int step = 0; step < 3; ++step) {
+    at::Tensor x;
+    {
+      const std::lock_guard<std::mutex> lock(rng_mutex);
+      torch::manual_seed(100 + 10 * step + rank);
+      x = torch::randn({8, 16}) * (1.0 + 3.0 * rank);
+    }
+    opt.zero_grad();
+    scaler.scale(model->forward(x).pow(2).mean()).backward();
+    const auto amaxes = ampkit::fp8::current_amaxes(*model);
+    out.before.push_back(torch::cat(amaxes).clone());
+    scaler.reduce_with_found_inf(amaxes);
+    scaler.step(opt);
+    scaler.update();
+    out.after.push_back(torch::cat(ampkit::fp8::current_amaxes(*model)).clone());
+  }
+  for (const auto& b : model->named_buffers()) {
+    if (b.key().find("scale_") != std::string::npos) {
+      out.scales.push_back(b.value().clone());
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("distributed: FP8 amaxes reduced in the scaler's found_inf all-reduce agree on every rank",
+          "[distributed][fp8][cpu]") {
+  const std::string path =
+      (std::filesystem::temp_directory_path() / ("ampkit_test_fp8_amax_" + std::to_string(::getpid()))).string();
+  std::remove(path.c_str());
+  std::vector<Fp8RankResult> results(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] { results[r] = train_fp8(r, 2, path); });
+  }
+  for (auto& t : threads) {
+    t.join();
+  }
+  std::remove(path.c_str());
+  for (size_t step = 0; step < 3; ++step) {
+    REQUIRE(results[0].before[step].numel() == 6);
+    CHECK(!torch::equal(results[0].before[step], results[1].before[step]));  // the ranks' amaxes differed
+    const auto expected = torch::maximum(results[0].before[step], results[1].before[step]);
+    CHECK(torch::equal(results[0].after[step], expected));
+    CHECK(torch::equal(results[1].after[step], expected));
+  }
+  REQUIRE(results[0].scales.size() == 6);
+  for (size_t i = 0; i < 6; ++i) {
+    CHECK(torch::equal(results[0].scales[i], results[1].scales[i]));
+  }
+}
+
+TEST_CASE("distributed: reduce_with_found_inf and all_reduce_max refuse bad arguments", "[distributed][cpu]") {
+  ampkit::GradScaler plain;
+  CHECK_THROWS_WITH(plain.reduce_with_found_inf({torch::zeros({1})}),
+                    Catch::Contains("needs options().process_group()"));
+  const std::string path =
+      (std::filesystem::temp_directory_path() / ("ampkit_test_fp8_bad_" + std::to_string(::getpid()))).string();
+  std::remove(path.c_str());
+  auto store = c10::make_intrusive<c10d::FileStore>(path, 1);
+  auto pg = ampkit::distributed::store_process_group(store, 0, 1);
+  ampkit::GradScaler scaler(ampkit::GradScalerOptions().process_group(pg));
+  CHECK_THROWS_WITH(scaler.reduce_with_found_inf({torch::zeros({1}), torch::zeros({1}, torch::kDouble)}),
+                    Catch::Contains("tensors[1] must be a Float tensor, but got Double"));
+  CHECK_THROWS_WITH(ampkit::distributed::all_reduce_max({torch::zeros({2}), torch::zeros({2}, torch::kHalf)}, pg),
+                    Catch::Contains("tensors[1] must be floating and of tensors[0]'s dtype"));
+  // One rank: the maximum is the tensor itself; a non-contiguous view is written through.
+  auto t = torch::arange(6, torch::kFloat).view({2, 3});
+  auto col = t.select(1, 1);
+  ampkit::distributed::all_reduce_max({col, torch::ones({2})}, pg);
+  CHECK(torch::equal(t, torch::arange(6, torch::kFloat).view({2, 3})));
+  std::remove(path.c_str());
+}

@@ -123,7 +123,8 @@ AMPKIT_API std::string autocast_dtype_advice(c10::DeviceType device, c10::Scalar
 enum class OptLevel { kO0, kO1, kO2, kO3 };
 
 // Applies an O-level to `module` in place: O0/O1 leave it FP32 (O1 is AutocastGuard + GradScaler in the loop);
-// O2 casts every parameter and floating buffer to `dtype` except those of normalisation layers (BatchNorm,
+// O2 casts every parameter and floating buffer to `dtype` (but the FP32 scaling state of ampkit::fp8::Float8Linear)
+// except those of normalisation layers (BatchNorm,
 // LayerNorm, GroupNorm, InstanceNorm; when keep_norm_fp32) and of modules whose qualified name is in `excluded`,
 // which stay FP32 and take low-precision inputs (ATen's norms accept mixed input/weight dtypes); O3 casts
 // everything but `excluded`. A module sharing a parameter with a kept one (a decoder tied to an excluded embedding)

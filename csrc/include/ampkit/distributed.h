@@ -120,4 +120,11 @@ class AMPKIT_API GradientAllReduce {
 AMPKIT_API c10::intrusive_ptr<c10d::ProcessGroup> store_process_group(c10::intrusive_ptr<c10d::Store> store, int rank,
                                                                       int size, const std::string& name = "default");
 
+// The elementwise maximum over `process_group`'s ranks of each of `tensors` (floating, one dtype, on one device, any
+// shapes and strides), in one all-reduce: the tensors are packed into one flat buffer (a single contiguous tensor is
+// reduced as it is), reduced and copied back. Every rank passes tensors of the same sizes in the same order. Waits
+// for the collective; mutates `tensors`. An empty list does nothing.
+AMPKIT_API void all_reduce_max(const std::vector<at::Tensor>& tensors,
+                               const c10::intrusive_ptr<c10d::ProcessGroup>& process_group);
+
 }  // namespace ampkit::distributed

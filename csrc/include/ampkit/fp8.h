@@ -12,6 +12,7 @@
 #include <ostream>
 #include <string>
 #include <variant>
+#include <vector>
 
 #include "ampkit/export.h"
 
@@ -20,7 +21,8 @@ namespace ampkit::fp8 {
 // Current (dynamic) scaling: every operand's scale from its own amax in the same call. fp8_format "hybrid" (E4M3
 // for input and weight, E5M2 for output gradients) or "e4m3" (E4M3 for all). amax_epsilon clamps the amax from
 // below (1e-12, so an all-zero tensor never divides by zero); power_of_2 rounds each scale down to a power of two.
-// granularity "tensorwise" (one scale per tensor) is what Float8Linear implements.
+// granularity "tensorwise" (one scale per tensor) or "rowwise" (one per row of each GEMM operand, along the
+// dimension the GEMM sums over; NOTE [FP8 linear]).
 struct CurrentScaling {
   TORCH_ARG(std::string, granularity) = "tensorwise";
   TORCH_ARG(bool, power_of_2) = false;
@@ -68,6 +70,11 @@ class AMPKIT_API Float8LinearImpl : public torch::nn::Cloneable<Float8LinearImpl
 
   // input: [..., in_features], FP32, BF16 or FP16; the output has input's dtype (autocast's under autocast).
   at::Tensor forward(const at::Tensor& input);
+  // As torch::nn::Module's, but the scaling buffers stay FP32 (their precision decides the scales); they move to
+  // the device as the rest.
+  void to(torch::Device device, torch::Dtype dtype, bool non_blocking = false) override;
+  void to(torch::Dtype dtype, bool non_blocking = false) override;
+  using torch::nn::Module::to;
 
   torch::nn::LinearOptions options;
   Recipe recipe;
@@ -83,5 +90,12 @@ class AMPKIT_API Float8LinearImpl : public torch::nn::Cloneable<Float8LinearImpl
 };
 
 TORCH_MODULE(Float8Linear);
+
+// Row 0 of every amax history of `module`'s delayed-scaling Float8Linear layers (itself included): the amaxes this
+// iteration recorded, as views, in module order (input, weight, grad_output per layer). Data-parallel ranks make
+// their scales agree by reducing them (MAX) once per iteration, after backward:
+//   scaler.reduce_with_found_inf(ampkit::fp8::current_amaxes(*model));  // in the scaler's found_inf all-reduce
+//   ampkit::distributed::all_reduce_max(ampkit::fp8::current_amaxes(*model), process_group);  // without a scaler
+AMPKIT_API std::vector<at::Tensor> current_amaxes(const torch::nn::Module& module);
 
 }  // namespace ampkit::fp8

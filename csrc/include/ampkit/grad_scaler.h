@@ -234,6 +234,15 @@ class AMPKIT_API GradScaler {
   // skip together; with options().process_group() the flag is also all-reduced (MAX) over that group once, at the
   // first unscale_/step.
   void record_unscaled_grads(const at::Tensor& found_inf);
+  // NOTE [Tensors reduced with found_inf]
+  // Adds `tensors` (FP32, on the scale's device) to this iteration's all-reduce (MAX) of found_inf over
+  // options().process_group(), so that one collective carries the flag and them: every rank then holds the
+  // maximum of each (FP8 amaxes: ampkit::fp8::current_amaxes, so every rank scales its FP8 tensors alike). They
+  // are read when that collective runs, the next unscale_ or step of this iteration (so they may be written until
+  // then); if none comes before update(), update() reduces them alone; a disabled scaler (or one before its first
+  // scale()) reduces them at once. Every rank passes tensors of the same sizes in the same order. Needs
+  // options().process_group(). Mutates `tensors` (at that all-reduce).
+  void reduce_with_found_inf(const std::vector<at::Tensor>& tensors);
   // 1 / scale on `device` (the FP64 reciprocal rounded once to FP32, as unscale_ multiplies by), a one-element
   // tensor; needs the scale (after the first scale()). Computed once per scale, on the stream of the first call
   // after it changed; a call from another stream makes that stream wait for it. Valid until the scale changes
@@ -313,6 +322,8 @@ class AMPKIT_API GradScaler {
   void record_checks(int64_t key, const std::vector<at::Tensor>& params, std::vector<at::Tensor> grads, bool unscale,
                      bool allow_fp16);
   at::Tensor combined_found_inf(int64_t key);
+  // All-reduces (MAX) `flag` over options().process_group() with the tensors of reduce_with_found_inf.
+  void all_reduce_found_inf(const at::Tensor& flag);
   // A zeroed-on-creation FP32 scalar on `device`, reused across iterations on the current stream.
   at::Tensor& buffer(int64_t optimizer, const at::Device& device, BufferRole role, int64_t index = 0);
   const at::Tensor& inv_scale_on(const at::Device& device);
@@ -387,9 +398,10 @@ class AMPKIT_API GradScaler {
   std::unordered_map<int64_t, PerOptimizer> per_optimizer_;
   std::deque<RecordedFlag> recorded_;  // record_unscaled_grads' copies, the first recorded_count_ this iteration's
   size_t recorded_count_ = 0;
-  StreamMark recorded_read_;       // after the last sum of the recorded flags
-  at::Tensor external_found_inf_;  // that sum, this iteration (undefined: not taken yet)
-  bool external_reduced_ = false;  // that flag was all-reduced over the process group
+  StreamMark recorded_read_;                       // after the last sum of the recorded flags
+  at::Tensor external_found_inf_;                  // that sum, this iteration (undefined: not taken yet)
+  bool external_reduced_ = false;                  // that flag was all-reduced over the process group
+  std::vector<at::Tensor> reduce_with_found_inf_;  // NOTE [Tensors reduced with found_inf]
   // record_unscaled_grads and unscale_factor may be called from several threads (DDP's callbacks).
   std::unique_ptr<std::mutex> hook_mutex_ = std::make_unique<std::mutex>();
   MinScaleWatch min_watch_;

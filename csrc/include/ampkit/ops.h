@@ -185,6 +185,11 @@ AMPKIT_API std::tuple<at::Tensor, at::Tensor, std::optional<at::Tensor>> fp8_qua
 AMPKIT_API at::Tensor fp8_compute_scale(const at::Tensor& amax, double fp8_max, double margin = 0.0,
                                         double epsilon = 1e-12, bool power_of_2 = false);
 
+// What quantizing x with `scale` (as fp8_quantize takes it) to `dtype` loses, counted: an int64 tensor [saturated
+// (|x * scale| beyond the format's largest finite value by more than half an ulp, so clamped; +-Inf included), flushed (x nonzero and |x * scale| at most
+// half the smallest subnormal: it rounds to zero), NaN]. A diagnostic (ampkit.fp8's quantization report); reads x.
+AMPKIT_API at::Tensor fp8_quantization_stats(const at::Tensor& x, const at::Tensor& scale, at::ScalarType dtype);
+
 // Delayed scaling's end-of-iteration update of every FP8 tensor in one call, on the device, no host sync: for each
 // history (FP32, contiguous, rows first, the same number of rows for all; row 0 holds the current amaxes) and its
 // scale (FP32, contiguous, one element per history column), amax = the maximum over the rows ("max") or row 0
@@ -196,14 +201,17 @@ AMPKIT_API void fp8_update_amax_history_and_scale_(at::TensorList amax_histories
                                                    double margin = 0.0);
 
 // y = q(input) q(weight)^T (+ bias) on torch._scaled_mm, differentiable: dX = q(dY) q(weight), dW = q(input)^T q(dY),
-// each operand quantized tensorwise by fp8_quantize (NOTE [FP8 linear] in csrc/ops/fp8_linear.cpp). fp8_format
+// each operand quantized by fp8_quantize (NOTE [FP8 linear] in csrc/ops/fp8_linear.cpp): granularity "tensorwise"
+// (one scale per operand) or "rowwise" (one scale per row of each GEMM's operands, along the dimension the GEMM
+// sums over: each operand is quantized once per GEMM it enters). fp8_format
 // "hybrid": E4M3 for input and weight, E5M2 for dY; "e4m3": E4M3 for all three. fp8_linear: current scaling, each
 // operand's scale from its own amax (fp8_compute_scale with amax_epsilon and power_of_2). The output dtype is
 // out_dtype, else autocast's when autocast is on for input's device, else input's.
 AMPKIT_API at::Tensor fp8_linear(const at::Tensor& input, const at::Tensor& weight,
                                  const std::optional<at::Tensor>& bias, c10::string_view fp8_format = "hybrid",
                                  double amax_epsilon = 1e-12, bool power_of_2 = false,
-                                 std::optional<at::ScalarType> out_dtype = std::nullopt);
+                                 std::optional<at::ScalarType> out_dtype = std::nullopt,
+                                 c10::string_view granularity = "tensorwise");
 
 // fp8_linear with delayed scaling: amax_histories and scales hold three tensors each, for input, weight and
 // grad_output (a history of one column, [rows] or [rows, 1], FP32; a one-element FP32 scale). Each operand is
