@@ -47,12 +47,24 @@ Data load(const std::string& path, const torch::Device& device) {
           x.narrow(0, 0, n_test).to(device), y.narrow(0, 0, n_test).to(device)};
 }
 
-torch::nn::Sequential make_model() {
+// fp8: the 64->256 and 256->256 layers as ampkit::fp8::Float8Linear with delayed scaling (the same initialisation);
+// 256->10 stays torch::nn::Linear (FP8 GEMMs take multiples of 16).
+torch::nn::Sequential make_model(bool fp8) {
   torch::manual_seed(1);
-  return torch::nn::Sequential(torch::nn::Linear(64, 256), torch::nn::LayerNorm(torch::nn::LayerNormOptions({256})),
-                               torch::nn::ReLU(), torch::nn::Linear(256, 256),
-                               torch::nn::LayerNorm(torch::nn::LayerNormOptions({256})), torch::nn::ReLU(),
-                               torch::nn::Linear(256, 10));
+  const auto recipe = ampkit::fp8::DelayedScaling().amax_history_len(16);
+  auto linear = [&](int64_t in, int64_t out) -> torch::nn::AnyModule {
+    return fp8 ? torch::nn::AnyModule(ampkit::fp8::Float8Linear(torch::nn::LinearOptions(in, out), recipe))
+               : torch::nn::AnyModule(torch::nn::Linear(in, out));
+  };
+  torch::nn::Sequential model;
+  model->push_back(linear(64, 256));
+  model->push_back(torch::nn::LayerNorm(torch::nn::LayerNormOptions({256})));
+  model->push_back(torch::nn::ReLU());
+  model->push_back(linear(256, 256));
+  model->push_back(torch::nn::LayerNorm(torch::nn::LayerNormOptions({256})));
+  model->push_back(torch::nn::ReLU());
+  model->push_back(torch::nn::Linear(256, 10));
+  return model;
 }
 
 struct Result {
@@ -102,10 +114,11 @@ double state_mb(const torch::nn::Module& model, const torch::optim::Optimizer& o
 
 Result train(const std::string& mode, const Data& data, const torch::Device& device, torch::ScalarType lowp, int epochs,
              int inject_every, std::ofstream& history, ampkit::GradStatsLog* grad_log) {
-  auto model = make_model();
+  const bool o2 = mode == "o2" || mode == "o2fp8";
+  auto model = make_model(mode == "o2fp8");
   model->to(device);
   std::unique_ptr<torch::optim::Optimizer> opt;
-  if (mode == "o2") {
+  if (o2) {
     auto adamw = std::make_unique<ampkit::optim::AdamW>(model->parameters(), ampkit::optim::AdamWOptions(2e-3));
     adamw->init_master_params();  // FP32 masters from the FP32 weights, then the cast
     ampkit::decorate(*model, ampkit::OptLevel::kO2, lowp);
@@ -147,7 +160,7 @@ Result train(const std::string& mode, const Data& data, const torch::Device& dev
       if (mode == "o1") {
         ampkit::AutocastGuard autocast(device.type(), lowp);
         loss = torch::cross_entropy_loss(model->forward(x).to(torch::kFloat), y);
-      } else if (mode == "o2") {
+      } else if (o2) {
         loss = torch::cross_entropy_loss(model->forward(x.to(lowp)).to(torch::kFloat), y);
       } else {
         loss = torch::cross_entropy_loss(model->forward(x), y);
@@ -188,7 +201,8 @@ Result train(const std::string& mode, const Data& data, const torch::Device& dev
   r.loss = last_loss;
   {
     const torch::NoGradGuard no_grad;
-    auto x = mode == "o2" ? data.x_test.to(lowp) : data.x_test;
+    model->eval();
+    auto x = o2 ? data.x_test.to(lowp) : data.x_test;
     const auto logits = model->forward(x);
     r.accuracy = logits.argmax(1).eq(data.y_test).to(torch::kDouble).mean().item<double>();
   }
@@ -245,7 +259,7 @@ int main(int argc, char** argv) {
   }
   history << "mode,step,loss,scale,skipped\n";
   std::vector<Result> results;
-  for (const char* mode : {"fp32", "o1", "o2"}) {
+  for (const char* mode : {"fp32", "o1", "o2", "o2fp8"}) {
     std::printf("training %s ...\n", mode);
     results.push_back(train(mode, data, device, lowp, epochs, inject, history, grad_log.get()));
   }
