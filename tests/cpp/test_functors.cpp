@@ -11,6 +11,7 @@
 
 #include "kernels/amp_functors.h"
 #include "kernels/optim_functors.h"
+#include "kernels/stochastic_rounding.h"
 
 using ampkit::kernels::is_non_finite;
 using ampkit::kernels::UnscaleOp;
@@ -300,4 +301,87 @@ TEST_CASE("cuda_archs_cover: SASS runs on the same major with a higher minor, PT
   CHECK(cuda_archs_cover(ampere, 8, 6));
   CHECK_FALSE(cuda_archs_cover(ampere, 7, 5));
   CHECK_FALSE(cuda_archs_cover(parse_cuda_archs(""), 9, 0));  // CPU-only build
+}
+
+TEST_CASE("philox4x32_10: Random123's known-answer vectors", "[functors][cpu]") {
+  using ampkit::kernels::philox4x32_10;
+  struct Kat {
+    uint32_t ctr[4], key[2], out[4];
+  };
+  const Kat kats[] = {
+      {{0, 0, 0, 0}, {0, 0}, {0x6627e8d5u, 0xe169c58du, 0xbc57ac4cu, 0x9b00dbd8u}},
+      {{0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu},
+       {0xffffffffu, 0xffffffffu},
+       {0x408f276du, 0x41c83b0eu, 0xa20bc7c6u, 0x6d5451fdu}},
+      {{0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u},
+       {0xa4093822u, 0x299f31d0u},
+       {0xd16cfe09u, 0x94fdccebu, 0x5001e420u, 0x24126ea1u}},
+  };
+  for (const Kat& k : kats) {
+    const auto r = philox4x32_10(k.ctr[0], k.ctr[1], k.ctr[2], k.ctr[3], k.key[0], k.key[1]);
+    for (int i = 0; i < 4; ++i) {
+      CHECK(r.v[i] == k.out[i]);
+    }
+  }
+}
+
+TEST_CASE("bf16_bits_stochastic: rounds to a neighbour, up with probability (distance to the lower) / ulp",
+          "[functors][cpu]") {
+  using ampkit::kernels::bf16_bits_stochastic;
+  using ampkit::kernels::bf16_bits_to_float;
+  using ampkit::kernels::bit_cast;
+  // Every one of the 2^16 random values once: the count rounding away from zero is exactly the low half.
+  std::mt19937 gen(5);
+  std::uniform_real_distribution<float> dist(-1e3f, 1e3f);
+  for (int trial = 0; trial < 50; ++trial) {
+    const float x = trial == 0 ? 1.0f + 0x1p-10f : dist(gen);
+    const uint32_t bits = bit_cast<uint32_t>(x);
+    const auto down = static_cast<uint16_t>(bits >> 16);
+    uint32_t up_count = 0;
+    for (uint32_t r = 0; r < 65536u; ++r) {
+      const uint16_t b = bf16_bits_stochastic(x, r);
+      REQUIRE((b == down || b == static_cast<uint16_t>(down + 1)));
+      up_count += b != down ? 1u : 0u;
+    }
+    INFO("x " << x);
+    CHECK(up_count == (bits & 0xffffu));
+    // Unbiased: the mean over all random values is x, exactly (in double).
+    const double lo = bf16_bits_to_float(down);
+    const double hi = bf16_bits_to_float(static_cast<uint16_t>(down + 1));
+    CHECK((lo * (65536.0 - up_count) + hi * up_count) / 65536.0 == static_cast<double>(x));
+  }
+  // BF16 values stay, Inf stays Inf, NaN stays NaN, -0.0 stays -0.0.
+  const float inf = std::numeric_limits<float>::infinity();
+  for (uint32_t r : {0u, 1u, 0x8000u, 0xffffu}) {
+    CHECK(bf16_bits_stochastic(1.5f, r) == 0x3fc0u);
+    CHECK(bf16_bits_stochastic(inf, r) == 0x7f80u);
+    CHECK(bf16_bits_stochastic(-inf, r) == 0xff80u);
+    CHECK(bf16_bits_stochastic(std::numeric_limits<float>::quiet_NaN(), r) == 0x7fc0u);
+    CHECK(bf16_bits_stochastic(bit_cast<float>(0x7fffffffu), r) == 0x7fc0u);
+    CHECK(bf16_bits_stochastic(-0.0f, r) == 0x8000u);
+  }
+}
+
+TEST_CASE("kahan_store: weight + compensation track the float64 sum of many small updates", "[functors][cpu]") {
+  using ampkit::kernels::bf16_bits_nearest;
+  using ampkit::kernels::bf16_bits_to_float;
+  uint16_t w = bf16_bits_nearest(1.0f);
+  uint16_t c = 0;
+  double exact = 1.0;
+  std::mt19937 gen(6);
+  std::uniform_real_distribution<float> dist(-3e-4f, 1e-4f);
+  for (int i = 0; i < 5000; ++i) {
+    const float delta = dist(gen);
+    const float w0 = bf16_bits_to_float(w);
+    ampkit::kernels::kahan_store(w0, w0 + delta, &w, &c);
+    exact += static_cast<double>(w0 + delta) - w0;  // the FP32 update as the kernels compute it
+  }
+  const double held = static_cast<double>(bf16_bits_to_float(w)) + bf16_bits_to_float(c);
+  INFO("exact " << exact << ", weight " << bf16_bits_to_float(w) << ", held " << held);
+  // Each step loses at most half a BF16 unit of the compensation (|c| <= 2^-9 here: 2^-18), unbiased: a random walk
+  // of 5000 such losses, bounded at 4 standard deviations of its worst case; plain BF16 would not move at all.
+  CHECK(std::abs(held - exact) < 4 * std::sqrt(5000.0) * 0x1p-19);
+  CHECK(std::abs(bf16_bits_to_float(w) - exact) <= 0x1p-8);  // the weight is within one BF16 ulp at ~0.5
+  CHECK(bf16_bits_nearest(1.0f + 0x1p-8f) == 0x3f80u);       // ties to even
+  CHECK(bf16_bits_nearest(1.0f + 0x1p-8f + 0x1p-20f) == 0x3f81u);
 }
