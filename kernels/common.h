@@ -29,9 +29,10 @@ struct TensorRef {
   DType dtype;
 };
 
-// The streams of one parameter for a fused optimizer step. `master`, `remainder`, `exp_avg_sq`, `max_exp_avg_sq`
-// are null when unused (at most one of master and remainder is set); `param` and `grad` share a dtype (FP16,
-// BF16 or FP32); every other stream is FP32; `step` points at the tensor's FP32 step count (null: none).
+// The streams of one parameter for a fused optimizer step. `master`, `remainder`, `kahan_comp`, `sr_seed`,
+// `exp_avg_sq`, `max_exp_avg_sq` are null when unused (at most one of master, remainder, kahan_comp and sr_seed is
+// set: the way the weight is kept); `param` and `grad` share a dtype (FP16, BF16 or FP32); every other stream is
+// FP32; `step` points at the tensor's FP32 step count (null: none; never null with sr_seed).
 struct OptimTensor {
   void* param;
   void* grad;  // written only with write_unscaled_grads
@@ -43,6 +44,10 @@ struct OptimTensor {
   float* step;
   int64_t numel;
   DType dtype;
+  // BF16 params only: the Kahan compensation (NOTE [Kahan-compensated BF16 weight]) or the stochastic rounding
+  // seed (NOTE [Counter-based stochastic rounding]), both in kernels/stochastic_rounding.h.
+  uint16_t* kahan_comp = nullptr;
+  const int64_t* sr_seed = nullptr;
 };
 
 // The one bit cast of the kernels (std::bit_cast is C++20; kernels/ is C++17 for nvcc): a byte copy that both the

@@ -230,7 +230,35 @@ struct StepLists {
   bool need_max_exp_avg_sqs;
   bool need_steps;
   bool grads_read_only;  // LAMB: the grads are only read
+  bool lean_weights;     // param_remainders may hold Kahan compensations or stochastic rounding seeds (Adam, SGD)
 };
+
+// NOTE [Weight companions]
+// param_remainders carries what a BF16 weight kept without an FP32 master needs besides itself, one kind for the
+// whole call, told apart by dtype: int16 remainders in the parameter's layout (master_weights="remainder"), BF16
+// Kahan compensations in the parameter's layout ("kahan"), or one-element int64 stochastic rounding seeds on the
+// parameter's device ("stochastic"; the step counts are then required: they are the generator's counter).
+enum class Companion { kNone, kRemainder, kKahan, kSeed };
+
+Companion companion_kind(const char* op, const OptimLists& l, bool lean) {
+  if (l.param_remainders.empty()) {
+    return Companion::kNone;
+  }
+  const at::Tensor& c = l.param_remainders[0];
+  TORCH_CHECK(c.defined(), "ampkit::", op, ": param_remainders[0] is undefined");
+  const at::ScalarType dtype = c.scalar_type();
+  if (lean && dtype == at::kBFloat16) {
+    return Companion::kKahan;
+  }
+  if (lean && dtype == at::kLong) {
+    return Companion::kSeed;
+  }
+  TORCH_CHECK_TYPE(
+      dtype == at::kShort, "ampkit::", op, ": param_remainders[0] must be ",
+      lean ? "Short (remainders), BFloat16 (Kahan compensations) or Long (stochastic rounding seeds)" : "Short",
+      ", but got ", dtype);
+  return Companion::kRemainder;
+}
 
 // NOTE [One pass per parameter]
 // A step over thousands of small tensors is bound by reading their metadata: every tensor's TensorImpl and storage
@@ -256,7 +284,8 @@ void check_step_and_build_descriptors(const char* op, const OptimLists& l, const
   check_list_length(op, spec.exp_avg_name, l.exp_avgs, spec.need_exp_avgs ? n : 0, true);
   check_list_length(op, "exp_avg_sqs", l.exp_avg_sqs, spec.need_exp_avg_sqs ? n : 0, true);
   check_list_length(op, "max_exp_avg_sqs", l.max_exp_avg_sqs, spec.need_max_exp_avg_sqs ? n : 0, true);
-  check_list_length(op, "state_steps", l.state_steps, n, spec.need_steps);
+  const Companion companion = companion_kind(op, l, spec.lean_weights);
+  check_list_length(op, "state_steps", l.state_steps, n, spec.need_steps || companion == Companion::kSeed);
   AliasCheck alias(op);
   const bool data = tensors != nullptr;
   if (n > 0) {
@@ -287,6 +316,8 @@ void check_step_and_build_descriptors(const char* op, const OptimLists& l, const
       void* grad = entry("grads", l.grads[i], dtype, spec.grads_read_only);
       void* master = nullptr;
       void* remainder = nullptr;
+      void* comp = nullptr;
+      void* seed = nullptr;
       void* m = nullptr;
       void* v = nullptr;
       void* vmax = nullptr;
@@ -297,7 +328,22 @@ void check_step_and_build_descriptors(const char* op, const OptimLists& l, const
       if (!l.param_remainders.empty()) {
         TORCH_CHECK_TYPE(dtype == at::kBFloat16, "ampkit::", op, ": params[", i,
                          "] must be BFloat16 when param_remainders are given, but got ", dtype);
-        remainder = entry("param_remainders", l.param_remainders[i], at::kShort);
+        const at::Tensor& c = l.param_remainders[i];
+        if (companion == Companion::kRemainder) {
+          remainder = entry("param_remainders", c, at::kShort);
+        } else if (companion == Companion::kKahan) {
+          comp = entry("param_remainders", c, at::kBFloat16);
+        } else {
+          TORCH_CHECK(c.defined(), "ampkit::", op, ": param_remainders[", i, "] is undefined");
+          TORCH_CHECK_TYPE(c.scalar_type() == at::kLong, "ampkit::", op, ": param_remainders[", i,
+                           "] must be Long like param_remainders[0] (stochastic rounding seeds), but got ",
+                           c.scalar_type());
+          TORCH_CHECK(c.layout() == at::kStrided && c.numel() == 1, "ampkit::", op, ": param_remainders[", i,
+                      "] must be a one-element strided tensor (a stochastic rounding seed), but has shape ", c.sizes());
+          TORCH_CHECK(c.device() == device, "ampkit::", op, ": param_remainders[", i, "] must be on ", device,
+                      " like params[", i, "], but is on ", c.device());
+          seed = alias.add_defined("param_remainders", c, index, true, data);
+        }
       }
       if (spec.need_exp_avgs) {
         m = entry(spec.exp_avg_name, l.exp_avgs[i], at::kFloat);
@@ -317,7 +363,8 @@ void check_step_and_build_descriptors(const char* op, const OptimLists& l, const
       if (data) {
         tensors->push_back({param, grad, static_cast<float*>(master), static_cast<int16_t*>(remainder),
                             static_cast<float*>(m), static_cast<float*>(v), static_cast<float*>(vmax),
-                            static_cast<float*>(step), p.numel(), kernel_dtype(dtype)});
+                            static_cast<float*>(step), p.numel(), kernel_dtype(dtype), static_cast<uint16_t*>(comp),
+                            static_cast<const int64_t*>(seed)});
       }
     }
     const std::optional<at::Device> on(device);
@@ -351,7 +398,7 @@ void check_step_and_build_descriptors(const char* op, const OptimLists& l, const
 void check_and_build_descriptors(const AdamStepArgs& a, std::vector<kernels::OptimTensor>* tensors) {
   const kernels::AdamParams& h = a.hparams;
   check_adam_hparams(a.op, h.lr, h.beta1, h.beta2, h.weight_decay, h.eps);
-  check_step_and_build_descriptors(a.op, a.lists, {"exp_avgs", true, true, h.amsgrad, true, false}, a.scalars,
+  check_step_and_build_descriptors(a.op, a.lists, {"exp_avgs", true, true, h.amsgrad, true, false, true}, a.scalars,
                                    std::nullopt, tensors);
 }
 
@@ -359,7 +406,7 @@ void check_and_build_descriptors(const SgdStepArgs& a, std::vector<kernels::Opti
   const kernels::SgdParams& h = a.hparams;
   check_sgd_hparams(a.op, h.lr, h.momentum, h.dampening, h.weight_decay, h.nesterov);
   const bool momentum = h.momentum != 0.0;
-  check_step_and_build_descriptors(a.op, a.lists, {"momentum_buffers", momentum, false, false, momentum, false},
+  check_step_and_build_descriptors(a.op, a.lists, {"momentum_buffers", momentum, false, false, momentum, false, true},
                                    a.scalars, std::nullopt, tensors);
 }
 
@@ -368,8 +415,8 @@ void check_and_build_descriptors(const LambStepArgs& a, std::vector<kernels::Opt
   check_adam_hparams(a.op, h.lr, h.beta1, h.beta2, h.weight_decay, h.eps);
   TORCH_CHECK_VALUE(h.max_grad_norm >= 0.0 && std::isfinite(h.max_grad_norm), "ampkit::", a.op,
                     ": max_grad_norm must be a finite number >= 0 (0: no clipping), but got ", h.max_grad_norm);
-  check_step_and_build_descriptors(a.op, a.lists, {"exp_avgs", true, true, false, true, true}, a.scalars, a.grad_norm,
-                                   tensors);
+  check_step_and_build_descriptors(a.op, a.lists, {"exp_avgs", true, true, false, true, true, false}, a.scalars,
+                                   a.grad_norm, tensors);
 }
 
 void check(const GradNormArgs& a) {

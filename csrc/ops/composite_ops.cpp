@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <iterator>
+#include <limits>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -29,12 +30,14 @@ std::optional<at::Tensor> on_device(const std::optional<at::Tensor>& t, const at
 std::vector<at::Tensor> make_optim_state(const at::Tensor& param, const std::vector<std::string>& entries,
                                          double step) {
   static const char* const kNames[] = {
-      "step", "exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer", "master_param", "param_remainder"};
+      "step",         "exp_avg",         "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer",
+      "master_param", "param_remainder", "kahan_comp", "sr_seed"};
   for (size_t i = 0; i < entries.size(); ++i) {
     const bool known =
         std::any_of(std::begin(kNames), std::end(kNames), [&](const char* name) { return entries[i] == name; });
     TORCH_CHECK_VALUE(known, "ampkit::make_optim_state: entries[", i, "] must be one of step, exp_avg, exp_avg_sq, ",
-                      "max_exp_avg_sq, momentum_buffer, master_param, param_remainder, but got '", entries[i], "'");
+                      "max_exp_avg_sq, momentum_buffer, master_param, param_remainder, kahan_comp, sr_seed, but got '",
+                      entries[i], "'");
     TORCH_CHECK_VALUE(std::count(entries.begin(), entries.end(), entries[i]) == 1,
                       "ampkit::make_optim_state: ", "entries[", i, "] ('", entries[i], "') is named twice");
   }
@@ -51,6 +54,15 @@ std::vector<at::Tensor> make_optim_state(const at::Tensor& param, const std::vec
       out.push_back(param.detach().to(at::kFloat, /*non_blocking=*/false, /*copy=*/true));
     } else if (name == "param_remainder") {
       out.push_back(at::zeros_like(param, param.options().dtype(at::kShort), at::MemoryFormat::Preserve));
+    } else if (name == "kahan_comp") {
+      TORCH_CHECK_TYPE(param.scalar_type() == at::kBFloat16,
+                       "ampkit::make_optim_state: kahan_comp needs a BFloat16 param, but got ", param.scalar_type());
+      out.push_back(at::zeros_like(param, param.options(), at::MemoryFormat::Preserve));
+    } else if (name == "sr_seed") {
+      // Drawn from torch's default CPU generator: torch.manual_seed makes a run's rounding reproducible.
+      const at::Tensor seed =
+          at::randint(0, std::numeric_limits<int64_t>::max(), {}, at::TensorOptions().dtype(at::kLong));
+      out.push_back(seed.to(param.device()));
     } else {  // the moments and the momentum buffer
       out.push_back(at::zeros_like(param, fp32, at::MemoryFormat::Preserve));
     }

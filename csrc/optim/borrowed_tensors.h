@@ -103,7 +103,7 @@ class BorrowedStates {
   const std::vector<ParamState*>& pointers() const { return pointers_; }
 
  private:
-  static constexpr size_t kFields = 7;  // ParamState::fields().size()
+  static constexpr size_t kFields = 9;  // ParamState::fields().size()
   std::vector<ParamState> states_;      // never reallocated: the borrows are released where they were made
   std::vector<ParamState*> pointers_;
   std::vector<const c10::TensorImpl*> before_;

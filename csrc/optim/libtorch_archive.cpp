@@ -106,10 +106,12 @@ std::vector<bool> groups_written_by_libtorch(torch::serialize::InputArchive& arc
   return out;
 }
 
-// Writes a master_weights option: a bool or none (as archives before remainder mode), or "remainder".
+// Writes a master_weights option: a bool or none (as archives before remainder mode), or the mode's name.
 void write_master_weights(torch::serialize::OutputArchive& archive, MasterWeights mw) {
   switch (mw.mode()) {
     case MasterWeights::kRemainder:
+    case MasterWeights::kStochastic:
+    case MasterWeights::kKahan:
       archive.write("master_weights", c10::IValue(std::string(mw.name())));
       break;
     case MasterWeights::kAuto:

@@ -43,7 +43,7 @@ std::optional<double> write_step(torch::serialize::OutputArchive& archive, const
 // Which param groups of the archive LibTorch wrote (NOTE [LibTorch archives]): those whose options have no
 // master_weights. Called after torch::optim::serialize has read the same archive, so its layout is known good.
 std::vector<bool> groups_written_by_libtorch(torch::serialize::InputArchive& archive);
-// Writes a master_weights option: a bool or none (as archives before remainder mode), or "remainder".
+// Writes a master_weights option: a bool or none (as archives before remainder mode), or the mode's name.
 void write_master_weights(torch::serialize::OutputArchive& archive, MasterWeights mw);
 void read_master_weights(torch::serialize::InputArchive& archive, MasterWeights& mw);
 void write_lr_tensor(torch::serialize::OutputArchive& archive, const at::Tensor& lr_tensor);

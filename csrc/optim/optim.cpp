@@ -70,12 +70,14 @@ core::ParamState to_core(const AdamParamState& s) {
   c.max_exp_avg_sq = s.max_exp_avg_sq();
   c.master_param = s.master_param();
   c.param_remainder = s.param_remainder();
+  c.kahan_comp = s.kahan_comp();
+  c.sr_seed = s.sr_seed();
   return c;
 }
 
 void from_core(const core::ParamState& c, AdamParamState& s) {
   s.step(c.step).exp_avg(c.exp_avg).exp_avg_sq(c.exp_avg_sq).max_exp_avg_sq(c.max_exp_avg_sq);
-  s.master_param(c.master_param).param_remainder(c.param_remainder);
+  s.master_param(c.master_param).param_remainder(c.param_remainder).kahan_comp(c.kahan_comp).sr_seed(c.sr_seed);
 }
 
 core::ParamState to_core(const SGDParamState& s) {
@@ -84,11 +86,14 @@ core::ParamState to_core(const SGDParamState& s) {
   c.momentum_buffer = s.momentum_buffer();
   c.master_param = s.master_param();
   c.param_remainder = s.param_remainder();
+  c.kahan_comp = s.kahan_comp();
+  c.sr_seed = s.sr_seed();
   return c;
 }
 
 void from_core(const core::ParamState& c, SGDParamState& s) {
   s.step(c.step).momentum_buffer(c.momentum_buffer).master_param(c.master_param).param_remainder(c.param_remainder);
+  s.kahan_comp(c.kahan_comp).sr_seed(c.sr_seed);
 }
 
 using StateMap = ska::flat_hash_map<void*, std::unique_ptr<torch::optim::OptimizerParamState>>;
@@ -289,6 +294,8 @@ void AdamParamState::serialize(torch::serialize::OutputArchive& archive) const {
   _TORCH_OPTIM_SERIALIZE_TORCH_ARG(max_exp_avg_sq);
   _TORCH_OPTIM_SERIALIZE_TORCH_ARG(master_param);
   _TORCH_OPTIM_SERIALIZE_TORCH_ARG(param_remainder);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(kahan_comp);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(sr_seed);
 }
 
 void AdamParamState::serialize(torch::serialize::InputArchive& archive) {
@@ -298,6 +305,8 @@ void AdamParamState::serialize(torch::serialize::InputArchive& archive) {
   _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, max_exp_avg_sq);
   _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, master_param);
   _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, param_remainder);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, kahan_comp);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, sr_seed);
 }
 
 template <bool kDecoupled>
@@ -357,6 +366,8 @@ void SGDParamState::serialize(torch::serialize::OutputArchive& archive) const {
   _TORCH_OPTIM_SERIALIZE_TORCH_ARG(momentum_buffer);
   _TORCH_OPTIM_SERIALIZE_TORCH_ARG(master_param);
   _TORCH_OPTIM_SERIALIZE_TORCH_ARG(param_remainder);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(kahan_comp);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(sr_seed);
 }
 
 void SGDParamState::serialize(torch::serialize::InputArchive& archive) {
@@ -364,6 +375,8 @@ void SGDParamState::serialize(torch::serialize::InputArchive& archive) {
   _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, momentum_buffer);
   _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, master_param);
   _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, param_remainder);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, kahan_comp);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, sr_seed);
 }
 
 core::GroupConfig SGD::config(const SGDOptions& o) {
@@ -390,7 +403,7 @@ void SGD::save(torch::serialize::OutputArchive& archive) const {
   for (const auto& [key, value] : state_) {
     const auto& s = static_cast<const SGDParamState&>(*value);
     const bool unfilled = s.step().defined() && s.step().item<double>() == 0.0 && !s.master_param().defined() &&
-                          !s.param_remainder().defined();
+                          !s.param_remainder().defined() && !s.kahan_comp().defined() && !s.sr_seed().defined();
     if (!unfilled) {
       kept[key] = value->clone();
     }

@@ -26,19 +26,25 @@ const char* MasterWeights::name() const {
       return "off";
     case kRemainder:
       return "remainder";
+    case kStochastic:
+      return "stochastic";
+    case kKahan:
+      return "kahan";
     default:
       return "auto";
   }
 }
 
 MasterWeights MasterWeights::from_name(const std::string& name) {
-  for (const Mode m : {kAuto, kOn, kOff, kRemainder}) {
+  for (const Mode m : {kAuto, kOn, kOff, kRemainder, kStochastic, kKahan}) {
     if (name == MasterWeights(m).name()) {
       return MasterWeights(m);
     }
   }
-  TORCH_CHECK_VALUE(false, "ampkit::optim::MasterWeights: expected 'auto', 'on', 'off' or 'remainder', but got '", name,
-                    "'");
+  TORCH_CHECK_VALUE(false,
+                    "ampkit::optim::MasterWeights: expected 'auto', 'on', 'off', 'remainder', 'stochastic' or 'kahan', "
+                    "but got '",
+                    name, "'");
 }
 
 namespace core {
@@ -107,7 +113,10 @@ void fused_call(const GroupConfig& c, const StepPlan::Bucket& bucket, const std:
     grads.push_back(*e.grad);
   }
   fill(masters, ParamState::kMasterParam, &ParamState::master_param);
+  // The BF16 weight's companion goes in param_remainders (NOTE [Weight companions] in csrc/ops/checks.cpp).
   fill(remainders, ParamState::kParamRemainder, &ParamState::param_remainder);
+  fill(remainders, ParamState::kKahanComp, &ParamState::kahan_comp);
+  fill(remainders, ParamState::kSrSeed, &ParamState::sr_seed);
   fill(first, ParamState::kExpAvg, &ParamState::exp_avg);
   fill(first, ParamState::kMomentumBuffer, &ParamState::momentum_buffer);
   fill(second, ParamState::kExpAvgSq, &ParamState::exp_avg_sq);
@@ -133,10 +142,15 @@ void fused_call(const GroupConfig& c, const StepPlan::Bucket& bucket, const std:
 
 // The master_weights option as the caller wrote it (Python's keyword or the C++ option).
 const char* spelled(const GroupConfig& c) {
-  static const char* const python[] = {"master_weights=None", "master_weights=True", "master_weights=False",
-                                       "master_weights='remainder'"};
-  static const char* const cxx[] = {"master_weights(kAuto)", "master_weights(true)", "master_weights(false)",
-                                    "master_weights(MasterWeights::remainder())"};
+  static const char* const python[] = {"master_weights=None",         "master_weights=True",
+                                       "master_weights=False",        "master_weights='remainder'",
+                                       "master_weights='stochastic'", "master_weights='kahan'"};
+  static const char* const cxx[] = {"master_weights(kAuto)",
+                                    "master_weights(true)",
+                                    "master_weights(false)",
+                                    "master_weights(MasterWeights::remainder())",
+                                    "master_weights(MasterWeights::stochastic())",
+                                    "master_weights(MasterWeights::kahan())"};
   return (c.python_spelling ? python : cxx)[c.master_weights.mode()];
 }
 
@@ -157,6 +171,9 @@ std::string spell(double v) {
 }  // namespace
 
 void check_config(const GroupConfig& c) {
+  TORCH_CHECK_VALUE(c.algorithm != Algorithm::kLamb ||
+                        (c.master_weights != MasterWeights::kStochastic && c.master_weights != MasterWeights::kKahan),
+                    c.optimizer, ": ", spelled(c), " is not supported (Adam, AdamW and SGD have it)");
   // torch.optim's order of checks, so that the first bad value is the one named.
   TORCH_CHECK_VALUE(c.lr >= 0, "Invalid learning rate: ", spell(c.lr));
   if (c.lr_tensor.defined()) {
@@ -191,7 +208,8 @@ bool takes_fused(const at::Tensor& param, const at::Tensor& grad) {
 MasterMode master_mode(const GroupConfig& c, const at::Tensor& p) {
   const MasterWeights mw = c.master_weights;
   const auto dtype = p.scalar_type();
-  if (mw == MasterWeights::kOn || mw == MasterWeights::kRemainder) {
+  if (mw == MasterWeights::kOn || mw == MasterWeights::kRemainder || mw == MasterWeights::kStochastic ||
+      mw == MasterWeights::kKahan) {
     TORCH_CHECK_VALUE(fused_dtype(dtype), c.optimizer, ": ", spelled(c), " needs FP16, BF16 or FP32 parameters, but ",
                       "got a ", dtype, " parameter of shape ", p.sizes());
   }
@@ -200,6 +218,11 @@ MasterMode master_mode(const GroupConfig& c, const at::Tensor& p) {
       TORCH_CHECK_VALUE(dtype == at::kBFloat16, c.optimizer, ": ", spelled(c), " needs BFloat16 parameters, but ",
                         "got ", dtype);
       return MasterMode::kRemainder;
+    case MasterWeights::kStochastic:
+    case MasterWeights::kKahan:
+      TORCH_CHECK_VALUE(dtype == at::kBFloat16, c.optimizer, ": ", spelled(c), " needs BFloat16 parameters (the ",
+                        "weight is kept without an FP32 master), but got a ", dtype, " parameter of shape ", p.sizes());
+      return mw == MasterWeights::kKahan ? MasterMode::kKahan : MasterMode::kStochastic;
     case MasterWeights::kOn:
       return MasterMode::kMaster;
     case MasterWeights::kOff:
@@ -312,7 +335,8 @@ StepPlan plan_step(const GroupConfig& c, at::TensorList params, const std::vecto
   static const ParamState kNone;
   const std::vector<Checked> checked = check_params(c, params, grads);
   const bool adam = c.algorithm != Algorithm::kSGD;  // Adam's state: LAMB's too
-  const bool stateful = adam || c.momentum != 0;
+  // Stochastic rounding's counter is the step count: SGD keeps one in that mode.
+  const bool stateful = adam || c.momentum != 0 || c.master_weights == MasterWeights::kStochastic;
   StepPlan plan;
   plan.params.reserve(checked.size());
   for (const Checked& k : checked) {
@@ -350,6 +374,8 @@ StepPlan plan_step(const GroupConfig& c, at::TensorList params, const std::vecto
       e.remainder_from_master = s.master_param.defined();
       e.missing |= bit(!e.remainder_from_master, ParamState::kParamRemainder);
     }
+    e.missing |= bit(k.mode == MasterMode::kKahan && !s.kahan_comp.defined(), ParamState::kKahanComp) |
+                 bit(k.mode == MasterMode::kStochastic && !s.sr_seed.defined(), ParamState::kSrSeed);
     auto it = std::find_if(plan.buckets.begin(), plan.buckets.end(),
                            [&](const StepPlan::Bucket& b) { return b.device == p.device() && b.mode == k.mode; });
     if (it == plan.buckets.end()) {
@@ -359,7 +385,9 @@ StepPlan plan_step(const GroupConfig& c, at::TensorList params, const std::vecto
                              bit(adam && c.amsgrad, ParamState::kMaxExpAvgSq) |
                              bit(!adam && c.momentum != 0, ParamState::kMomentumBuffer) |
                              bit(k.mode == MasterMode::kMaster, ParamState::kMasterParam) |
-                             bit(k.mode == MasterMode::kRemainder, ParamState::kParamRemainder);
+                             bit(k.mode == MasterMode::kRemainder, ParamState::kParamRemainder) |
+                             bit(k.mode == MasterMode::kKahan, ParamState::kKahanComp) |
+                             bit(k.mode == MasterMode::kStochastic, ParamState::kSrSeed);
       plan.buckets.push_back({p.device(), k.mode, reads, {}});
       it = std::prev(plan.buckets.end());
     }

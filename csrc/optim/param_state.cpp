@@ -10,13 +10,21 @@
 namespace ampkit::optim::core {
 namespace {
 
-bool fp32_entry(const std::string& name) { return name != "param_remainder"; }
+bool fp32_entry(const std::string& name) {
+  return name != "param_remainder" && name != "kahan_comp" && name != "sr_seed";
+}
+
+// The dtype of an entry that is not FP32.
+at::ScalarType exact_dtype(const std::string& name) {
+  return name == "param_remainder" ? at::kShort : name == "kahan_comp" ? at::kBFloat16 : at::kLong;
+}
 
 }  // namespace
 
 bool ParamState::empty() const {
   return !(step.defined() || exp_avg.defined() || exp_avg_sq.defined() || max_exp_avg_sq.defined() ||
-           momentum_buffer.defined() || master_param.defined() || param_remainder.defined());
+           momentum_buffer.defined() || master_param.defined() || param_remainder.defined() || kahan_comp.defined() ||
+           sr_seed.defined());
 }
 
 const std::vector<std::pair<const char*, ParamState::Field>>& ParamState::fields() {
@@ -26,7 +34,9 @@ const std::vector<std::pair<const char*, ParamState::Field>>& ParamState::fields
                                                             {"max_exp_avg_sq", &ParamState::max_exp_avg_sq},
                                                             {"momentum_buffer", &ParamState::momentum_buffer},
                                                             {"master_param", &ParamState::master_param},
-                                                            {"param_remainder", &ParamState::param_remainder}};
+                                                            {"param_remainder", &ParamState::param_remainder},
+                                                            {"kahan_comp", &ParamState::kahan_comp},
+                                                            {"sr_seed", &ParamState::sr_seed}};
   return f;
 }
 
@@ -90,8 +100,8 @@ void check_loaded_state(const GroupConfig& c, const std::string& where, const at
   const std::string prefix = std::string(c.optimizer) + ".load_state_dict: " + where;
   bool has[3] = {false, false, false};  // step, exp_avg, exp_avg_sq
   for (const auto& [name, value] : entries) {
-    if (name == "step") {
-      TORCH_CHECK_VALUE(value.numel() == 1, prefix, "['step'] must have one element, but has ", value.numel());
+    if (name == "step" || name == "sr_seed") {
+      TORCH_CHECK_VALUE(value.numel() == 1, prefix, "['", name, "'] must have one element, but has ", value.numel());
     } else if (ParamState().entry(name) != nullptr) {
       TORCH_CHECK_VALUE(value.sizes() == p.sizes(), prefix, "['", name, "'] must have the parameter's shape ",
                         p.sizes(), ", but has ", value.sizes());
@@ -101,8 +111,8 @@ void check_loaded_state(const GroupConfig& c, const std::string& where, const at
         TORCH_CHECK_VALUE(value.is_floating_point() || (value.is_complex() && p.is_complex()), prefix, "['", name,
                           "'] must be a floating tensor, but is ", value.scalar_type());
       } else {
-        TORCH_CHECK_VALUE(value.scalar_type() == at::kShort, prefix, "['", name, "'] must be int16, but is ",
-                          value.scalar_type());
+        TORCH_CHECK_VALUE(value.scalar_type() == exact_dtype(name), prefix, "['", name, "'] must be ",
+                          exact_dtype(name), ", but is ", value.scalar_type());
       }
     }
     has[0] |= name == "step";

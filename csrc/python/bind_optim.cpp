@@ -152,8 +152,7 @@ core::GroupConfig group_config(const std::string& kind, const std::string& optim
   if (mw.is_none()) {
     c.master_weights = ampkit::optim::MasterWeights::kAuto;
   } else if (py::isinstance<py::str>(mw)) {
-    c.master_weights = mw.cast<std::string>() == "remainder" ? ampkit::optim::MasterWeights::kRemainder
-                                                             : ampkit::optim::MasterWeights::kAuto;
+    c.master_weights = ampkit::optim::MasterWeights::from_name(mw.cast<std::string>());
   } else {
     c.master_weights = ampkit::optim::MasterWeights(mw.cast<bool>());
   }
@@ -257,7 +256,18 @@ void step_with_states(const core::GroupConfig& config, at::TensorList params, co
 }
 
 const char* mode_name(core::MasterMode mode) {
-  return mode == core::MasterMode::kMaster ? "master" : mode == core::MasterMode::kRemainder ? "remainder" : "none";
+  switch (mode) {
+    case core::MasterMode::kMaster:
+      return "master";
+    case core::MasterMode::kRemainder:
+      return "remainder";
+    case core::MasterMode::kStochastic:
+      return "stochastic";
+    case core::MasterMode::kKahan:
+      return "kahan";
+    default:
+      return "none";
+  }
 }
 
 }  // namespace

@@ -66,9 +66,17 @@ __device__ AMPKIT_INLINE StreamIO<T, kVec> stream_io(T* p) {
   return {p, p != nullptr && reinterpret_cast<uintptr_t>(p) % (sizeof(T) * kVec) == 0};
 }
 
+// How a launch writes its weights back: `store`, and for stochastic rounding the step count the update reaches
+// (the generator's counter with the element index; NOTE [Counter-based stochastic rounding]).
+struct WeightOut {
+  WeightStore store;
+  uint32_t step;
+};
+
 // Calls body(w, g, m, v, vmax, tail) on every element of chunk [start, start + n) of tensor t.
 template <typename T, typename Args, typename Body>
-__device__ void for_each_element(const Args& a, int t, int64_t start, int64_t n, const GradIn& gin, const Body& body) {
+__device__ void for_each_element(const Args& a, int t, int64_t start, int64_t n, const GradIn& gin,
+                                 const WeightOut& out, const Body& body) {
   constexpr int kVec = 4;
   constexpr int kUnroll = 2;
   using PackT = Pack<T, kVec>;
@@ -86,14 +94,29 @@ __device__ void for_each_element(const Args& a, int t, int64_t start, int64_t n,
   float* vmax = offset(kMaxExpAvgSqIdx);
   // BF16 weight + int16 remainder: the exact FP32 master without a FP32 copy.
   int16_t* rem = nullptr;
+  // BF16 weight without a master (kernels/stochastic_rounding.h): its Kahan compensation, or stochastic rounding
+  // with the tensor's seed.
+  uint16_t* comp = nullptr;
+  bool stochastic = false;
+  uint64_t seed = 0;
   if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    rem = a.data[kRemainderIdx][t] ? static_cast<int16_t*>(a.data[kRemainderIdx][t]) + start : nullptr;
+    void* companion = a.data[kRemainderIdx][t];
+    if (companion != nullptr && out.store == WeightStore::kRemainder) {
+      rem = static_cast<int16_t*>(companion) + start;
+    } else if (companion != nullptr && out.store == WeightStore::kKahan) {
+      comp = static_cast<uint16_t*>(companion) + start;
+    } else if (companion != nullptr && out.store == WeightStore::kStochastic) {
+      stochastic = true;
+      seed = static_cast<uint64_t>(*static_cast<const int64_t*>(companion));
+    }
   }
+  const bool lean = comp != nullptr || stochastic;  // the weight's bits are written, not a rounding of T
   auto* bits = reinterpret_cast<uint16_t*>(param);
   const auto param_io = stream_io<kVec>(param);
   const auto grad_io = stream_io<kVec>(grad);
   const auto bits_io = stream_io<kVec>(bits);
   const auto rem_io = stream_io<kVec>(rem);
+  const auto comp_io = stream_io<kVec>(comp);
   const auto master_io = stream_io<kVec>(master);
   const auto m_io = stream_io<kVec>(m);
   const auto v_io = stream_io<kVec>(v);
@@ -102,6 +125,7 @@ __device__ void for_each_element(const Args& a, int t, int64_t start, int64_t n,
   struct Packs {
     PackT g;
     PackF w, m, v, vm;
+    PackB c;
   };
   // Reads pack i of every stream (the param only when it holds the weight: a master-weight step only writes it).
   auto load = [&](int64_t i, Packs& r) {
@@ -121,6 +145,9 @@ __device__ void for_each_element(const Args& a, int t, int64_t start, int64_t n,
       for (int j = 0; j < kVec; ++j) {
         r.w.v[j] = to_opmath(p.v[j]);
       }
+    }
+    if (comp) {
+      r.c = comp_io.load(i);
     }
     if (m) {
       r.m = m_io.load(i);
@@ -159,16 +186,25 @@ __device__ void for_each_element(const Args& a, int t, int64_t start, int64_t n,
       r.m.v[j] = mj;
       r.v.v[j] = vj;
       r.vm.v[j] = vmj;
-      r.w.v[j] = w;
       if (rem) {
         split_remainder(w, &b4.v[j], &q4.v[j]);
+      } else if (comp) {
+        kahan_store(r.w.v[j], w, &b4.v[j], &r.c.v[j]);
+      } else if (stochastic) {
+        b4.v[j] = bf16_bits_stochastic(w, rounding_bits(seed, out.step, start + i * kVec + j));
       } else {
         p4.v[j] = from_opmath<T>(w);
       }
+      r.w.v[j] = w;
     }
     if (rem) {
       bits_io.store(i, b4);
       rem_io.store(i, q4);
+    } else if (lean) {
+      bits_io.store(i, b4);
+      if (comp) {
+        comp_io.store(i, r.c);
+      }
     } else {
       param_io.store(i, p4);
     }
@@ -206,6 +242,7 @@ __device__ void for_each_element(const Args& a, int t, int64_t start, int64_t n,
     float w = master ? global_load(master + i)
               : rem  ? join_remainder(global_load(bits + i), global_load(rem + i))
                      : to_opmath(global_load(param + i));
+    const float w0 = w;
     float g = to_opmath(global_load(grad + i));
     if (gin.unscale) {
       g = g / gin.scale;
@@ -224,6 +261,14 @@ __device__ void for_each_element(const Args& a, int t, int64_t start, int64_t n,
       split_remainder(w, &wb, &rb);
       global_store(bits + i, wb);
       global_store(rem + i, rb);
+    } else if (comp) {
+      uint16_t wb;
+      uint16_t cb = global_load(comp + i);
+      kahan_store(w0, w, &wb, &cb);
+      global_store(bits + i, wb);
+      global_store(comp + i, cb);
+    } else if (stochastic) {
+      global_store(bits + i, bf16_bits_stochastic(w, rounding_bits(seed, out.step, start + i)));
     } else {
       if (master) {
         global_store(master + i, w);
@@ -234,23 +279,32 @@ __device__ void for_each_element(const Args& a, int t, int64_t start, int64_t n,
 }
 
 template <typename Args, typename Body>
-__device__ void dispatch_dtype(const Args& a, int t, int64_t start, int64_t n, const GradIn& gin, const Body& body) {
+__device__ void dispatch_dtype(const Args& a, int t, int64_t start, int64_t n, const GradIn& gin, const WeightOut& out,
+                               const Body& body) {
   switch (a.dtype[kParamIdx][t]) {
     case DType::kFloat16:
-      for_each_element<__half>(a, t, start, n, gin, body);
+      for_each_element<__half>(a, t, start, n, gin, out, body);
       break;
     case DType::kBFloat16:
-      for_each_element<__nv_bfloat16>(a, t, start, n, gin, body);
+      for_each_element<__nv_bfloat16>(a, t, start, n, gin, out, body);
       break;
     default:
-      for_each_element<float>(a, t, start, n, gin, body);
+      for_each_element<float>(a, t, start, n, gin, out, body);
       break;
   }
+}
+
+// The step count a tensor's update reaches (its stored count + 1; 0 without one).
+template <typename Args>
+__device__ AMPKIT_INLINE uint32_t step_reached(const Args& a, int t) {
+  const auto* step = static_cast<const float*>(a.data[kStepIdx][t]);
+  return step != nullptr ? static_cast<uint32_t>(*step + 1.f) : 0u;
 }
 
 struct AdamChunkOp {
   AdamOp op;
   DeviceScalars dev;
+  WeightStore store;
 
   template <typename Args>
   __device__ void operator()(const Args& a, int t, int64_t start, int64_t n) const {
@@ -260,7 +314,7 @@ struct AdamChunkOp {
     const float step = *static_cast<const float*>(a.data[kStepIdx][t]) + 1.f;
     const AdamStepFactors f = AdamStepFactors::at_step(op.p, dev.lr_or(op.p.lr), step);
     dispatch_dtype(
-        a, t, start, n, dev.grad_in(op.p.write_unscaled_grads, op.p.tail_width),
+        a, t, start, n, dev.grad_in(op.p.write_unscaled_grads, op.p.tail_width), WeightOut{store, step_reached(a, t)},
         [&](float& w, float g, float* m, float* v, float* vmax, bool tail) { op(w, g, *m, *v, vmax, f, tail); });
   }
 };
@@ -268,6 +322,7 @@ struct AdamChunkOp {
 struct SgdChunkOp {
   SgdOp op;
   DeviceScalars dev;
+  WeightStore store;
 
   template <typename Args>
   __device__ void operator()(const Args& a, int t, int64_t start, int64_t n) const {
@@ -279,6 +334,7 @@ struct SgdChunkOp {
     const SgdOp step_op(p);
     const bool first = a.data[kStepIdx][t] == nullptr || *static_cast<const float*>(a.data[kStepIdx][t]) == 0.f;
     dispatch_dtype(a, t, start, n, dev.grad_in(p.write_unscaled_grads, p.tail_width),
+                   WeightOut{store, step_reached(a, t)},
                    [&](float& w, float g, float* buf, float*, float*, bool tail) { step_op(w, g, buf, first, tail); });
   }
 };
@@ -292,14 +348,16 @@ static_assert(cuda::MultiTensorArgsFor<kStreams, AdamChunkOp>::kMaxTensors == 19
 
 LaunchStatus launch_adam_step(const OptimTensor* tensors, int64_t n, const AdamParams& params, const float* grad_scale,
                               const float* found_inf, const float* lr, cudaStream_t stream) {
-  return launch_step(tensors, n, AdamChunkOp{AdamOp{params}, DeviceScalars{grad_scale, found_inf, lr}}, found_inf,
-                     stream);
+  return launch_step(tensors, n,
+                     AdamChunkOp{AdamOp{params}, DeviceScalars{grad_scale, found_inf, lr}, weight_store(tensors, n)},
+                     found_inf, stream);
 }
 
 LaunchStatus launch_sgd_step(const OptimTensor* tensors, int64_t n, const SgdParams& params, const float* grad_scale,
                              const float* found_inf, const float* lr, cudaStream_t stream) {
-  return launch_step(tensors, n, SgdChunkOp{SgdOp{params}, DeviceScalars{grad_scale, found_inf, lr}}, found_inf,
-                     stream);
+  return launch_step(tensors, n,
+                     SgdChunkOp{SgdOp{params}, DeviceScalars{grad_scale, found_inf, lr}, weight_store(tensors, n)},
+                     found_inf, stream);
 }
 
 }  // namespace ampkit::kernels

@@ -10,6 +10,7 @@
 #include "launch.cuh"
 #include "multi_tensor_apply.cuh"
 #include "optim_launch.h"
+#include "../stochastic_rounding.h"
 
 namespace ampkit::kernels {
 namespace {
@@ -23,8 +24,30 @@ constexpr int kExpAvgIdx = 3;
 constexpr int kExpAvgSqIdx = 4;
 constexpr int kMaxExpAvgSqIdx = 5;
 constexpr int kStepIdx = 6;
+// The BF16 weight's companion (NOTE [Weight companions] in csrc/ops/checks.cpp): the int16 remainder, the BF16
+// Kahan compensation or a pointer to the stochastic rounding seed, one kind per launch (WeightStore). One stream
+// for the three keeps the chunk table at 8 streams (NOTE [Kernel parameter budget]).
 constexpr int kRemainderIdx = 7;
 constexpr int kStreams = 8;
+
+// How the weights of one launch are kept when they are not the FP32 master or the parameter itself.
+enum class WeightStore : uint8_t { kDirect, kRemainder, kKahan, kStochastic };
+
+// The store of a launch's tensors (every tensor of an op call keeps its weight the same way).
+inline WeightStore weight_store(const OptimTensor* tensors, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    if (tensors[i].remainder != nullptr) {
+      return WeightStore::kRemainder;
+    }
+    if (tensors[i].kahan_comp != nullptr) {
+      return WeightStore::kKahan;
+    }
+    if (tensors[i].sr_seed != nullptr) {
+      return WeightStore::kStochastic;
+    }
+  }
+  return WeightStore::kDirect;
+}
 
 using cuda::from_opmath;
 using cuda::global_load;
@@ -87,7 +110,9 @@ LaunchStatus launch_passes(const OptimTensor* tensors, int64_t n, const ChunkOp&
     streams[kExpAvgSqIdx] = t.exp_avg_sq;
     streams[kMaxExpAvgSqIdx] = t.max_exp_avg_sq;
     streams[kStepIdx] = t.step;
-    streams[kRemainderIdx] = t.remainder;
+    streams[kRemainderIdx] = t.remainder != nullptr    ? static_cast<void*>(t.remainder)
+                             : t.kahan_comp != nullptr ? static_cast<void*>(t.kahan_comp)
+                                                       : const_cast<int64_t*>(t.sr_seed);
     for (int s = 0; s < kStreams; ++s) {
       const bool weight_typed = s == kParamIdx || s == kGradIdx;
       lists[s * n + i] = TensorRef{streams[s], t.numel, weight_typed ? t.dtype : DType::kFloat32};

@@ -162,3 +162,67 @@ TEST_CASE("emulated adamw step: FP16/BF16 params with FP32 masters move 28 bytes
     CHECK(t.read + t.written == static_cast<uint64_t>(28 * n));
   }
 }
+
+TEST_CASE("emulated lean steps: Kahan and stochastic rounding (Adam, AdamW, SGD) match the CPU bit for bit",
+          "[emulated]") {
+  torch::manual_seed(11);
+  const std::vector<int64_t> sizes = {1, 3, 4, 7, 8, 9, 33, kChunk - 1, kChunk + 5, 0};
+  for (const Master master : {Master::kKahan, Master::kStochastic}) {
+    for (const int64_t offset : {0, 1}) {
+      for (const bool decoupled : {true, false}) {
+        INFO("master " << static_cast<int>(master) << ", offset " << offset << ", decoupled " << decoupled);
+        StepRuns runs(make_params(sizes, at::kBFloat16, master, true, decoupled, false, offset));
+        const kern::AdamParams hp{1e-3, 0.9, 0.999, 0.01, 1e-8, decoupled, false, decoupled};
+        const Scalars sc{1024.f, 0.f, 2e-3f, true, true, offset == 1};
+        for (int step = 0; step < 3; ++step) {
+          runs.adam(hp, sc);
+        }
+      }
+      for (const float momentum : {0.f, 0.9f}) {
+        INFO("sgd, master " << static_cast<int>(master) << ", offset " << offset << ", momentum " << momentum);
+        StepRuns runs(make_params(sizes, at::kBFloat16, master, false, false, momentum != 0.f, offset));
+        const kern::SgdParams hp{0.05, momentum, 0.0, 1e-4, false, false};
+        const Scalars sc{512.f, 0.f, 0.f, true, true, false};
+        for (int step = 0; step < 3; ++step) {
+          runs.sgd(hp, sc);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("emulated lean steps: found_inf skips every write, the rounding's counter included", "[emulated]") {
+  torch::manual_seed(12);
+  for (const Master master : {Master::kKahan, Master::kStochastic}) {
+    auto state = make_params({9, kChunk + 1}, at::kBFloat16, master, true, false, false, 0);
+    std::vector<ParamState> before = clones(state);
+    const kern::AdamParams hp{1e-3f, 0.9f, 0.999f, 0.01f, 1e-8f, false, false, true};
+    emu::reset_traffic();
+    adam_on(adam_cuda(), state, hp, Scalars{65536.f, 1.f, 0.f, true, true, false});
+    CHECK(emu::reset_traffic().written == 0);
+    require_same_state(state, before);
+    // The step after the skipped one rounds as if the skip had not happened: the same bits as a fresh copy.
+    std::vector<ParamState> fresh = clones(before);
+    const Scalars clean{65536.f, 0.f, 0.f, true, true, false};
+    adam_on(adam_cuda(), state, hp, clean);
+    adam_on(adam_cuda(), fresh, hp, clean);
+    require_same_state(state, fresh);
+  }
+}
+
+TEST_CASE("emulated adamw step: lean BF16 modes move their minimum bytes per parameter", "[emulated]") {
+  torch::manual_seed(13);
+  const int64_t n = 2 * kChunk;
+  // BF16 weight read + written (4), BF16 grad read (2), FP32 moments read + written (16): 22; Kahan adds its BF16
+  // compensation read + written (4). The per-tensor scalars (step, seed, scale, found_inf) are not element traffic.
+  for (const Master master : {Master::kKahan, Master::kStochastic}) {
+    auto state = make_params({n}, at::kBFloat16, master, true, false, false, 0);
+    const kern::AdamParams hp{1e-3f, 0.9f, 0.999f, 0.01f, 1e-8f, false, false, true};
+    emu::reset_traffic();
+    adam_on(adam_cuda(), state, hp, Scalars{1024.f, 0.f, 0.f, true, true, false}, /*write_unscaled_grads=*/false);
+    const emu::Traffic t = emu::reset_traffic();
+    INFO("master " << static_cast<int>(master) << ": " << t.read + t.written << " bytes for " << n);
+    const uint64_t per_param = master == Master::kKahan ? 26 : 22;
+    CHECK(t.read + t.written == static_cast<uint64_t>(per_param * n));
+  }
+}

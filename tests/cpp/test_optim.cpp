@@ -479,3 +479,64 @@ TEMPLATE_TEST_CASE("optim: Adam, AdamW, SGD and LAMB keep a group's options, ref
   CHECK(opt.param_groups()[2].options().get_lr() == 5e-3);
   CHECK(opt.state().empty());
 }
+
+TEST_CASE("optim: MasterWeights::stochastic() and kahan() keep BF16 weights without a master, resume from "
+          "torch::save bit-identically, and refuse other dtypes",
+          "[optim][cpu]") {
+  using ampkit::optim::MasterWeights;
+  for (const MasterWeights mw : {MasterWeights::stochastic(), MasterWeights::kahan()}) {
+    INFO("master_weights " << mw.name());
+    CHECK(MasterWeights::from_name(mw.name()) == mw);
+    auto ps = make_params(at::kBFloat16);
+    ampkit::optim::AdamW opt(ps, ampkit::optim::AdamWOptions(1e-2).master_weights(mw));
+    ampkit::optim::SGD sgd(clone_params(ps, at::kBFloat16), ampkit::optim::SGDOptions(0.1).master_weights(mw));
+    for (int step = 0; step < 3; ++step) {
+      set_grads(ps, step, at::kBFloat16);
+      opt.step();
+    }
+    for (const auto& p : ps) {
+      const auto& s = static_cast<const ampkit::optim::AdamParamState&>(*opt.state().at(p.unsafeGetTensorImpl()));
+      CHECK(!s.master_param().defined());
+      CHECK(!s.param_remainder().defined());
+      if (mw == MasterWeights::kahan()) {
+        REQUIRE(s.kahan_comp().defined());
+        CHECK(s.kahan_comp().scalar_type() == at::kBFloat16);
+        CHECK(!s.sr_seed().defined());
+      } else {
+        REQUIRE(s.sr_seed().defined());
+        CHECK(s.sr_seed().scalar_type() == at::kLong);
+        CHECK(!s.kahan_comp().defined());
+      }
+    }
+    const std::string path = std::string("ampkit_test_lean_") + mw.name() + ".pt";
+    torch::save(opt, path);
+    auto copy = clone_params(ps, at::kBFloat16);
+    torch::manual_seed(99);  // the seeds come from the archive
+    ampkit::optim::AdamW loaded(copy, ampkit::optim::AdamWOptions(1.0));
+    torch::load(loaded, path);
+    std::remove(path.c_str());
+    CHECK(static_cast<const ampkit::optim::AdamWOptions&>(loaded.param_groups()[0].options()).master_weights() == mw);
+    for (int step = 3; step < 6; ++step) {
+      set_grads(ps, step, at::kBFloat16);
+      set_grads(copy, step, at::kBFloat16);
+      opt.step();
+      loaded.step();
+    }
+    for (size_t i = 0; i < ps.size(); ++i) {
+      REQUIRE(bits_equal(ps[i].detach(), copy[i].detach()));
+    }
+    // An FP32 parameter: refused before anything is written, naming the optimizer, the option and the dtype.
+    auto fp32 = make_params(at::kFloat);
+    ampkit::optim::AdamW bad(fp32, ampkit::optim::AdamWOptions(1e-2).master_weights(mw));
+    set_grads(fp32, 0, at::kFloat);
+    const auto before = fp32[0].detach().clone();
+    REQUIRE_THROWS_WITH(bad.step(), Catch::Contains(std::string("AdamW: master_weights(MasterWeights::") + mw.name() +
+                                                    "()) needs BFloat16 parameters") &&
+                                        Catch::Contains("Float"));
+    CHECK(bits_equal(fp32[0].detach(), before));
+    CHECK(bad.state().empty());
+    REQUIRE_THROWS_WITH(
+        ampkit::optim::LAMB(clone_params(ps, at::kBFloat16), ampkit::optim::LAMBOptions(1e-2).master_weights(mw)),
+        Catch::Contains("LAMB: master_weights(MasterWeights::") && Catch::Contains("is not supported"));
+  }
+}

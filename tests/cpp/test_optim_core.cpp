@@ -163,7 +163,8 @@ TEST_CASE("optim core: master modes auto, off and remainder from C++", "[optim][
   h.mutable_grad() = torch::ones({4}).to(at::kHalf);
   REQUIRE_THROWS_WITH(bad.step(), Catch::Contains("master_weights(MasterWeights::remainder()) needs BFloat16"));
   CHECK(MasterWeights::from_name("remainder") == MasterWeights::remainder());
-  CHECK_THROWS_WITH(MasterWeights::from_name("half"), Catch::Contains("expected 'auto', 'on', 'off' or 'remainder'"));
+  CHECK_THROWS_WITH(MasterWeights::from_name("half"),
+                    Catch::Contains("expected 'auto', 'on', 'off', 'remainder', 'stochastic' or 'kahan'"));
 }
 
 TEST_CASE("optim core: a tensor learning rate gives the float lr's steps and follows in-place changes",

@@ -59,6 +59,12 @@ OPTIMIZERS = {
     "two_groups_remainder": lambda ps: ampkit.optim.AdamW(
         [{"params": [ps[0], ps[1], ps[4]], "master_weights": "remainder"}, {"params": ps[2:4] + ps[5:]}],
         lr=torch.tensor(1e-2)),
+    "two_groups_kahan": lambda ps: ampkit.optim.AdamW(
+        [{"params": [ps[0], ps[1], ps[4]], "master_weights": "kahan"}, {"params": ps[2:4] + ps[5:]}], lr=1e-2),
+    # The seeds are drawn from torch's default generator, seeded alike for both runs by odd_params().
+    "sgd_two_groups_stochastic": lambda ps: ampkit.optim.SGD(
+        [{"params": [ps[0], ps[1], ps[4]], "master_weights": "stochastic"}, {"params": ps[2:4] + ps[5:]}],
+        lr=5e-2, momentum=0.9),
 }
 
 

@@ -3,7 +3,8 @@
 // FusedOptimizer; each adds its options, their conversion to core::GroupConfig and its state type. Options mirror
 // LibTorch's (AdamWOptions(lr).betas(...).weight_decay(...)) plus master_weights (MasterWeights: unset keeps an FP32
 // master for FP16/BF16 parameters, true/false forces it, MasterWeights::remainder() keeps BF16 parameters' masters
-// as int16 remainders), lr_tensor (a one-element tensor learning rate read on the device) and write_unscaled_grads
+// as int16 remainders; MasterWeights::stochastic() and kahan() keep BF16 weights without a master, Adam, AdamW and
+// SGD only: stochastic rounding keyed by a per-parameter seed, or a BF16 Kahan compensation), lr_tensor (a one-element tensor learning rate read on the device) and write_unscaled_grads
 // (not LAMB's, which only reads the grads). Their decisions (state creation, checks, master modes, fallbacks) are
 // ampkit::optim::core's, shared with ampkit.optim in Python: FP16/BF16/FP32 parameters take the fused kernels with
 // FP32 states; FP64 and complex parameters, sparse SGD grads and parameters with gaps in memory take torch.optim's
@@ -120,6 +121,8 @@ struct AMPKIT_API AdamParamState : public torch::optim::OptimizerCloneableParamS
   TORCH_ARG(at::Tensor, max_exp_avg_sq);
   TORCH_ARG(at::Tensor, master_param);
   TORCH_ARG(at::Tensor, param_remainder);  // int16, MasterWeights::remainder()
+  TORCH_ARG(at::Tensor, kahan_comp);       // BF16, MasterWeights::kahan()
+  TORCH_ARG(at::Tensor, sr_seed);          // 0-dim int64, MasterWeights::stochastic()
 
  public:
   void serialize(torch::serialize::OutputArchive& archive) const override;
@@ -167,6 +170,8 @@ struct AMPKIT_API SGDParamState : public torch::optim::OptimizerCloneableParamSt
   TORCH_ARG(at::Tensor, momentum_buffer);
   TORCH_ARG(at::Tensor, master_param);
   TORCH_ARG(at::Tensor, param_remainder);
+  TORCH_ARG(at::Tensor, kahan_comp);  // as AdamParamState's
+  TORCH_ARG(at::Tensor, sr_seed);
 
  public:
   void serialize(torch::serialize::OutputArchive& archive) const override;

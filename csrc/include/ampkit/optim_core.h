@@ -20,22 +20,28 @@
 namespace ampkit::optim {
 
 // The master_weights option: auto (an FP32 master for FP16/BF16 parameters, decided when a parameter's state is
-// created), on, off, or remainder (BF16 parameters: the exact FP32 master held as the BF16 weight plus an int16
-// remainder, 2 bytes per parameter; NOTE [BF16 weight + 16-bit remainder] in kernels/optim_functors.h).
+// created), on, off, remainder (BF16 parameters: the exact FP32 master held as the BF16 weight plus an int16
+// remainder, 2 bytes per parameter; NOTE [BF16 weight + 16-bit remainder] in kernels/optim_functors.h), and two
+// without a master for BF16 parameters of Adam, AdamW and SGD (kernels/stochastic_rounding.h): stochastic (FP32
+// math, the result rounded stochastically to the BF16 weight, keyed by a per-parameter seed; NOTE [Counter-based
+// stochastic rounding]) and kahan (the BF16 weight plus a BF16 compensation, 2 bytes per parameter; NOTE
+// [Kahan-compensated BF16 weight]).
 // Converts from bool and std::nullopt, so options(...).master_weights(true) reads as before.
 class MasterWeights {
  public:
-  enum Mode : int8_t { kAuto, kOn, kOff, kRemainder };
+  enum Mode : int8_t { kAuto, kOn, kOff, kRemainder, kStochastic, kKahan };
   constexpr MasterWeights() = default;
   constexpr MasterWeights(Mode mode) : mode_(mode) {}           // NOLINT(google-explicit-constructor)
   constexpr MasterWeights(bool on) : mode_(on ? kOn : kOff) {}  // NOLINT(google-explicit-constructor)
   constexpr MasterWeights(std::nullopt_t) {}                    // NOLINT(google-explicit-constructor)
   constexpr MasterWeights(std::optional<bool> on) : mode_(on ? (*on ? kOn : kOff) : kAuto) {}  // NOLINT
   static constexpr MasterWeights remainder() { return MasterWeights(kRemainder); }
+  static constexpr MasterWeights stochastic() { return MasterWeights(kStochastic); }
+  static constexpr MasterWeights kahan() { return MasterWeights(kKahan); }
   constexpr Mode mode() const { return mode_; }
   constexpr bool operator==(MasterWeights other) const { return mode_ == other.mode_; }
   constexpr bool operator!=(MasterWeights other) const { return mode_ != other.mode_; }
-  // "auto", "on", "off", "remainder"
+  // "auto", "on", "off", "remainder", "stochastic", "kahan"
   AMPKIT_API const char* name() const;
   AMPKIT_API static MasterWeights from_name(const std::string& name);
 
@@ -46,8 +52,9 @@ class MasterWeights {
 namespace core {
 
 enum class Algorithm : int8_t { kAdam, kSGD, kLamb };
-// How a parameter's FP32 value is kept: none (the parameter itself), an FP32 master, or BF16 + int16 remainder.
-enum class MasterMode : int8_t { kNone, kMaster, kRemainder };
+// How a parameter's FP32 value is kept: none (the parameter itself), an FP32 master, BF16 + int16 remainder, or
+// no FP32 value at all: a BF16 weight written with stochastic rounding or with a Kahan compensation.
+enum class MasterMode : int8_t { kNone, kMaster, kRemainder, kStochastic, kKahan };
 
 // One param group's options, with torch.optim's names and defaults.
 struct GroupConfig {
@@ -78,6 +85,9 @@ struct GroupConfig {
 // on the CPU, SGD without a step).
 struct AMPKIT_API ParamState {
   at::Tensor step, exp_avg, exp_avg_sq, max_exp_avg_sq, momentum_buffer, master_param, param_remainder;
+  // master_weights "kahan": the BF16 compensation in the parameter's layout; "stochastic": the 64-bit seed of the
+  // rounding's generator (a 0-dim int64 tensor on the parameter's device).
+  at::Tensor kahan_comp, sr_seed;
   bool empty() const;
   // The named entry (torch.optim's names), nullptr for an unknown name.
   at::Tensor* entry(const std::string& name);
@@ -93,6 +103,8 @@ struct AMPKIT_API ParamState {
     kMomentumBuffer = 16,
     kMasterParam = 32,
     kParamRemainder = 64,
+    kKahanComp = 128,
+    kSrSeed = 256,
   };
   static const std::vector<std::pair<const char*, Field>>& fields();
 };
@@ -174,8 +186,8 @@ AMPKIT_API at::Tensor master_from_remainder(const at::Tensor& param, const at::T
 // a complex parameter). `where` names it in errors ("state[3]"). Throws ValueError.
 AMPKIT_API void check_loaded_state(const GroupConfig& config, const std::string& where, const at::Tensor& param,
                                    const std::vector<std::pair<std::string, at::Tensor>>& entries);
-// A loaded entry as the fused kernels keep it: on the parameter's device, FP32 (int16 for param_remainder), in
-// the parameter's layout. Parameters the kernels do not take keep torch.optim's format (the caller's cast).
+// A loaded entry as the fused kernels keep it: on the parameter's device, FP32 (int16 for param_remainder, BF16
+// for kahan_comp, int64 for sr_seed), in the parameter's layout. Parameters the kernels do not take keep torch.optim's format (the caller's cast).
 AMPKIT_API at::Tensor loaded_entry(const std::string& name, const at::Tensor& value, const at::Tensor& param);
 
 }  // namespace core

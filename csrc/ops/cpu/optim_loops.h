@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "../../../kernels/optim_functors.h"
+#include "../../../kernels/stochastic_rounding.h"
 #include "cpu_loops.h"
 #include "vec_io.h"
 #include "work_items.h"
@@ -97,6 +98,26 @@ void optim_span(const OptimTensor& t, int64_t begin, int64_t end, int64_t tail_f
         scalar_body(w1, g1, m != nullptr ? m + i : nullptr, v != nullptr ? v + i : nullptr,
                     vmax != nullptr ? vmax + i : nullptr, i >= tail_from);
         kernels::split_remainder(w1, &bits[i], &t.remainder[i]);
+      }
+      return;
+    }
+    if (t.kahan_comp != nullptr || t.sr_seed != nullptr) {
+      // BF16 weight without a master (kernels/stochastic_rounding.h): the FP32 update of the BF16 value, stored
+      // with Kahan compensation or stochastic rounding; scalar, bit-level, keyed by element index.
+      auto* bits = reinterpret_cast<uint16_t*>(param);
+      const uint64_t seed = t.sr_seed != nullptr ? static_cast<uint64_t>(*t.sr_seed) : 0;
+      const uint32_t step = t.sr_seed != nullptr ? static_cast<uint32_t>(*t.step + 1.f) : 0;
+      for (int64_t i = begin; i < end; ++i) {
+        const float w0 = kernels::bf16_bits_to_float(bits[i]);
+        float w1 = w0;
+        const float g1 = scalar_grad(i);
+        scalar_body(w1, g1, m != nullptr ? m + i : nullptr, v != nullptr ? v + i : nullptr,
+                    vmax != nullptr ? vmax + i : nullptr, i >= tail_from);
+        if (t.kahan_comp != nullptr) {
+          kernels::kahan_store(w0, w1, &bits[i], &t.kahan_comp[i]);
+        } else {
+          bits[i] = kernels::bf16_bits_stochastic(w1, kernels::rounding_bits(seed, step, i));
+        }
       }
       return;
     }

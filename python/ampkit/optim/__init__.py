@@ -5,10 +5,16 @@ when its state is created (on for FP16/BF16 parameters), ``True``/``False`` forc
 parameters) keeps the exact FP32 master as the BF16 weight plus an int16 ``state[p]["param_remainder"]`` (2 bytes
 per parameter instead of 4; ties round away from zero, see ``master_from_remainder``; a master given by
 ``init_master_params`` keeps the cast BF16 weight as it is, so at exact ties that the cast rounded to even it is
-held 1 ulp closer to the weight). With a master, the FP32
+held 1 ulp closer to the weight), and two modes keep BF16 parameters without any FP32 copy (Adam, AdamW, SGD; the
+update computed in FP32 in the same pass): ``"stochastic"`` writes the result with stochastic rounding (unbiased;
+Philox4x32-10 keyed by ``state[p]["sr_seed"]``, a per-parameter int64 seed drawn from torch's default generator,
+and the counter (element, step): reproducible, resumed bit-identically from a state dict, the same bits on CPU and
+CUDA) and ``"kahan"`` keeps a BF16 compensation ``state[p]["kahan_comp"]`` of what the weight's rounding lost (2
+bytes per parameter). With a master, the FP32
 copy is ``optimizer.state[p]["master_param"]``: the kernel reads the low-precision grad, unscales it in
 registers, updates the master and the FP32 moments and writes the rounded weight back, in one pass. Optimizer
-states are FP32 whatever the parameter's dtype (and stay FP32 through ``load_state_dict``).
+states are FP32 whatever the parameter's dtype (and stay FP32 through ``load_state_dict``; ``kahan_comp`` stays
+BF16 and ``sr_seed`` int64).
 
 ``_step_supports_amp_scaling = True``: ``ampkit.GradScaler`` and ``torch.amp.GradScaler`` hand them
 ``grad_scale``/``found_inf`` and the skip on overflow happens on the device, without a host sync. As torch's fused

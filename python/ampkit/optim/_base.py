@@ -32,6 +32,9 @@ class _FusedOptimizer(torch.optim.Optimizer):
     _group_forced: dict = {}
 
     _flags: tuple[str, ...] = ("maximize",)  # torch's bool options of this optimizer
+    # master_weights' named modes: "remainder" (BF16 weight + int16 remainder: the exact FP32 master), and without
+    # a master for BF16 weights "stochastic" (stochastic rounding, state "sr_seed") and "kahan" (state "kahan_comp")
+    _master_modes: tuple[str, ...] = ("remainder", "stochastic", "kahan")
     _core_checks_first = True  # step() runs nothing before the core's checks of a group (LAMB: its grad norm)
 
     def add_param_group(self, param_group: dict) -> None:
@@ -64,8 +67,9 @@ class _FusedOptimizer(torch.optim.Optimizer):
         """torch's checks (_check_values) plus ampkit's: master_weights and bool flags."""
         name = cls.__name__
         mw = group.get("master_weights")
-        if not (mw is None or isinstance(mw, bool) or mw == "remainder"):
-            raise ValueError(f"{name}: master_weights must be None, True, False or 'remainder', but got {mw!r}")
+        if not (mw is None or isinstance(mw, bool) or mw in cls._master_modes):
+            modes = ", ".join(repr(m) for m in cls._master_modes)
+            raise ValueError(f"{name}: master_weights must be None, True, False or one of {modes}, but got {mw!r}")
         for flag in cls._flags:
             value = group.get(flag, False)
             if not isinstance(value, (bool, int)) or isinstance(value, int) and value not in (0, 1):

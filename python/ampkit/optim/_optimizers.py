@@ -5,7 +5,7 @@ what differs from ``_FusedOptimizer`` (ampkit/optim/_base.py), which owns the st
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import torch
 from torch.optim import adam as _torch_adam
@@ -28,7 +28,7 @@ class Adam(_FusedOptimizer):
                  weight_decay: float = 0.0, amsgrad: bool = False, *, foreach: Optional[bool] = None,
                  maximize: bool = False, capturable: bool = False, differentiable: bool = False,
                  fused: Optional[bool] = None, decoupled_weight_decay: Optional[bool] = None,
-                 master_weights: Optional[bool] = None, write_unscaled_grads: bool = True) -> None:
+                 master_weights: Union[bool, str, None] = None, write_unscaled_grads: bool = True) -> None:
         self.write_unscaled_grads = _checks.flag(type(self).__name__, "write_unscaled_grads", write_unscaled_grads)
         _check_tensor_hparams(lr, betas, foreach, capturable)
         self._check_values(dict(lr=lr, eps=eps, betas=betas, weight_decay=weight_decay))
@@ -113,7 +113,7 @@ class SGD(_FusedOptimizer):
     def __init__(self, params, lr: float = 1e-3, momentum: float = 0.0, dampening: float = 0.0,
                  weight_decay: float = 0.0, nesterov: bool = False, *, maximize: bool = False,
                  foreach: Optional[bool] = None, differentiable: bool = False, fused: Optional[bool] = None,
-                 master_weights: Optional[bool] = None, write_unscaled_grads: bool = True) -> None:
+                 master_weights: Union[bool, str, None] = None, write_unscaled_grads: bool = True) -> None:
         self.write_unscaled_grads = _checks.flag(type(self).__name__, "write_unscaled_grads", write_unscaled_grads)
         self._check_values(dict(lr=lr, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov,
                                 dampening=dampening))
@@ -160,6 +160,7 @@ class LAMB(_FusedOptimizer):
     """
 
     _kind = "lamb"
+    _master_modes = ("remainder",)
     _core_checks_first = False
     _flags = ("bias_correction", "adam_w_mode", "grad_averaging", "use_nvlamb")
     _group_defaults = dict(bias_correction=True, adam_w_mode=True, grad_averaging=True, use_nvlamb=False,
@@ -169,7 +170,7 @@ class LAMB(_FusedOptimizer):
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-6, weight_decay: float = 0.01,
                  amsgrad: bool = False, adam_w_mode: bool = True, grad_averaging: bool = True,
                  set_grad_none: bool = True, max_grad_norm: Optional[float] = 1.0, use_nvlamb: bool = False, *,
-                 master_weights: Optional[bool] = None) -> None:
+                 master_weights: Union[bool, str, None] = None) -> None:
         if amsgrad:
             raise RuntimeError("LAMB does not support the AMSGrad variant.")
         self.write_unscaled_grads = False  # LAMB only reads the grads

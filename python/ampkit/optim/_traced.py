@@ -17,7 +17,9 @@ _FUSED_CALLS = {"adam": "adamw_step_", "lamb": "lamb_step_", "sgd": "sgd_step_"}
 _LISTS = {"adam": ("master_params", "param_remainders", "exp_avgs", "exp_avg_sqs", "max_exp_avg_sqs", "state_steps"),
           "lamb": ("master_params", "param_remainders", "exp_avgs", "exp_avg_sqs", "state_steps"),
           "sgd": ("master_params", "param_remainders", "momentum_buffers", "state_steps")}
-_LIST_OF = {"master_param": "master_params", "param_remainder": "param_remainders", "exp_avg": "exp_avgs",
+# kahan_comp and sr_seed travel in param_remainders (NOTE [Weight companions] in csrc/ops/checks.cpp).
+_LIST_OF = {"master_param": "master_params", "param_remainder": "param_remainders", "kahan_comp": "param_remainders",
+            "sr_seed": "param_remainders", "exp_avg": "exp_avgs",
             "exp_avg_sq": "exp_avg_sqs", "max_exp_avg_sq": "max_exp_avg_sqs", "momentum_buffer": "momentum_buffers",
             "step": "state_steps"}
 # The group options each fused op takes under the same name.

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cmath>
+#include <limits>
 #include <optional>
 #include <vector>
 
@@ -17,7 +18,9 @@
 
 namespace ampkit::test::emulated {
 
-enum class Master { kNone, kFp32, kRemainder };
+// kKahan and kStochastic: BF16 weights without a master; `remainder` then holds the BF16 Kahan compensation or
+// the 0-dim int64 stochastic rounding seed (NOTE [Weight companions] in csrc/ops/checks.cpp).
+enum class Master { kNone, kFp32, kRemainder, kKahan, kStochastic };
 
 // One parameter's tensors for a fused step, in the layout of the ops' lists.
 struct ParamState {
@@ -50,6 +53,11 @@ inline std::vector<ParamState> make_params(const std::vector<int64_t>& sizes, at
       s.master = at_offset(w32, offset);
     } else if (master == Master::kRemainder) {
       s.remainder = at_offset(at::randint(-32768, 32767, {n}, at::kShort), offset);
+    } else if (master == Master::kKahan) {
+      // A compensation below half the weight's unit in the last place, as a step leaves it.
+      s.remainder = at_offset((w32 * at::rand({n}, at::kFloat) * 0x1p-9).to(at::kBFloat16), offset);
+    } else if (master == Master::kStochastic) {
+      s.remainder = at::randint(0, std::numeric_limits<int64_t>::max(), {}, at::kLong);
     }
     if (adam || momentum) {
       s.exp_avg = at_offset(at::randn({n}, at::kFloat) * 0.1, offset);
@@ -60,7 +68,7 @@ inline std::vector<ParamState> make_params(const std::vector<int64_t>& sizes, at
     if (amsgrad) {
       s.max_exp_avg_sq = at_offset(at::rand({n}, at::kFloat) * 0.02, offset);
     }
-    if (adam || momentum) {
+    if (adam || momentum || master == Master::kStochastic) {
       s.step = scalar_f32(adam ? 3.f : 0.f);
     }
     out.push_back(s);
@@ -184,9 +192,12 @@ inline Padded padded_copy(const std::vector<ParamState>& ps) {
     const int64_t n = p.param.numel();
     const int64_t extra = (w - n % w) % w;
     auto pad = [&](const at::Tensor& t) {
+      if (t.defined() && t.dim() == 0) {  // a stochastic rounding seed
+        return t.clone();
+      }
       return t.defined() ? at::cat({t.flatten(), at::zeros({extra}, t.options())}) : t;
     };
-    auto view = [&](const at::Tensor& t) { return t.defined() ? t.narrow(0, 0, n) : t; };
+    auto view = [&](const at::Tensor& t) { return t.defined() && t.dim() != 0 ? t.narrow(0, 0, n) : t; };
     ParamState full{
         pad(p.param),   pad(p.grad),       pad(p.master),         pad(p.remainder),
         pad(p.exp_avg), pad(p.exp_avg_sq), pad(p.max_exp_avg_sq), p.step.defined() ? p.step.clone() : p.step};
@@ -197,12 +208,13 @@ inline Padded padded_copy(const std::vector<ParamState>& ps) {
   return out;
 }
 
-// The FP32 weight of a parameter: its master, the BF16 weight joined with its remainder, or the weight widened.
+// The FP32 weight of a parameter: its master, the BF16 weight joined with its remainder, or the weight widened
+// (with a Kahan compensation or stochastic rounding: the BF16 weight, which the 16-bit check bounds).
 inline at::Tensor fp32_weight(const ParamState& p) {
   if (p.master.defined()) {
     return p.master;
   }
-  if (p.remainder.defined()) {
+  if (p.remainder.defined() && p.remainder.scalar_type() == at::kShort) {
     const at::Tensor high = p.param.view(at::kShort).to(at::kInt).bitwise_and(0xFFFF).__lshift__(16);
     return (high + p.remainder.to(at::kInt)).view(at::kFloat);
   }
@@ -229,6 +241,10 @@ inline int64_t require_cpu_contract(const std::vector<ParamState>& cpu, const st
         continue;
       }
       const at::Tensor& b = cuda[i].*field;
+      if (a.dim() == 0) {  // a stochastic rounding seed: only read
+        REQUIRE(bits_equal(a, b));
+        continue;
+      }
       REQUIRE(bits_equal(a.narrow(0, 0, body), b.narrow(0, 0, body)));
       const at::Tensor ta = a.narrow(0, body, n - body);
       const at::Tensor tb = b.narrow(0, body, n - body);
