@@ -19,6 +19,8 @@ struct Buffers {
   std::vector<uint16_t> half_param, half_grad;
   std::vector<float> f_param, f_grad, master, m, v;
   std::vector<int16_t> remainder;
+  std::vector<uint16_t> comp;
+  int64_t seed = 0x5eed;
   float step = 0.f;
   Buffers()
       : half_param(kN, 0x3c00),  // 1.0 in FP16 and a small normal number in BF16
@@ -28,7 +30,8 @@ struct Buffers {
         master(kN, 1.f),
         m(kN, 0.f),
         v(kN, 0.f),
-        remainder(kN, 0) {}
+        remainder(kN, 0),
+        comp(kN, 0) {}
 };
 
 void print_row(const char* kernel, const char* dtype, const kern::emulation::Traffic& t, double minimum) {
@@ -39,8 +42,8 @@ void print_row(const char* kernel, const char* dtype, const kern::emulation::Tra
 
 kern::DType dtype_of(const char* name) {
   return name[0] == 'f' && name[1] == 'p' && name[2] == '1' ? kern::DType::kFloat16
-         : name[0] == 'b'                                     ? kern::DType::kBFloat16
-                                                              : kern::DType::kFloat32;
+         : name[0] == 'b'                                   ? kern::DType::kBFloat16
+                                                            : kern::DType::kFloat32;
 }
 
 }  // namespace
@@ -73,9 +76,12 @@ int main() {
     const char* dtype;
     bool master;
     bool remainder;
+    bool kahan = false;       // BF16 weight + BF16 Kahan compensation (no master)
+    bool stochastic = false;  // BF16 weight written with stochastic rounding (no master)
   };
   for (const Case c : {Case{"fp16+fp32_master", true, false}, Case{"bf16+fp32_master", true, false},
-                       Case{"bf16+remainder", false, true}, Case{"fp32", false, false}}) {
+                       Case{"bf16+remainder", false, true}, Case{"bf16+kahan", false, false, true},
+                       Case{"bf16+stochastic", false, false, false, true}, Case{"fp32", false, false}}) {
     const kern::DType dt = dtype_of(c.dtype);
     const bool low = dt != kern::DType::kFloat32;
     const int size = kern::dtype_size(dt);
@@ -88,10 +94,13 @@ int main() {
                         nullptr,
                         &b.step,
                         kN,
-                        dt};
-    // Grad read; weight read and written (the master when there is one, else the param, plus the remainder);
-    // moments read and written; the low-precision param written once when a master holds the weight.
-    const double weight = c.master ? 8 + size : (c.remainder ? 2 * size + 4 : 2 * size);
+                        dt,
+                        c.kahan ? b.comp.data() : nullptr,
+                        c.stochastic ? &b.seed : nullptr};
+    // Grad read; weight read and written (the master when there is one, else the param, plus the remainder or the
+    // Kahan compensation); moments read and written; the low-precision param written once when a master holds the
+    // weight. Stochastic rounding reads one seed and the step per tensor (not per parameter).
+    const double weight = c.master ? 8 + size : (c.remainder || c.kahan ? 2 * size + 4 : 2 * size);
     // With write_unscaled_grads (torch's behaviour, the ops' default) the unscaled grad is stored back too.
     for (const bool write_grads : {true, false}) {
       kern::AdamParams hp = adam;
@@ -102,13 +111,16 @@ int main() {
       t.exp_avg_sq = b.v.data();
       kern::emulation::reset_traffic();
       kern::launch_adam_step(&t, 1, hp, &scale, &found, nullptr, nullptr);
-      print_row(write_grads ? "adamw_step" : "adamw_step(grads left scaled)", c.dtype,
-                kern::emulation::reset_traffic(), grad + weight + 16);
+      print_row(write_grads ? "adamw_step" : "adamw_step(grads left scaled)", c.dtype, kern::emulation::reset_traffic(),
+                grad + weight + 16);
       t.exp_avg_sq = nullptr;
       b.step = 0.f;
       kern::launch_sgd_step(&t, 1, sp, &scale, &found, nullptr, nullptr);
       print_row(write_grads ? "sgd_step(momentum)" : "sgd_step(momentum, grads left scaled)", c.dtype,
                 kern::emulation::reset_traffic(), grad + weight + 8);
+    }
+    if (c.kahan || c.stochastic) {
+      continue;  // LAMB keeps its weights with a master or a remainder
     }
     // LAMB (NOTE [LAMB passes]): the moments pass reads the grad and the weight, reads and writes both moments;
     // the apply pass reads the weight and the moments and writes the weight. Plus the norm scratch: 2 x 512 lane
