@@ -13,7 +13,7 @@ namespace ampkit::kernels {
 // The random bits come from Philox4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3", SC'11),
 // a counter-based generator: the bits of an element are a pure function of (key, counter), with key = the
 // parameter's 64-bit seed (state "sr_seed", drawn from torch's default generator when the state is created) and
-// counter = (element index, the step the update reaches). Nothing but the seed and the step count is kept, so a
+// counter = (element index / 4, the step the update reaches), one word of the output per element. Nothing but the seed and the step count is kept, so a
 // run is reproducible, resumes bit-identically from a state_dict, a skipped step (found_inf) leaves the counter
 // where it was, and the CPU loop, the emulated CUDA build and the GPU round each element with the same bits
 // whatever their threads, chunks and vector widths.
@@ -46,14 +46,20 @@ AMPKIT_HOST_DEVICE AMPKIT_INLINE Philox4x32 philox4x32_10(uint32_t c0, uint32_t 
   return {{c0, c1, c2, c3}};
 }
 
-// The 16 random bits of element `index` of a parameter with key `seed` at step `step` (the step count the update
-// reaches: 1 for the first).
+// The random words of elements 4 * group ... 4 * group + 3 of a parameter with key `seed` at step `step` (the step
+// count the update reaches: 1 for the first): one Philox call per 4 elements, word k for element 4 * group + k,
+// so that a kernel's pack of 4 aligned elements costs one call (NOTE [Optimizer chunk loop]).
+AMPKIT_HOST_DEVICE AMPKIT_INLINE Philox4x32 rounding_words(uint64_t seed, uint32_t step, int64_t group) {
+  const auto g = static_cast<uint64_t>(group);
+  return philox4x32_10(static_cast<uint32_t>(g), static_cast<uint32_t>(g >> 32), step, 0u, static_cast<uint32_t>(seed),
+                       static_cast<uint32_t>(seed >> 32));
+}
+
+// The random bits of element `index` (its word of rounding_words; bf16_bits_stochastic uses the low 16).
 AMPKIT_HOST_DEVICE AMPKIT_INLINE uint32_t rounding_bits(uint64_t seed, uint32_t step, int64_t index) {
-  const auto i = static_cast<uint64_t>(index);
-  return philox4x32_10(static_cast<uint32_t>(i), static_cast<uint32_t>(i >> 32), step, 0u, static_cast<uint32_t>(seed),
-                       static_cast<uint32_t>(seed >> 32))
-             .v[0] &
-         0xffffu;
+  const Philox4x32 r = rounding_words(seed, step, index >> 2);
+  const int64_t k = index & 3;
+  return k == 0 ? r.v[0] : k == 1 ? r.v[1] : k == 2 ? r.v[2] : r.v[3];  // no indexing: registers, not local memory
 }
 
 // The BF16 bits of x rounded stochastically with the 16 random bits `r`: r added to the low half of x's bit

@@ -6,6 +6,8 @@
 namespace ampkit::kernels {
 namespace {
 
+static_assert(cuda::kChunkSize % 4 == 0, "a pack of 4 elements is one group of the stochastic rounding's counter");
+
 template <typename T, int kVec>
 struct alignas(sizeof(T) * kVec) Pack {
   T v[kVec];
@@ -73,8 +75,10 @@ struct WeightOut {
   uint32_t step;
 };
 
-// Calls body(w, g, m, v, vmax, tail) on every element of chunk [start, start + n) of tensor t.
-template <typename T, typename Args, typename Body>
+// Calls body(w, g, m, v, vmax, tail) on every element of chunk [start, start + n) of tensor t. kStore, a template
+// argument (one code path per way of keeping the weight), lets each path take its own registers: the lean paths'
+// compensation and seed would otherwise push the master path over its budget (NOTE [Optimizer chunk loop]).
+template <typename T, WeightStore kStore, typename Args, typename Body>
 __device__ void for_each_element(const Args& a, int t, int64_t start, int64_t n, const GradIn& gin,
                                  const WeightOut& out, const Body& body) {
   constexpr int kVec = 4;
@@ -97,18 +101,15 @@ __device__ void for_each_element(const Args& a, int t, int64_t start, int64_t n,
   // BF16 weight without a master (kernels/stochastic_rounding.h): its Kahan compensation, or stochastic rounding
   // with the tensor's seed.
   uint16_t* comp = nullptr;
-  bool stochastic = false;
+  constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
+  constexpr bool stochastic = kBf16 && kStore == WeightStore::kStochastic;
   uint64_t seed = 0;
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    void* companion = a.data[kRemainderIdx][t];
-    if (companion != nullptr && out.store == WeightStore::kRemainder) {
-      rem = static_cast<int16_t*>(companion) + start;
-    } else if (companion != nullptr && out.store == WeightStore::kKahan) {
-      comp = static_cast<uint16_t*>(companion) + start;
-    } else if (companion != nullptr && out.store == WeightStore::kStochastic) {
-      stochastic = true;
-      seed = static_cast<uint64_t>(*static_cast<const int64_t*>(companion));
-    }
+  if constexpr (kBf16 && kStore == WeightStore::kRemainder) {
+    rem = static_cast<int16_t*>(a.data[kRemainderIdx][t]) + start;
+  } else if constexpr (kBf16 && kStore == WeightStore::kKahan) {
+    comp = static_cast<uint16_t*>(a.data[kRemainderIdx][t]) + start;
+  } else if constexpr (stochastic) {
+    seed = static_cast<uint64_t>(*static_cast<const int64_t*>(a.data[kRemainderIdx][t]));
   }
   const bool lean = comp != nullptr || stochastic;  // the weight's bits are written, not a rounding of T
   auto* bits = reinterpret_cast<uint16_t*>(param);
@@ -175,6 +176,8 @@ __device__ void for_each_element(const Args& a, int t, int64_t start, int64_t n,
     PackT p4;
     PackB b4;
     PackR q4;
+    // The pack's 4 elements are one group of the rounding's counter: chunks start at multiples of 4.
+    const Philox4x32 words = stochastic ? rounding_words(seed, out.step, (start + i * kVec) / kVec) : Philox4x32{};
 #pragma unroll
     for (int j = 0; j < kVec; ++j) {
       // Scalars, not array elements, go to the functor: their addresses stay in registers.
@@ -191,7 +194,7 @@ __device__ void for_each_element(const Args& a, int t, int64_t start, int64_t n,
       } else if (comp) {
         kahan_store(r.w.v[j], w, &b4.v[j], &r.c.v[j]);
       } else if (stochastic) {
-        b4.v[j] = bf16_bits_stochastic(w, rounding_bits(seed, out.step, start + i * kVec + j));
+        b4.v[j] = bf16_bits_stochastic(w, words.v[j]);
       } else {
         p4.v[j] = from_opmath<T>(w);
       }
@@ -283,13 +286,26 @@ __device__ void dispatch_dtype(const Args& a, int t, int64_t start, int64_t n, c
                                const Body& body) {
   switch (a.dtype[kParamIdx][t]) {
     case DType::kFloat16:
-      for_each_element<__half>(a, t, start, n, gin, out, body);
+      for_each_element<__half, WeightStore::kDirect>(a, t, start, n, gin, out, body);
       break;
     case DType::kBFloat16:
-      for_each_element<__nv_bfloat16>(a, t, start, n, gin, out, body);
+      switch (out.store) {
+        case WeightStore::kRemainder:
+          for_each_element<__nv_bfloat16, WeightStore::kRemainder>(a, t, start, n, gin, out, body);
+          break;
+        case WeightStore::kKahan:
+          for_each_element<__nv_bfloat16, WeightStore::kKahan>(a, t, start, n, gin, out, body);
+          break;
+        case WeightStore::kStochastic:
+          for_each_element<__nv_bfloat16, WeightStore::kStochastic>(a, t, start, n, gin, out, body);
+          break;
+        default:
+          for_each_element<__nv_bfloat16, WeightStore::kDirect>(a, t, start, n, gin, out, body);
+          break;
+      }
       break;
     default:
-      for_each_element<float>(a, t, start, n, gin, out, body);
+      for_each_element<float, WeightStore::kDirect>(a, t, start, n, gin, out, body);
       break;
   }
 }

@@ -107,7 +107,11 @@ void optim_span(const OptimTensor& t, int64_t begin, int64_t end, int64_t tail_f
       auto* bits = reinterpret_cast<uint16_t*>(param);
       const uint64_t seed = t.sr_seed != nullptr ? static_cast<uint64_t>(*t.sr_seed) : 0;
       const uint32_t step = t.sr_seed != nullptr ? static_cast<uint32_t>(*t.step + 1.f) : 0;
+      kernels::Philox4x32 words{};
       for (int64_t i = begin; i < end; ++i) {
+        if (t.sr_seed != nullptr && (i == begin || (i & 3) == 0)) {
+          words = kernels::rounding_words(seed, step, i >> 2);  // one call per group of 4 elements
+        }
         const float w0 = kernels::bf16_bits_to_float(bits[i]);
         float w1 = w0;
         const float g1 = scalar_grad(i);
@@ -116,7 +120,7 @@ void optim_span(const OptimTensor& t, int64_t begin, int64_t end, int64_t tail_f
         if (t.kahan_comp != nullptr) {
           kernels::kahan_store(w0, w1, &bits[i], &t.kahan_comp[i]);
         } else {
-          bits[i] = kernels::bf16_bits_stochastic(w1, kernels::rounding_bits(seed, step, i));
+          bits[i] = kernels::bf16_bits_stochastic(w1, words.v[i & 3]);
         }
       }
       return;
