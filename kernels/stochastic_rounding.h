@@ -13,10 +13,11 @@ namespace ampkit::kernels {
 // The random bits come from Philox4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3", SC'11),
 // a counter-based generator: the bits of an element are a pure function of (key, counter), with key = the
 // parameter's 64-bit seed (state "sr_seed", drawn from torch's default generator when the state is created) and
-// counter = (element index / 4, the step the update reaches), one word of the output per element. Nothing but the seed and the step count is kept, so a
-// run is reproducible, resumes bit-identically from a state_dict, a skipped step (found_inf) leaves the counter
-// where it was, and the CPU loop, the emulated CUDA build and the GPU round each element with the same bits
-// whatever their threads, chunks and vector widths.
+// counter = (element index / 4, the step the update reaches), one word of the output per element. Nothing but the
+// seed and the step count is kept, so a run is reproducible, resumes bit-identically from a state_dict, a skipped
+// step (found_inf) leaves the counter where it was, and the CPU loop, the emulated CUDA build and the GPU round
+// each element with the same bits whatever their threads, chunks and vector widths. The step count is FP32: past
+// 2^24 steps it stops counting (as the bias corrections' step does) and the counter repeats.
 struct Philox4x32 {
   uint32_t v[4];
 };
