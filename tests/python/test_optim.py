@@ -349,7 +349,7 @@ def test_a_step_that_refuses_a_later_parameter_leaves_earlier_weights_alone():
 
 @pytest.mark.parametrize("cls,kwargs", [(ampkit.optim.AdamW, dict(amsgrad=True)), (ampkit.optim.Adam, {}),
                                         (ampkit.optim.SGD, dict(momentum=0.9))])
-@pytest.mark.parametrize("master", [None, True, False, "remainder"])
+@pytest.mark.parametrize("master", [None, True, False, "remainder", "stochastic", "kahan"])
 @pytest.mark.parametrize("first_step_skipped", [True, False])
 def test_a_skipped_step_changes_nothing_in_every_master_mode(cls, kwargs, master, first_step_skipped):
     torch.manual_seed(2)
@@ -378,12 +378,13 @@ def test_a_skipped_step_changes_nothing_in_every_master_mode(cls, kwargs, master
             if id(p) in before_state and key in before_state[id(p)]:
                 old = before_state[id(p)][key]
                 assert torch.equal(value.reshape(-1).view(torch.uint8), old.reshape(-1).view(torch.uint8)), key
-            elif key not in ("master_param", "param_remainder"):  # created lazily on the skipped step
+            elif key not in ("master_param", "param_remainder", "sr_seed"):  # created lazily on the skipped step
                 assert value.count_nonzero().item() == 0, key
 
 
 @pytest.mark.parametrize("bad", [dict(lr=-1.0), dict(betas=(0.9, 1.5)), dict(eps=-1e-8), dict(weight_decay=-0.1),
-                                 dict(master_weights="remainder")])
+                                 dict(master_weights="remainder"), dict(master_weights="stochastic"),
+                                 dict(master_weights="kahan")])
 def test_an_optimizer_step_is_atomic_across_param_groups(bad):
     torch.manual_seed(0)
     a = torch.nn.Parameter(torch.randn(8, dtype=torch.float16))
