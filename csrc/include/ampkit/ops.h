@@ -106,7 +106,9 @@ AMPKIT_API void update_scale_hysteresis_(const at::Tensor& scale, const at::Tens
 // dtype) divided by grad_scale in registers, FP32 masters (empty list: none) and FP32 moments updated, params
 // written once, step counts += 1; nothing is written when found_inf is nonzero. For BF16 params,
 // param_remainders (int16) may replace master_params: the exact FP32 master for 2 bytes per param (NOTE [BF16
-// weight + 16-bit remainder] in kernels/optim_functors.h). Optional lists are empty or one
+// weight + 16-bit remainder] in kernels/optim_functors.h); or, with no master at all, BF16 Kahan compensations
+// or one-element int64 stochastic rounding seeds (then state_steps are required): NOTE [Weight companions] in
+// csrc/ops/checks.cpp, kernels/stochastic_rounding.h. Optional lists are empty or one
 // tensor per param (max_exp_avg_sqs: iff amsgrad). lr_tensor (one FP32 element on the params' device) replaces
 // lr when given: read on the device, so an LR schedule can live in a captured CUDA graph. With grad_scale and
 // write_unscaled_grads (the default, as torch's fused optimizers), the unscaled grads are stored back into grads;
@@ -121,7 +123,8 @@ AMPKIT_API void adamw_step_(at::TensorList params, at::TensorList grads, at::Ten
                             const std::optional<at::Tensor>& lr_tensor = std::nullopt,
                             bool write_unscaled_grads = true);
 
-// One fused SGD step (momentum buffers and step counts needed iff momentum != 0); same skipping rule.
+// One fused SGD step (momentum buffers and step counts needed iff momentum != 0, or with stochastic rounding
+// seeds); same companions and skipping rule.
 AMPKIT_API void sgd_step_(at::TensorList params, at::TensorList grads, at::TensorList master_params,
                           at::TensorList param_remainders, at::TensorList momentum_buffers, at::TensorList state_steps,
                           double lr, double momentum, double dampening, double weight_decay, bool nesterov,
@@ -156,7 +159,8 @@ AMPKIT_API at::Tensor grad_norm(at::TensorList grads, const std::optional<at::Te
 // New entries of a fused optimizer state for `param` (FP16, BF16 or FP32), one per name of `entries`, in that
 // order: "step" (a 0-dim FP32 tensor holding `step`, on param's device), "exp_avg", "exp_avg_sq",
 // "max_exp_avg_sq", "momentum_buffer" (FP32 zeros in param's layout), "master_param" (an FP32 copy of param),
-// "param_remainder" (int16 zeros in param's layout). Reads param only. (Not through the dispatcher: one kernel
+// "param_remainder" (int16 zeros in param's layout), "kahan_comp" (BF16 zeros, BF16 param only), "sr_seed" (a
+// 0-dim int64 on param's device, drawn from torch's default CPU generator). Reads param only. (Not through the dispatcher: one kernel
 // for every backend, registered as the op ampkit::make_optim_state.)
 // The L2 norm of all `grads` together, on any number of devices, divided by grad_scale (when given): grad_norm()
 // per device, combined in FP64 on the first grad's device; 0-dim FP32, no host sync. Undefined grads are skipped;
