@@ -245,6 +245,9 @@ template <class Derived, class Options, class State>
 void FusedOptimizer<Derived, Options, State>::init_master_params() {
   const at::NoGradGuard no_grad;
   for (auto& group : param_groups_) {
+    if (!core::takes_master(Derived::config(static_cast<const Options&>(group.options())))) {
+      continue;
+    }
     for (const auto& p : group.params()) {
       auto& slot = state_[p.unsafeGetTensorImpl()];
       if (!slot) {

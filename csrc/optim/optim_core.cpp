@@ -171,9 +171,6 @@ std::string spell(double v) {
 }  // namespace
 
 void check_config(const GroupConfig& c) {
-  TORCH_CHECK_VALUE(c.algorithm != Algorithm::kLamb ||
-                        (c.master_weights != MasterWeights::kStochastic && c.master_weights != MasterWeights::kKahan),
-                    c.optimizer, ": ", spelled(c), " is not supported (Adam, AdamW and SGD have it)");
   // torch.optim's order of checks, so that the first bad value is the one named.
   TORCH_CHECK_VALUE(c.lr >= 0, "Invalid learning rate: ", spell(c.lr));
   if (c.lr_tensor.defined()) {
@@ -190,6 +187,8 @@ void check_config(const GroupConfig& c) {
                         " (a finite number >= 0; 0: no "
                         "clipping)");
       TORCH_CHECK_VALUE(!c.amsgrad && !c.maximize, c.optimizer, " has no amsgrad or maximize");
+      TORCH_CHECK_VALUE(c.master_weights != MasterWeights::kStochastic && c.master_weights != MasterWeights::kKahan,
+                        c.optimizer, ": ", spelled(c), " is not supported (Adam, AdamW and SGD have it)");
     }
   } else {
     constexpr double inf = std::numeric_limits<double>::infinity();
@@ -208,8 +207,7 @@ bool takes_fused(const at::Tensor& param, const at::Tensor& grad) {
 MasterMode master_mode(const GroupConfig& c, const at::Tensor& p) {
   const MasterWeights mw = c.master_weights;
   const auto dtype = p.scalar_type();
-  if (mw == MasterWeights::kOn || mw == MasterWeights::kRemainder || mw == MasterWeights::kStochastic ||
-      mw == MasterWeights::kKahan) {
+  if (mw == MasterWeights::kOn || mw == MasterWeights::kRemainder) {
     TORCH_CHECK_VALUE(fused_dtype(dtype), c.optimizer, ": ", spelled(c), " needs FP16, BF16 or FP32 parameters, but ",
                       "got a ", dtype, " parameter of shape ", p.sizes());
   }

@@ -64,6 +64,10 @@ void init_master(const at::Tensor& param, ParamState& state) {
   state.master_param = make_optim_state(param, {"master_param"})[0];
 }
 
+bool takes_master(const GroupConfig& config) {
+  return config.master_weights != MasterWeights::kStochastic && config.master_weights != MasterWeights::kKahan;
+}
+
 at::Tensor remainder_of(const at::Tensor& param, const at::Tensor& master) {
   TORCH_CHECK_VALUE(
       param.scalar_type() == at::kBFloat16 && master.scalar_type() == at::kFloat && param.sizes() == master.sizes(),

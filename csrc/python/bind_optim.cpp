@@ -405,6 +405,9 @@ void bind_optim(py::module_& m) {
     return py::make_tuple(out_params, out_buckets);
   });
   m.def("_optim_takes_fused", [](const at::Tensor& p) { return core::takes_fused(p, p); });
+  m.def("_optim_takes_master", [](const std::string& kind, const std::string& optimizer, const py::dict& group) {
+    return guarded([&] { return core::takes_master(group_config(kind, optimizer, group, true)); });
+  });
   m.def("_optim_remainder_of", [](const at::Tensor& p, const at::Tensor& master) {
     return guarded([&] { return core::remainder_of(p, master); });
   });

@@ -387,3 +387,18 @@ def test_cuda_rounds_every_element_as_the_cpu(cls, kwargs, mode):
     assert all(same_bits(a.detach(), b.detach().cpu()) for a, b in zip(cpu, cuda))
     for a, b in zip(state_bits(cpu_opt, cpu), state_bits(cuda_opt, cuda)):
         assert all(same_bits(a[k], b[k].cpu()) for k in a)
+
+
+@pytest.mark.parametrize("mode", LEAN)
+def test_init_master_params_gives_lean_groups_no_master(mode):
+    # The O2 flow (init_master_params, then the cast) keeps no FP32 copy in a group that keeps none.
+    lean = torch.nn.Parameter(torch.randn(8).to(torch.bfloat16))
+    other = torch.nn.Parameter(torch.randn(8).to(torch.bfloat16))
+    opt = ampkit.optim.AdamW([{"params": [lean], "master_weights": mode}, {"params": [other]}], lr=1e-2)
+    opt.init_master_params()
+    assert "master_param" not in opt.state.get(lean, {})
+    assert "master_param" in opt.state[other]
+    lean.grad, other.grad = torch.randn(8).to(torch.bfloat16), torch.randn(8).to(torch.bfloat16)
+    opt.step()
+    assert "master_param" not in opt.state[lean]
+    assert ("sr_seed" if mode == "stochastic" else "kahan_comp") in opt.state[lean]

@@ -173,6 +173,9 @@ AMPKIT_API void step(const GroupConfig& config, at::TensorList params, const std
 
 // Gives the parameter an FP32 master copied from its current value (O2: call while the weights are FP32).
 AMPKIT_API void init_master(const at::Tensor& param, ParamState& state);
+// Whether the optimizers' init_master_params() gives this group's parameters masters: not where master_weights
+// keeps none ("stochastic", "kahan": a master there would be 4 bytes per parameter that no step reads).
+AMPKIT_API bool takes_master(const GroupConfig& config);
 
 // The int16 remainder that, with the BF16 weight as it is, holds the FP32 master. The weight keeps its bits when
 // it is the master rounded to nearest-even (ties rounded down keep 32767, a master 1 ulp closer to the weight);

@@ -94,8 +94,12 @@ class _FusedOptimizer(torch.optim.Optimizer):
     def init_master_params(self) -> None:
         """Give every parameter an FP32 master copied from its current value, now. Call it while the model is
         still FP32, then cast the model to FP16/BF16 (O2, as ``ampkit.decorate`` does): the masters keep the
-        unrounded weights instead of copies of the rounded ones."""
+        unrounded weights instead of copies of the rounded ones. Groups whose ``master_weights`` keeps no master
+        (``"stochastic"``, ``"kahan"``) get none."""
+        core = _core()
         for group in self.param_groups:
+            if not core._optim_takes_master(self._kind, type(self).__name__, group):
+                continue
             for p in group["params"]:
                 if not _dtensor.is_dtensor(p):
                     _core()._optim_init_master(p, self.state[p])
