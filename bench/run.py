@@ -10,6 +10,7 @@ Each row times ampkit and torch interleaved (median of many runs) on the same in
 
 Usage: python bench/run.py [--quick] [--device cpu|cuda|all] [--json PATH]
        python bench/run.py --traffic [--json PATH]
+       python bench/run.py --lean [--quick] [--device cpu|cuda|all] [--json PATH]
 
 --traffic prints, for each CUDA kernel, the bytes of tensor data it reads and writes per parameter, counted by
 running the kernels through the emulated host build (no GPU needed: the build's bench/ampkit_traffic), next to
@@ -129,15 +130,21 @@ def torch_accepts(dtype: torch.dtype, device: str) -> bool:
         return False
 
 
-def bench_device(device: str, quick: bool) -> list[Row]:
-    rows: list[Row] = []
-    repeats = 7 if quick else 25
-    inner = 3 if device == "cpu" else 20
+def measure_bandwidth(device: str, repeats: int) -> float:
+    """The device's copy bandwidth (returned) and in-place bandwidth (kept in INPLACE_BW), printed."""
     probe_bytes = (256 << 20) if device == "cpu" else (2 << 30)
     copy_bw = copy_bandwidth(device, probe_bytes, repeats)
     INPLACE_BW[device] = inplace_bandwidth(device, probe_bytes, repeats)
     print(f"[{device}] copy bandwidth {copy_bw:.1f} GB/s, in-place bandwidth {INPLACE_BW[device]:.1f} GB/s",
           file=sys.stderr)
+    return copy_bw
+
+
+def bench_device(device: str, quick: bool) -> list[Row]:
+    rows: list[Row] = []
+    repeats = 7 if quick else 25
+    inner = 3 if device == "cpu" else 20
+    copy_bw = measure_bandwidth(device, repeats)
     dtypes = [torch.float16, torch.bfloat16] if device == "cuda" else [torch.bfloat16, torch.float32]
     for case in ["flat", "transformer", "many_small"]:
         shapes = model_shapes(case, quick, device)
@@ -390,6 +397,8 @@ def bench_optimizers(device: str, quick: bool, repeats: int, copy_bw: float) -> 
         rows.append(Row("sgd", device, case, "float32", a_ms, t_ms, t_ms / a_ms, gbps, 100 * gbps / copy_bw,
                         "vs fused=True, momentum 0.9"))
 
+    rows += bench_lean_optimizers(device, quick, repeats, copy_bw)
+
     # The whole AMP step (check + fused update + scale update): ampkit.GradScaler + ampkit AdamW with masters
     # vs torch.amp.GradScaler + fused AdamW on FP32 params (+ the weight cast).
     shapes = model_shapes("transformer", quick, device)
@@ -419,6 +428,42 @@ def bench_optimizers(device: str, quick: bool, repeats: int, copy_bw: float) -> 
     note = f"host syncs/step ampkit {syncs_a}, torch {syncs_t}" if syncs_a is not None else "host syncs: CUDA only"
     rows.append(Row("scaler_step", device, "transformer", str(lowp).replace("torch.", ""), a_ms, t_ms, t_ms / a_ms,
                     gbps, 100 * gbps / copy_bw, note))
+    return rows
+
+
+def bench_lean_optimizers(device: str, quick: bool, repeats: int, copy_bw: float) -> list[Row]:
+    """BF16 AdamW without an FP32 master, on the same tensors: ampkit's Kahan mode against torch-optimi's
+    ``kahan_sum=True`` and ampkit's stochastic rounding against torchao's ``bf16_stochastic_round=True``, where those
+    libraries are installed (the "torch" column holds theirs). Minimum bytes per parameter with BF16 grads and FP32
+    moments: Kahan 26 (read w, g, m, v, c; write w, m, v, c), stochastic rounding 22 (no compensation buffer)."""
+    import ampkit.optim
+
+    rows: list[Row] = []
+    inner = 2 if device == "cpu" else 10
+    shapes = [(1 << 24,)] if device == "cpu" and not quick else model_shapes("transformer", quick, device)
+    numel = sum(math.prod(s) for s in shapes)
+    others = []
+    try:
+        import optimi
+
+        others.append(("adamw_kahan", "kahan", 26, "vs torch-optimi AdamW(kahan_sum=True)",
+                       lambda ps: optimi.AdamW(ps, lr=1e-3, kahan_sum=True)))
+    except ImportError:
+        pass
+    try:
+        from torchao.optim import _AdamW
+
+        others.append(("adamw_stochastic", "stochastic", 22, "vs torchao _AdamW(bf16_stochastic_round=True)",
+                       lambda ps: _AdamW(ps, lr=1e-3, bf16_stochastic_round=True)))
+    except ImportError:
+        pass
+    for name, mode, bytes_per_param, note, make_other in others:
+        ours = ampkit.optim.AdamW(_params_with_grads(shapes, device, torch.bfloat16), lr=1e-3, master_weights=mode)
+        theirs = make_other(_params_with_grads(shapes, device, torch.bfloat16))
+        a_ms, t_ms = time_pair(device, [ours.step, theirs.step], repeats, inner)
+        gbps = bytes_per_param * numel / (a_ms * 1e-3) / 1e9
+        rows.append(Row(name, device, "flat" if len(shapes) == 1 else "transformer", "bfloat16", a_ms, t_ms,
+                        t_ms / a_ms, gbps, 100 * gbps / copy_bw, note))
     return rows
 
 
@@ -526,6 +571,8 @@ def main() -> None:
     parser.add_argument("--json", metavar="PATH", help="write the rows as a JSON list of objects")
     parser.add_argument("--traffic", action="store_true",
                         help="bytes per parameter each CUDA kernel moves, counted in the emulated build")
+    parser.add_argument("--lean", action="store_true",
+                        help="only the BF16 optimizer rows without an FP32 master, against torch-optimi and torchao")
     args = parser.parse_args()
     if args.traffic:
         rows = traffic_rows()
@@ -543,7 +590,11 @@ def main() -> None:
           f"{torch.get_num_threads()} CPU threads, GPU {gpu}, build {ampkit.build_info()}", file=sys.stderr)
     rows: list[Row] = []
     for device in devices:
-        rows += bench_device(device, args.quick)
+        if args.lean:
+            repeats = 7 if args.quick else 25
+            rows += bench_lean_optimizers(device, args.quick, repeats, measure_bandwidth(device, repeats))
+        else:
+            rows += bench_device(device, args.quick)
     if args.json:
         with open(args.json, "w") as f:
             json.dump([dict(asdict(r), pct_of_inplace_bw=100 * r.gbps / INPLACE_BW[r.device]) for r in rows], f,

@@ -1,0 +1,87 @@
+"""Lean masters and states against FP32 masters: the small causal Transformer LM of ``bench/fp8_training.py``, its
+parameters in BF16, trained from the same seed with ``ampkit.optim.AdamW`` in every master mode, side by side.
+
+Modes: FP32 masters (``master_weights=True``, the reference), ``"remainder"`` (BF16 weight + int16 remainder: the
+exact FP32 master), ``"kahan"`` (BF16 weight + BF16 compensation), ``"stochastic"`` (BF16 weight written with
+stochastic rounding, no master) and plain BF16 (``master_weights=False``: round to nearest, no master). Each run
+prints the mean loss of its last 20 steps, its ratio to the FP32-master run's, and the bytes per parameter the
+weights and the optimizer state hold, measured on the live optimizer after training (the weight's 2 bytes included;
+the per-tensor ``step`` counts too, so a small model shows a little more than the asymptotic figure).
+
+    python bench/lean_training.py [--steps 300] [--seed 0] [--lr 3e-3] [--json PATH]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+import ampkit
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from fp8_training import BATCH, LM, SEQ, WORDS, batch, language  # noqa: E402
+
+MODES = {"fp32 masters": True, "remainder": "remainder", "kahan": "kahan", "stochastic": "stochastic",
+         "bf16 (no master)": False}
+
+
+def bytes_per_param(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> float:
+    params = list(model.parameters())
+    total = sum(p.nbytes for p in params)
+    for p in params:
+        total += sum(t.nbytes for t in optimizer.state[p].values() if isinstance(t, torch.Tensor))
+    return total / sum(p.numel() for p in params)
+
+
+def train(master_weights, steps: int, seed: int, lr: float, transitions: torch.Tensor) -> dict:
+    torch.manual_seed(seed)
+    model = LM().to(torch.bfloat16)
+    optimizer = ampkit.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, master_weights=master_weights)
+    gen = torch.Generator().manual_seed(seed + 1)
+    losses, start = [], time.perf_counter()
+    for _ in range(steps):
+        ids = batch(transitions, gen)
+        logits = model(ids[:, :-1])
+        loss = F.cross_entropy(logits.float().reshape(-1, WORDS), ids[:, 1:].reshape(-1))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+        if not math.isfinite(losses[-1]):
+            break
+    return {"final_loss": sum(losses[-20:]) / len(losses[-20:]), "first_loss": losses[0], "steps": len(losses),
+            "seconds_per_step": (time.perf_counter() - start) / len(losses),
+            "bytes_per_param": bytes_per_param(model, optimizer)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--json", metavar="PATH")
+    args = parser.parse_args()
+    transitions = language(args.seed)
+    rows = {name: train(mw, args.steps, args.seed, args.lr, transitions) for name, mw in MODES.items()}
+    base = rows["fp32 masters"]["final_loss"]
+    print(f"causal LM in BF16, AdamW lr {args.lr}, {args.steps} steps, batch {BATCH}x{SEQ} tokens, torch "
+          f"{torch.__version__}, {torch.get_num_threads()} threads (ln 3 = {math.log(3):.3f} attainable)")
+    print(f"{'master_weights':18s} {'loss':>8s} {'vs fp32':>8s} {'B/param':>8s} {'s/step':>8s}")
+    for name, r in rows.items():
+        r["loss_ratio_to_fp32_masters"] = r["final_loss"] / base
+        print(f"{name:18s} {r['final_loss']:8.4f} {r['loss_ratio_to_fp32_masters']:8.4f} {r['bytes_per_param']:8.2f} "
+              f"{r['seconds_per_step']:8.3f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"steps": args.steps, "seed": args.seed, "lr": args.lr, "torch": torch.__version__,
+                       "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
