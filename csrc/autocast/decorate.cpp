@@ -87,6 +87,23 @@ void set_master(torch::optim::Optimizer& optimizer, const at::Tensor& p) {
 
 using SetMaster = void (*)(torch::optim::Optimizer&, const at::Tensor&);
 
+// A group's master_weights option (kAuto for an optimizer decorate refuses anyway).
+optim::MasterWeights master_weights_of(const torch::optim::OptimizerOptions& options) {
+  if (const auto* o = dynamic_cast<const optim::AdamOptions*>(&options)) {
+    return o->master_weights();
+  }
+  if (const auto* o = dynamic_cast<const optim::AdamWOptions*>(&options)) {
+    return o->master_weights();
+  }
+  if (const auto* o = dynamic_cast<const optim::SGDOptions*>(&options)) {
+    return o->master_weights();
+  }
+  if (const auto* o = dynamic_cast<const optim::LAMBOptions*>(&options)) {
+    return o->master_weights();
+  }
+  return optim::MasterWeights::kAuto;
+}
+
 // How `optimizer` keeps masters: its state type's set_master; throws for an optimizer that keeps none.
 SetMaster master_setter(torch::optim::Optimizer& optimizer) {
   if (dynamic_cast<optim::Adam*>(&optimizer) != nullptr || dynamic_cast<optim::AdamW*>(&optimizer) != nullptr ||
@@ -123,6 +140,18 @@ void decorate_impl(torch::nn::Module& module, torch::optim::Optimizer* optimizer
   }
   // Everything is checked before the first cast or master: a decorate that throws changes nothing.
   const SetMaster set_master_of = optimizer != nullptr ? master_setter(*optimizer) : nullptr;
+  // Parameters of groups that keep no FP32 master (master_weights stochastic or kahan): cast, no master.
+  std::unordered_set<const c10::TensorImpl*> masterless;
+  if (optimizer != nullptr) {
+    for (const auto& group : optimizer->param_groups()) {
+      const optim::MasterWeights mw = master_weights_of(group.options());
+      if (mw == optim::MasterWeights::kStochastic || mw == optim::MasterWeights::kKahan) {
+        for (const auto& p : group.params()) {
+          masterless.insert(p.unsafeGetTensorImpl());
+        }
+      }
+    }
+  }
   const std::optional<OptLevel> before = decorated_level(module);
   TORCH_CHECK(!before.has_value(), "ampkit::decorate: module must not be decorated yet, but it was decorated at ",
               before.has_value() ? level_name(*before) : "",
@@ -188,7 +217,7 @@ void decorate_impl(torch::nn::Module& module, torch::optim::Optimizer* optimizer
       if (!seen.insert(param.unsafeGetTensorImpl()).second || !param.is_floating_point()) {
         continue;
       }
-      if (owned.count(param.unsafeGetTensorImpl()) != 0) {
+      if (owned.count(param.unsafeGetTensorImpl()) != 0 && masterless.count(param.unsafeGetTensorImpl()) == 0) {
         if (param.scalar_type() == c10::kHalf || param.scalar_type() == c10::kBFloat16) {
           ++rounded;
         }

@@ -211,7 +211,9 @@ def decorate(model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = None
                             f"{e!r}")
     owned = set()
     if optimizer is not None:
-        owned = {id(p) for group in optimizer.param_groups for p in group["params"]}
+        # Groups whose master_weights keeps no FP32 master ("stochastic", "kahan"): their weights are cast alone.
+        owned = {id(p) for group in optimizer.param_groups
+                 if _C._optim_takes_master(optimizer._kind, type(optimizer).__name__, group) for p in group["params"]}
     kept: set[nn.Module] = set()
 
     def keep_fp32(module: nn.Module) -> None:

@@ -319,6 +319,32 @@ TEST_CASE("decorate with the optimizer: O2 masters come from the FP32 weights be
   }
 }
 
+TEST_CASE("decorate with the optimizer: groups with a lean master_weights get no FP32 master", "[autocast][cpu]") {
+  torch::manual_seed(4);
+  torch::nn::Sequential model(torch::nn::Linear(8, 16), torch::nn::Linear(16, 2));
+  const auto names = model->named_parameters();
+  const auto mode = GENERATE(ampkit::optim::MasterWeights::stochastic(), ampkit::optim::MasterWeights::kahan());
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(
+      std::vector<at::Tensor>{names["0.weight"], names["0.bias"]},
+      std::make_unique<ampkit::optim::AdamWOptions>(ampkit::optim::AdamWOptions(1e-2).master_weights(mode)));
+  groups.emplace_back(std::vector<at::Tensor>{names["1.weight"], names["1.bias"]});
+  ampkit::optim::AdamW opt(std::move(groups), ampkit::optim::AdamWOptions(1e-2));
+  const auto fp32_weight = names["1.weight"].detach().clone();
+  ampkit::decorate(*model, opt, ampkit::OptLevel::kO2, at::kBFloat16);
+  CHECK(names["0.weight"].scalar_type() == at::kBFloat16);
+  const auto* lean = ampkit::optim::state_of<ampkit::optim::AdamParamState>(opt, names["0.weight"]);
+  CHECK((lean == nullptr || !lean->master_param().defined()));
+  const auto* kept = ampkit::optim::state_of<ampkit::optim::AdamParamState>(opt, names["1.weight"]);
+  REQUIRE(kept != nullptr);
+  CHECK(torch::equal(kept->master_param(), fp32_weight));
+  model->forward(torch::randn({4, 8}, torch::kBFloat16)).to(torch::kFloat).sum().backward();
+  opt.step();
+  lean = ampkit::optim::state_of<ampkit::optim::AdamParamState>(opt, names["0.weight"]);
+  REQUIRE(lean != nullptr);
+  CHECK(!lean->master_param().defined());
+}
+
 TEST_CASE("decorate: a second O2/O3 decorate is refused and changes nothing, another optimizer is refused",
           "[autocast][cpu]") {
   torch::nn::Sequential model(torch::nn::Linear(4, 4), torch::nn::LayerNorm(torch::nn::LayerNormOptions({4})));

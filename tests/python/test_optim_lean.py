@@ -402,3 +402,24 @@ def test_init_master_params_gives_lean_groups_no_master(mode):
     opt.step()
     assert "master_param" not in opt.state[lean]
     assert ("sr_seed" if mode == "stochastic" else "kahan_comp") in opt.state[lean]
+
+
+@pytest.mark.parametrize("mode", ["stochastic", "kahan"])
+def test_decorate_o2_picks_a_lean_mode_per_group(mode):
+    """decorate(level="O2") with a lean group casts its weights and gives them no FP32 master (4 bytes per
+    parameter no step would read); the other group keeps its master from the FP32 weights."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.LayerNorm(32), torch.nn.Linear(32, 4))
+    fp32_weight = model[2].weight.detach().clone()
+    opt = ampkit.optim.AdamW([{"params": model[0].parameters(), "master_weights": mode},
+                              {"params": list(model[1].parameters()) + list(model[2].parameters())}], lr=1e-2)
+    model, opt = ampkit.decorate(model, opt, level="O2", dtype=torch.bfloat16)
+    assert model[0].weight.dtype == model[2].weight.dtype == torch.bfloat16
+    assert "master_param" not in opt.state[model[0].weight]
+    assert torch.equal(opt.state[model[2].weight]["master_param"], fp32_weight)
+    before = model[0].weight.detach().clone()
+    model(torch.randn(8, 16, dtype=torch.bfloat16)).float().square().sum().backward()
+    opt.step()
+    state = opt.state[model[0].weight]
+    assert "master_param" not in state and ("sr_seed" if mode == "stochastic" else "kahan_comp") in state
+    assert not torch.equal(model[0].weight, before)
