@@ -142,6 +142,7 @@ AMPKIT_OP_NAME(make_optim_state)
 AMPKIT_OP_NAME(fp8_quantize)
 AMPKIT_OP_NAME(fp8_compute_scale)
 AMPKIT_OP_NAME(fp8_update_amax_history_and_scale_)
+AMPKIT_OP_NAME(fp8_quantization_stats)
 #undef AMPKIT_OP_NAME
 
 }  // namespace
@@ -167,6 +168,7 @@ TORCH_LIBRARY_IMPL(ampkit, Autograd, m) {
   AMPKIT_BELOW_AUTOGRAD(fp8_quantize);
   AMPKIT_BELOW_AUTOGRAD(fp8_compute_scale);
   AMPKIT_BELOW_AUTOGRAD(fp8_update_amax_history_and_scale_);
+  AMPKIT_BELOW_AUTOGRAD(fp8_quantization_stats);
   // The differentiable ops: a C++ autograd function each (NOTE [FP8 linear] in fp8_linear.cpp).
   m.impl("fp8_linear", TORCH_FN(fp8_linear_autograd));
   m.impl("fp8_linear_delayed", TORCH_FN(fp8_linear_delayed_autograd));
