@@ -432,35 +432,52 @@ def bench_optimizers(device: str, quick: bool, repeats: int, copy_bw: float) -> 
 
 
 def bench_lean_optimizers(device: str, quick: bool, repeats: int, copy_bw: float) -> list[Row]:
-    """BF16 AdamW without an FP32 master, on the same tensors: ampkit's Kahan mode against torch-optimi's
-    ``kahan_sum=True`` and ampkit's stochastic rounding against torchao's ``bf16_stochastic_round=True``, where those
-    libraries are installed (the "torch" column holds theirs). Minimum bytes per parameter with BF16 grads and FP32
-    moments: Kahan 26 (read w, g, m, v, c; write w, m, v, c), stochastic rounding 22 (no compensation buffer)."""
+    """BF16 AdamW without an FP32 master, on the same tensors, against the libraries that have the same mode (the
+    "torch" column holds theirs), where they are installed: ampkit's Kahan mode against torch-optimi's
+    ``kahan_sum=True`` and ampkit's stochastic rounding against torchao's ``bf16_stochastic_round=True``, each with
+    the moments those libraries keep for BF16 parameters (BF16: ``exp_avg_dtype=torch.bfloat16``) and, for
+    ampkit alone, with FP32 moments; and 8-bit block-wise moments against torchao's ``AdamW8bit``. Minimum bytes
+    per parameter with BF16 grads (read w, g and the moments, write w and the moments): Kahan 26 with FP32 moments,
+    18 with BF16 ones (plus the compensation read and written); stochastic rounding 22 and 14; 8-bit moments with
+    stochastic rounding 10 plus 1/16 for the blocks' absmaxes."""
     import ampkit.optim
 
     rows: list[Row] = []
     inner = 2 if device == "cpu" else 10
     shapes = [(1 << 24,)] if device == "cpu" and not quick else model_shapes("transformer", quick, device)
     numel = sum(math.prod(s) for s in shapes)
-    others = []
+    bf16, u8 = dict(exp_avg_dtype=torch.bfloat16, exp_avg_sq_dtype=torch.bfloat16), dict(
+        exp_avg_dtype=torch.uint8, exp_avg_sq_dtype=torch.uint8)
+    # (name, ampkit's options, bytes per parameter, note, the other library's optimizer or None)
+    cases = [("adamw_kahan", dict(master_weights="kahan"), 26, "FP32 moments (no equivalent)", None),
+             ("adamw_stochastic", dict(master_weights="stochastic"), 22, "FP32 moments (no equivalent)", None)]
     try:
         import optimi
 
-        others.append(("adamw_kahan", "kahan", 26, "vs torch-optimi AdamW(kahan_sum=True)",
-                       lambda ps: optimi.AdamW(ps, lr=1e-3, kahan_sum=True)))
+        cases.append(("adamw_kahan_bf16m", dict(master_weights="kahan", **bf16), 18,
+                      "vs torch-optimi AdamW(kahan_sum=True), BF16 moments",
+                      lambda ps: optimi.AdamW(ps, lr=1e-3, kahan_sum=True)))
     except ImportError:
         pass
     try:
-        from torchao.optim import _AdamW
+        from torchao.optim import AdamW8bit, _AdamW
 
-        others.append(("adamw_stochastic", "stochastic", 22, "vs torchao _AdamW(bf16_stochastic_round=True)",
-                       lambda ps: _AdamW(ps, lr=1e-3, bf16_stochastic_round=True)))
+        cases.append(("adamw_stochastic_bf16m", dict(master_weights="stochastic", **bf16), 14,
+                      "vs torchao _AdamW(bf16_stochastic_round=True), BF16 moments",
+                      lambda ps: _AdamW(ps, lr=1e-3, bf16_stochastic_round=True)))
+        cases.append(("adamw_stochastic_8bit", dict(master_weights="stochastic", **u8), 10.0625,
+                      "vs torchao AdamW8bit(bf16_stochastic_round=True)",
+                      lambda ps: AdamW8bit(ps, lr=1e-3, bf16_stochastic_round=True)))
     except ImportError:
         pass
-    for name, mode, bytes_per_param, note, make_other in others:
-        ours = ampkit.optim.AdamW(_params_with_grads(shapes, device, torch.bfloat16), lr=1e-3, master_weights=mode)
-        theirs = make_other(_params_with_grads(shapes, device, torch.bfloat16))
-        a_ms, t_ms = time_pair(device, [ours.step, theirs.step], repeats, inner)
+    for name, options, bytes_per_param, note, make_other in cases:
+        ours = ampkit.optim.AdamW(_params_with_grads(shapes, device, torch.bfloat16), lr=1e-3, **options)
+        if make_other is None:
+            a_ms, = time_pair(device, [ours.step], repeats, inner)
+            t_ms = float("nan")
+        else:
+            theirs = make_other(_params_with_grads(shapes, device, torch.bfloat16))
+            a_ms, t_ms = time_pair(device, [ours.step, theirs.step], repeats, inner)
         gbps = bytes_per_param * numel / (a_ms * 1e-3) / 1e9
         rows.append(Row(name, device, "flat" if len(shapes) == 1 else "transformer", "bfloat16", a_ms, t_ms,
                         t_ms / a_ms, gbps, 100 * gbps / copy_bw, note))
@@ -579,9 +596,9 @@ def main() -> None:
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(rows, f, indent=1)
-        print(f"{'kernel':<20} {'dtype':<18} {'bytes/param':>11} {'minimum':>8}")
+        print(f"{'kernel':<20} {'dtype':<28} {'bytes/param':>11} {'minimum':>8}")
         for r in rows:
-            print(f"{r['kernel']:<20} {r['dtype']:<18} {r['bytes_per_param']:11.2f} {r['min_bytes_per_param']:8.0f}")
+            print(f"{r['kernel']:<20} {r['dtype']:<28} {r['bytes_per_param']:11.4g} {r['min_bytes_per_param']:8.4g}")
         return
     devices = ["cpu", "cuda"] if args.device == "all" else [args.device]
     devices = [d for d in devices if d == "cpu" or torch.cuda.is_available()]

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <vector>
 
+#include "kernels/blockwise8.h"
 #include "kernels/cuda/emulation.h"
 #include "kernels/cuda/optim_launch.h"
 
@@ -36,7 +37,7 @@ struct Buffers {
 
 void print_row(const char* kernel, const char* dtype, const kern::emulation::Traffic& t, double minimum) {
   const double per_param = static_cast<double>(t.read + t.written) / static_cast<double>(kN);
-  std::printf("{\"kernel\": \"%s\", \"dtype\": \"%s\", \"bytes_per_param\": %.2f, \"min_bytes_per_param\": %.0f}\n",
+  std::printf("{\"kernel\": \"%s\", \"dtype\": \"%s\", \"bytes_per_param\": %.4f, \"min_bytes_per_param\": %.4f}\n",
               kernel, dtype, per_param, minimum);
 }
 
@@ -119,11 +120,9 @@ int main() {
       print_row(write_grads ? "sgd_step(momentum)" : "sgd_step(momentum, grads left scaled)", c.dtype,
                 kern::emulation::reset_traffic(), grad + weight + 8);
     }
-    if (c.kahan || c.stochastic) {
-      continue;  // LAMB keeps its weights with a master or a remainder
-    }
     // LAMB (NOTE [LAMB passes]): the moments pass reads the grad and the weight, reads and writes both moments;
-    // the apply pass reads the weight and the moments and writes the weight. Plus the norm scratch: 2 x 512 lane
+    // the apply pass reads the weight (and the Kahan compensation) and the moments and writes the weight (and the
+    // compensation). Plus the norm scratch: 2 x 512 lane
     // sums (doubles) per 64K-element chunk, 0.125 bytes per parameter.
     const double weight_read = c.master ? 4 : (c.remainder ? size + 2 : size);
     const kern::LambParams lamb{1e-3, 0.9, 0.999, 0.01, 1e-6, true, true, true, false, 0.0};
@@ -134,6 +133,53 @@ int main() {
     kern::launch_lamb_step(&t, 1, lamb, &scale, &found, nullptr, nullptr, lanes.data(), sums.data(), nullptr);
     print_row("lamb_step", c.dtype, kern::emulation::reset_traffic(),
               size + weight_read + 16 + weight_read + 8 + (weight - weight_read));
+  }
+  // Moments in BF16 or 8-bit block-wise (exp_avg_dtype / exp_avg_sq_dtype; NOTE [8-bit block-wise states]): per
+  // moment 4 bytes (BF16 read + written) or 2 (its code read + written) plus its block's FP32 absmax read +
+  // written, 8 bytes per 256 parameters. Grads left scaled (the minimum).
+  std::vector<uint16_t> m16(kN, 0), v16(kN, 0);
+  std::vector<uint8_t> m8(static_cast<size_t>(kern::blockwise8_bytes(kN)), 0), v8(m8.size(), 0);
+  struct StateCase {
+    const char* dtype;
+    bool master;
+    bool kahan;
+    kern::StateType moments;
+  };
+  for (const StateCase c : {StateCase{"bf16+stochastic+bf16_states", false, false, kern::StateType::kBFloat16},
+                            StateCase{"bf16+stochastic+8bit_states", false, false, kern::StateType::kBlockwise8},
+                            StateCase{"bf16+kahan+8bit_states", false, true, kern::StateType::kBlockwise8},
+                            StateCase{"bf16+fp32_master+8bit_states", true, false, kern::StateType::kBlockwise8}}) {
+    const bool q8 = c.moments == kern::StateType::kBlockwise8;
+    void* m = q8 ? static_cast<void*>(m8.data()) : m16.data();
+    void* v = q8 ? static_cast<void*>(v8.data()) : v16.data();
+    kern::OptimTensor t{b.half_param.data(),
+                        b.half_grad.data(),
+                        c.master ? b.master.data() : nullptr,
+                        nullptr,
+                        static_cast<float*>(m),
+                        static_cast<float*>(v),
+                        nullptr,
+                        &b.step,
+                        kN,
+                        kern::DType::kBFloat16,
+                        c.kahan ? b.comp.data() : nullptr,
+                        c.master || c.kahan ? nullptr : &b.seed,
+                        c.moments,
+                        c.moments};
+    const double weight = c.master ? 8 + 2 : c.kahan ? 8 : 4;
+    const double per_moment = q8 ? 2 + 8.0 / kern::kQuantBlock : 4;
+    kern::AdamParams hp = adam;
+    hp.write_unscaled_grads = false;
+    kern::emulation::reset_traffic();
+    kern::launch_adam_step(&t, 1, hp, &scale, &found, nullptr, nullptr);
+    print_row("adamw_step(grads left scaled)", c.dtype, kern::emulation::reset_traffic(), 2 + weight + 2 * per_moment);
+    kern::SgdParams sp = sgd;
+    sp.write_unscaled_grads = false;
+    t.exp_avg_sq = nullptr;
+    b.step = 0.f;
+    kern::launch_sgd_step(&t, 1, sp, &scale, &found, nullptr, nullptr);
+    print_row("sgd_step(momentum, grads left scaled)", c.dtype, kern::emulation::reset_traffic(),
+              2 + weight + per_moment);
   }
   return 0;
 }

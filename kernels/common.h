@@ -16,10 +16,11 @@
 namespace ampkit::kernels {
 
 // The floating dtypes a kernel can read or write. The numbering is part of the launch metadata.
-enum class DType : uint8_t { kFloat16 = 0, kBFloat16 = 1, kFloat32 = 2, kFloat64 = 3 };
+// kUInt8 marks a packed 8-bit block-wise optimizer state in a launch's metadata (kernels/blockwise8.h).
+enum class DType : uint8_t { kFloat16 = 0, kBFloat16 = 1, kFloat32 = 2, kFloat64 = 3, kUInt8 = 4 };
 
 AMPKIT_HOST_DEVICE constexpr int dtype_size(DType t) {
-  return t == DType::kFloat64 ? 8 : (t == DType::kFloat32 ? 4 : 2);
+  return t == DType::kFloat64 ? 8 : t == DType::kFloat32 ? 4 : t == DType::kUInt8 ? 1 : 2;
 }
 
 // One dense run of `numel` elements of `dtype` starting at `data` (the caller guarantees density).
@@ -33,6 +34,11 @@ struct TensorRef {
 // `exp_avg_sq`, `max_exp_avg_sq` are null when unused (at most one of master, remainder, kahan_comp and sr_seed is
 // set: the way the weight is kept); `param` and `grad` share a dtype (FP16, BF16 or FP32); every other stream is
 // FP32; `step` points at the tensor's FP32 step count (null: none; never null with sr_seed).
+// How an optimizer state stream (exp_avg / momentum buffer, exp_avg_sq) is stored; its OptimTensor pointer then
+// points to FP32 values, BF16 values, or one packed 8-bit block-wise state (NOTE [8-bit block-wise states] in
+// kernels/blockwise8.h). max_exp_avg_sq is always FP32.
+enum class StateType : uint8_t { kFloat32, kBFloat16, kBlockwise8 };
+
 struct OptimTensor {
   void* param;
   void* grad;  // written only with write_unscaled_grads
@@ -48,6 +54,8 @@ struct OptimTensor {
   // seed (NOTE [Counter-based stochastic rounding]), both in kernels/stochastic_rounding.h.
   uint16_t* kahan_comp = nullptr;
   const int64_t* sr_seed = nullptr;
+  StateType exp_avg_type = StateType::kFloat32;
+  StateType exp_avg_sq_type = StateType::kFloat32;
 };
 
 // The one bit cast of the kernels (std::bit_cast is C++20; kernels/ is C++17 for nvcc): a byte copy that both the

@@ -8,6 +8,7 @@
 #include <limits>
 #include <vector>
 
+#include "../../kernels/blockwise8.h"
 #include "alias_check.h"
 #include "descriptors.h"
 #include "op_args.h"
@@ -230,7 +231,8 @@ struct StepLists {
   bool need_max_exp_avg_sqs;
   bool need_steps;
   bool grads_read_only;  // LAMB: the grads are only read
-  bool lean_weights;     // param_remainders may hold Kahan compensations or stochastic rounding seeds (Adam, SGD)
+  bool lean_weights;     // param_remainders may hold Kahan compensations or stochastic rounding seeds
+  bool lean_states;      // moments may be BF16 or 8-bit block-wise (Adam, SGD)
 };
 
 // NOTE [Weight companions]
@@ -345,11 +347,38 @@ void check_step_and_build_descriptors(const char* op, const OptimLists& l, const
           seed = alias.add_defined("param_remainders", c, index, true, data);
         }
       }
+      // A moment (momentum buffer) in FP32, or with lean states (Adam, SGD) BF16 in the parameter's layout or one
+      // packed 8-bit block-wise state (NOTE [8-bit block-wise states] in kernels/blockwise8.h).
+      auto state = [&](const char* name, const at::Tensor& t, kernels::StateType* type) {
+        const at::ScalarType st = t.defined() ? t.scalar_type() : at::kFloat;
+        if (!spec.lean_states || st == at::kFloat || st == at::kBFloat16) {
+          if (spec.lean_states && st == at::kBFloat16) {
+            *type = kernels::StateType::kBFloat16;
+            return entry(name, t, at::kBFloat16);
+          }
+          return entry(name, t, at::kFloat);
+        }
+        TORCH_CHECK_TYPE(st == at::kByte, "ampkit::", op, ": ", name, "[", i,
+                         "] must be Float, BFloat16 or Byte (an 8-bit block-wise state), but got ", st);
+        // Symbolic-size aware (fake tensors under torch.compile carry SymInts): blockwise8_bytes, on SymInts.
+        const c10::SymInt bytes =
+            (p.sym_numel() + (kernels::kQuantBlock - 1)) / kernels::kQuantBlock * (kernels::kQuantBlock + 4);
+        TORCH_CHECK(t.layout() == at::kStrided && t.device() == device, "ampkit::", op, ": ", name, "[", i,
+                    "] must be a strided tensor on ", device, " like params[", i, "]");
+        TORCH_CHECK_VALUE(t.dim() == 1 && t.sym_numel() == bytes && t.is_contiguous(), "ampkit::", op, ": ", name, "[",
+                          i, "] (an 8-bit block-wise state of params[", i, "], ", p.sym_numel(),
+                          " elements) must be a contiguous 1-D Byte tensor of ", bytes, " bytes, but has shape ",
+                          t.sym_sizes(), t.is_contiguous() ? "" : " (not contiguous)");
+        *type = kernels::StateType::kBlockwise8;
+        return alias.add_defined(name, t, index, false, data);
+      };
+      kernels::StateType m_type = kernels::StateType::kFloat32;
+      kernels::StateType v_type = kernels::StateType::kFloat32;
       if (spec.need_exp_avgs) {
-        m = entry(spec.exp_avg_name, l.exp_avgs[i], at::kFloat);
+        m = state(spec.exp_avg_name, l.exp_avgs[i], &m_type);
       }
       if (spec.need_exp_avg_sqs) {
-        v = entry("exp_avg_sqs", l.exp_avg_sqs[i], at::kFloat);
+        v = state("exp_avg_sqs", l.exp_avg_sqs[i], &v_type);
       }
       if (spec.need_max_exp_avg_sqs) {
         vmax = entry("max_exp_avg_sqs", l.max_exp_avg_sqs[i], at::kFloat);
@@ -364,7 +393,7 @@ void check_step_and_build_descriptors(const char* op, const OptimLists& l, const
         tensors->push_back({param, grad, static_cast<float*>(master), static_cast<int16_t*>(remainder),
                             static_cast<float*>(m), static_cast<float*>(v), static_cast<float*>(vmax),
                             static_cast<float*>(step), p.numel(), kernel_dtype(dtype), static_cast<uint16_t*>(comp),
-                            static_cast<const int64_t*>(seed)});
+                            static_cast<const int64_t*>(seed), m_type, v_type});
       }
     }
     const std::optional<at::Device> on(device);
@@ -398,16 +427,17 @@ void check_step_and_build_descriptors(const char* op, const OptimLists& l, const
 void check_and_build_descriptors(const AdamStepArgs& a, std::vector<kernels::OptimTensor>* tensors) {
   const kernels::AdamParams& h = a.hparams;
   check_adam_hparams(a.op, h.lr, h.beta1, h.beta2, h.weight_decay, h.eps);
-  check_step_and_build_descriptors(a.op, a.lists, {"exp_avgs", true, true, h.amsgrad, true, false, true}, a.scalars,
-                                   std::nullopt, tensors);
+  check_step_and_build_descriptors(a.op, a.lists, {"exp_avgs", true, true, h.amsgrad, true, false, true, true},
+                                   a.scalars, std::nullopt, tensors);
 }
 
 void check_and_build_descriptors(const SgdStepArgs& a, std::vector<kernels::OptimTensor>* tensors) {
   const kernels::SgdParams& h = a.hparams;
   check_sgd_hparams(a.op, h.lr, h.momentum, h.dampening, h.weight_decay, h.nesterov);
   const bool momentum = h.momentum != 0.0;
-  check_step_and_build_descriptors(a.op, a.lists, {"momentum_buffers", momentum, false, false, momentum, false, true},
-                                   a.scalars, std::nullopt, tensors);
+  check_step_and_build_descriptors(a.op, a.lists,
+                                   {"momentum_buffers", momentum, false, false, momentum, false, true, true}, a.scalars,
+                                   std::nullopt, tensors);
 }
 
 void check_and_build_descriptors(const LambStepArgs& a, std::vector<kernels::OptimTensor>* tensors) {
@@ -415,7 +445,7 @@ void check_and_build_descriptors(const LambStepArgs& a, std::vector<kernels::Opt
   check_adam_hparams(a.op, h.lr, h.beta1, h.beta2, h.weight_decay, h.eps);
   TORCH_CHECK_VALUE(h.max_grad_norm >= 0.0 && std::isfinite(h.max_grad_norm), "ampkit::", a.op,
                     ": max_grad_norm must be a finite number >= 0 (0: no clipping), but got ", h.max_grad_norm);
-  check_step_and_build_descriptors(a.op, a.lists, {"exp_avgs", true, true, false, true, true, false}, a.scalars,
+  check_step_and_build_descriptors(a.op, a.lists, {"exp_avgs", true, true, false, true, true, true, false}, a.scalars,
                                    a.grad_norm, tensors);
 }
 

@@ -31,7 +31,9 @@ TORCH_LIBRARY(ampkit, m) {
   // params' device), when given, is read on the device instead of lr (schedules inside a captured graph); on the
   // CPU with params elsewhere, it is read on the host when the op runs (no host-to-device copy). For adamw_step_
   // and sgd_step_, param_remainders may instead hold BF16 Kahan compensations or one-element int64 stochastic
-  // rounding seeds (NOTE [Weight companions] in checks.cpp; kernels/stochastic_rounding.h).
+  // rounding seeds (NOTE [Weight companions] in checks.cpp; kernels/stochastic_rounding.h), and each moment or
+  // momentum buffer may be BF16 (the parameter's layout) or a packed 8-bit block-wise state (NOTE [8-bit
+  // block-wise states] in kernels/blockwise8.h), told apart by dtype.
   m.def(
       "adamw_step_(Tensor(a!)[] params, Tensor(h!)[] grads, Tensor(b!)[] master_params, Tensor(g!)[] param_remainders, "
       "Tensor(c!)[] exp_avgs, Tensor(d!)[] exp_avg_sqs, Tensor(e!)[] max_exp_avg_sqs, Tensor(f!)[] state_steps, *, float lr, float beta1, "
@@ -57,11 +59,14 @@ TORCH_LIBRARY(ampkit, m) {
   // one fixed order (NOTE [Deterministic norm]), so CPU and CUDA give the same bits.
   m.def("grad_norm(Tensor[] grads, Tensor? grad_scale=None) -> Tensor", {at::Tag::pt2_compliant_tag});
   // New entries of a fused optimizer's state for `param`, in the order named: "step" (a 0-dim FP32 tensor holding
-  // `step`), "exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer" (FP32 zeros in param's layout),
+  // `step`), "exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer" (FP32 zeros in param's layout; the
+  // moments and the momentum buffer in exp_avg_dtype / exp_avg_sq_dtype: BF16, or Byte for a packed 8-bit state),
   // "master_param" (an FP32 copy of param), "param_remainder" (int16 zeros), "kahan_comp" (BF16 zeros), "sr_seed"
   // (a 0-dim int64 drawn from torch's default generator). Which entries a state lacks is the
   // optimizer core's decision (ampkit::optim::core::plan_step).
-  m.def("make_optim_state(Tensor param, str[] entries, float step=0.0) -> Tensor[]", {at::Tag::pt2_compliant_tag});
+  m.def("make_optim_state(Tensor param, str[] entries, float step=0.0, ScalarType? exp_avg_dtype=None, "
+        "ScalarType? exp_avg_sq_dtype=None) -> Tensor[]",
+        {at::Tag::pt2_compliant_tag});
   // grad_norm over grads on several devices: each device's norm, combined in FP64 on the first grad's device.
   m.def("global_grad_norm(Tensor[] grads, Tensor? grad_scale=None) -> Tensor", {at::Tag::pt2_compliant_tag});
   // FP8 (docs/fp8.md; the formulas in kernels/fp8_functors.h). quantize: q = saturate(x * scale) in dtype, the

@@ -140,6 +140,25 @@ void read_master_weights(torch::serialize::InputArchive& archive, MasterWeights&
   }
 }
 
+void write_state_dtype(torch::serialize::OutputArchive& archive, const char* key, at::ScalarType dtype) {
+  archive.write(key, c10::IValue(static_cast<int64_t>(dtype)));
+}
+
+void read_state_dtype(torch::serialize::InputArchive& archive, const char* key, at::ScalarType& dtype) {
+  c10::IValue ivalue;
+  if (!archive.try_read(key, ivalue)) {
+    return;
+  }
+  TORCH_CHECK_VALUE(ivalue.isInt(), "ampkit::optim: option '", key, "' in the archive must be an int (a ScalarType), ",
+                    "but it is a ", ivalue.tagKind());
+  const int64_t v = ivalue.toInt();
+  TORCH_CHECK_VALUE(v == static_cast<int64_t>(at::kFloat) || v == static_cast<int64_t>(at::kBFloat16) ||
+                        v == static_cast<int64_t>(at::kByte),
+                    "ampkit::optim: option '", key, "' in the archive must be Float, BFloat16 or Byte, but it is ",
+                    "ScalarType ", v);
+  dtype = static_cast<at::ScalarType>(v);
+}
+
 void write_lr_tensor(torch::serialize::OutputArchive& archive, const at::Tensor& lr_tensor) {
   if (lr_tensor.defined()) {
     archive.write("lr_tensor", lr_tensor);

@@ -46,6 +46,10 @@ std::vector<bool> groups_written_by_libtorch(torch::serialize::InputArchive& arc
 // Writes a master_weights option: a bool or none (as archives before remainder mode), or the mode's name.
 void write_master_weights(torch::serialize::OutputArchive& archive, MasterWeights mw);
 void read_master_weights(torch::serialize::InputArchive& archive, MasterWeights& mw);
+// A state dtype option (exp_avg_dtype, momentum_dtype...): written as its ScalarType's number; absent (archives
+// before it, LibTorch's) leaves the default.
+void write_state_dtype(torch::serialize::OutputArchive& archive, const char* key, at::ScalarType dtype);
+void read_state_dtype(torch::serialize::InputArchive& archive, const char* key, at::ScalarType& dtype);
 void write_lr_tensor(torch::serialize::OutputArchive& archive, const at::Tensor& lr_tensor);
 void read_lr_tensor(torch::serialize::InputArchive& archive, at::Tensor& lr_tensor);
 

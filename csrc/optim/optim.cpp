@@ -49,11 +49,13 @@ void keep_group_options(std::vector<torch::optim::OptimizerParamGroup>& added, s
 template <bool kDecoupled>
 void take_defaults_libtorch_lacks(AdamOptionsT<kDecoupled>& o, const AdamOptionsT<kDecoupled>& d) {
   o.maximize(d.maximize()).master_weights(d.master_weights()).write_unscaled_grads(d.write_unscaled_grads());
+  o.exp_avg_dtype(d.exp_avg_dtype()).exp_avg_sq_dtype(d.exp_avg_sq_dtype());
   o.lr_tensor(d.lr_tensor());
 }
 
 void take_defaults_libtorch_lacks(SGDOptions& o, const SGDOptions& d) {
   o.maximize(d.maximize()).master_weights(d.master_weights()).write_unscaled_grads(d.write_unscaled_grads());
+  o.momentum_dtype(d.momentum_dtype());
   o.lr_tensor(d.lr_tensor());
 }
 
@@ -227,7 +229,7 @@ void FusedOptimizer<Derived, Options, State>::load(torch::serialize::InputArchiv
         }
         core::check_loaded_state(config, where, p, entries);
         for (auto& [name, value] : entries) {
-          *c.entry(name) = core::loaded_entry(name, value, p);
+          *c.entry(name) = core::loaded_entry(config, name, value, p);
         }
         from_core(c, static_cast<State&>(*it->second));
       }
@@ -271,6 +273,8 @@ void AdamOptionsT<kDecoupled>::serialize(torch::serialize::OutputArchive& archiv
   _TORCH_OPTIM_SERIALIZE_TORCH_ARG(amsgrad);
   _TORCH_OPTIM_SERIALIZE_TORCH_ARG(maximize);
   write_master_weights(archive, master_weights());
+  write_state_dtype(archive, "exp_avg_dtype", exp_avg_dtype());
+  write_state_dtype(archive, "exp_avg_sq_dtype", exp_avg_sq_dtype());
   _TORCH_OPTIM_SERIALIZE_TORCH_ARG(write_unscaled_grads);
   write_lr_tensor(archive, lr_tensor());
 }
@@ -286,6 +290,8 @@ void AdamOptionsT<kDecoupled>::serialize(torch::serialize::InputArchive& archive
   amsgrad(read_bool(archive, name, "amsgrad"));
   read_optional_flag(archive, "maximize", maximize_);
   read_master_weights(archive, master_weights_);
+  read_state_dtype(archive, "exp_avg_dtype", exp_avg_dtype_);
+  read_state_dtype(archive, "exp_avg_sq_dtype", exp_avg_sq_dtype_);
   read_optional_flag(archive, "write_unscaled_grads", write_unscaled_grads_);
   read_lr_tensor(archive, lr_tensor_);
 }
@@ -326,6 +332,8 @@ core::GroupConfig AdamT<kDecoupled>::config(const Options& o) {
   c.decoupled_weight_decay = kDecoupled;
   c.maximize = o.maximize();
   c.master_weights = o.master_weights();
+  c.exp_avg_dtype = o.exp_avg_dtype();
+  c.exp_avg_sq_dtype = o.exp_avg_sq_dtype();
   c.write_unscaled_grads = o.write_unscaled_grads();
   return c;
 }
@@ -347,6 +355,7 @@ void SGDOptions::serialize(torch::serialize::OutputArchive& archive) const {
   _TORCH_OPTIM_SERIALIZE_TORCH_ARG(nesterov);
   _TORCH_OPTIM_SERIALIZE_TORCH_ARG(maximize);
   write_master_weights(archive, master_weights());
+  write_state_dtype(archive, "momentum_dtype", momentum_dtype());
   _TORCH_OPTIM_SERIALIZE_TORCH_ARG(write_unscaled_grads);
   write_lr_tensor(archive, lr_tensor());
 }
@@ -360,6 +369,7 @@ void SGDOptions::serialize(torch::serialize::InputArchive& archive) {
   nesterov(read_bool(archive, "SGDOptions", "nesterov"));
   read_optional_flag(archive, "maximize", maximize_);
   read_master_weights(archive, master_weights_);
+  read_state_dtype(archive, "momentum_dtype", momentum_dtype_);
   read_optional_flag(archive, "write_unscaled_grads", write_unscaled_grads_);
   read_lr_tensor(archive, lr_tensor_);
 }
@@ -394,6 +404,7 @@ core::GroupConfig SGD::config(const SGDOptions& o) {
   c.nesterov = o.nesterov();
   c.maximize = o.maximize();
   c.master_weights = o.master_weights();
+  c.exp_avg_dtype = o.momentum_dtype();
   c.write_unscaled_grads = o.write_unscaled_grads();
   return c;
 }

@@ -154,6 +154,17 @@ const char* spelled(const GroupConfig& c) {
   return (c.python_spelling ? python : cxx)[c.master_weights.mode()];
 }
 
+// A state dtype option as the caller wrote it: exp_avg_dtype=torch.uint8 (Python), exp_avg_dtype(at::kByte) (C++).
+std::string spelled_dtype(const GroupConfig& c, const char* option, at::ScalarType dtype) {
+  if (c.python_spelling) {
+    return std::string(option) + "=torch." + std::string(c10::getDtypeNames(dtype).first);
+  }
+  return std::string(option) + "(at::k" + c10::toString(dtype) + ")";
+}
+
+// Whether the group keeps any moment in a dtype other than FP32.
+bool lean_states(const GroupConfig& c) { return c.exp_avg_dtype != at::kFloat || c.exp_avg_sq_dtype != at::kFloat; }
+
 // A double as Python's repr spells it (1.0, 0.001, 1e-05, inf, nan): torch.optim's messages print Python floats.
 std::string spell(double v) {
   if (std::isnan(v)) {
@@ -166,6 +177,23 @@ std::string spell(double v) {
     s += ".0";
   }
   return s;
+}
+
+// The state dtype options: Float, BFloat16 or Byte; LAMB keeps FP32 moments, SGD has no second moment.
+void check_state_dtypes(const GroupConfig& c) {
+  const char* first = c.algorithm == Algorithm::kSGD ? "momentum_dtype" : "exp_avg_dtype";
+  for (const auto& [option, dtype] : {std::pair(first, c.exp_avg_dtype), {"exp_avg_sq_dtype", c.exp_avg_sq_dtype}}) {
+    TORCH_CHECK_VALUE(dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kByte, c.optimizer, ": ", option,
+                      c.python_spelling ? " must be torch.float32, torch.bfloat16 or torch.uint8"
+                                        : " must be at::kFloat, at::kBFloat16 or at::kByte",
+                      " (8-bit block-wise), but got ", spelled_dtype(c, option, dtype));
+  }
+  TORCH_CHECK_VALUE(c.algorithm != Algorithm::kLamb || !lean_states(c), c.optimizer, ": ",
+                    spelled_dtype(c, c.exp_avg_dtype != at::kFloat ? "exp_avg_dtype" : "exp_avg_sq_dtype",
+                                  c.exp_avg_dtype != at::kFloat ? c.exp_avg_dtype : c.exp_avg_sq_dtype),
+                    " is not supported (LAMB keeps FP32 moments; Adam, AdamW and SGD have it)");
+  TORCH_CHECK_VALUE(c.algorithm != Algorithm::kSGD || c.exp_avg_sq_dtype == at::kFloat, c.optimizer,
+                    ": SGD has no second moment (exp_avg_sq_dtype); its momentum buffer's dtype is momentum_dtype");
 }
 
 }  // namespace
@@ -187,8 +215,6 @@ void check_config(const GroupConfig& c) {
                         " (a finite number >= 0; 0: no "
                         "clipping)");
       TORCH_CHECK_VALUE(!c.amsgrad && !c.maximize, c.optimizer, " has no amsgrad or maximize");
-      TORCH_CHECK_VALUE(c.master_weights != MasterWeights::kStochastic && c.master_weights != MasterWeights::kKahan,
-                        c.optimizer, ": ", spelled(c), " is not supported (Adam, AdamW and SGD have it)");
     }
   } else {
     constexpr double inf = std::numeric_limits<double>::infinity();
@@ -198,6 +224,7 @@ void check_config(const GroupConfig& c) {
     TORCH_CHECK_VALUE(!c.nesterov || (c.momentum > 0 && c.dampening == 0),
                       "Nesterov momentum requires a momentum and zero dampening");
   }
+  check_state_dtypes(c);
 }
 
 bool takes_fused(const at::Tensor& param, const at::Tensor& grad) {
@@ -256,6 +283,18 @@ void check_param(const GroupConfig& c, const at::Tensor& p, const at::Tensor& g,
       p.scalar_type(), " parameter of shape ", p.sizes(), " has ", g.is_sparse() ? "a sparse grad" : "gaps in memory");
   TORCH_CHECK_VALUE(g.sizes() == p.sizes(), c.optimizer, ": a parameter of shape ", p.sizes(), " has a grad of shape ",
                     g.sizes());
+  if (!fused && lean_states(c)) {
+    const bool first = c.exp_avg_dtype != at::kFloat;
+    const char* option =
+        first ? (c.algorithm == Algorithm::kSGD ? "momentum_dtype" : "exp_avg_dtype") : "exp_avg_sq_dtype";
+    TORCH_CHECK_VALUE(
+        false, c.optimizer, ": ", spelled_dtype(c, option, first ? c.exp_avg_dtype : c.exp_avg_sq_dtype),
+        " needs FP16, BF16 or FP32 parameters dense in memory with dense grads (the fused kernels), but a ",
+        p.scalar_type(), " parameter of shape ", p.sizes(),
+        g.is_sparse()                  ? " has a sparse grad"
+        : fused_dtype(p.scalar_type()) ? " has gaps in memory"
+                                       : "");
+  }
 }
 
 // A parameter with a grad that passed check_param, and what the checks found.
@@ -294,7 +333,7 @@ uint32_t bit(bool on, uint32_t bits) { return on ? bits : 0u; }
 
 // The entries plan_step() says a fused parameter's state lacks, created (ampkit::make_optim_state: the tensors a
 // compiled step creates too) or, for a remainder derived from a loaded master, computed.
-void complete_state(const StepPlan::Param& e, const at::Tensor& p, ParamState& s) {
+void complete_state(const GroupConfig& c, const StepPlan::Param& e, const at::Tensor& p, ParamState& s) {
   if (e.remainder_from_master) {
     s.param_remainder = remainder_of(p, s.master_param);
     s.master_param = at::Tensor();
@@ -303,7 +342,7 @@ void complete_state(const StepPlan::Param& e, const at::Tensor& p, ParamState& s
     return;
   }
   const std::vector<std::string> names = StepPlan::entry_names(e.missing);
-  std::vector<at::Tensor> made = make_optim_state(p, names, e.first_step);
+  std::vector<at::Tensor> made = make_optim_state(p, names, e.first_step, c.exp_avg_dtype, c.exp_avg_sq_dtype);
   for (size_t k = 0; k < names.size(); ++k) {
     *s.entry(names[k]) = std::move(made[k]);
   }
@@ -395,11 +434,70 @@ StepPlan plan_step(const GroupConfig& c, at::TensorList params, const std::vecto
   return plan;
 }
 
+namespace {
+
+// NOTE [Plain BF16 stagnation guard]
+// A BF16 weight kept without any master (master_weights=False) moves only where the update exceeds half its unit
+// in the last place: with |w| ~ 1 that is 2^-9, so an Adam step (whose first update is lr per element) of lr 1e-3
+// already loses most updates (the stagnation bench/lean_training.py shows). On the step that creates such
+// parameters' states (once per group, from its first step), the fraction of nonzero weights an update of lr (Adam;
+// SGD: lr * |unscaled grad|) leaves where they are is measured (one host read, this step only), and above 1% a
+// warning names the optimizer, the group's first such parameter and the remedies. Adam's normalized update is about
+// lr at most, so those weights can never move; its later, smaller updates lose more (bench/lean_training.py's LM at
+// lr 3e-4: 8% of the weights at the first step, a final loss 20% above FP32 masters). SGD without momentum keeps
+// no state and is not measured.
+void warn_if_updates_vanish(const GroupConfig& c, const StepPlan& plan, at::TensorList params,
+                            const std::optional<at::Tensor>& grad_scale) {
+  constexpr uint32_t kCreated = ParamState::kStep | ParamState::kExpAvg | ParamState::kMomentumBuffer;
+  int64_t total = 0;
+  at::Tensor stuck;
+  const at::Tensor* first = nullptr;
+  for (const StepPlan::Param& e : plan.params) {
+    const at::Tensor& p = params[e.index];
+    if (!e.fused || e.mode != MasterMode::kNone || p.scalar_type() != at::kBFloat16 || !(e.missing & kCreated) ||
+        p.numel() == 0) {
+      continue;
+    }
+    const at::Tensor w = p.detach().to(at::kFloat).flatten();
+    at::Tensor update = at::full({}, c.lr_tensor.defined() ? c.lr_tensor.item<double>() : c.lr, w.options());
+    if (c.algorithm == Algorithm::kSGD) {
+      at::Tensor g = p.grad().detach().to(at::kFloat).flatten().abs();
+      if (grad_scale) {
+        g = g / grad_scale->to(g.device());
+      }
+      update = update * g;
+    }
+    // Half a BF16 unit in the last place of |w| = m * 2^e (m in [0.5, 1)): 2^(e - 9).
+    const at::Tensor half_ulp = at::ldexp(at::ones_like(w), std::get<1>(at::frexp(w)) - 9);
+    const at::Tensor count = (update < half_ulp).logical_and(w != 0).sum();
+    stuck = stuck.defined() ? stuck + count.to(stuck.device()) : count;
+    total += w.ne(0).sum().item<int64_t>();
+    first = first != nullptr ? first : &p;
+  }
+  if (total == 0) {
+    return;
+  }
+  const double fraction = static_cast<double>(stuck.item<int64_t>()) / static_cast<double>(total);
+  if (fraction > 0.01) {
+    TORCH_WARN(c.optimizer, ": ", spelled(c), " keeps BF16 weights without a master, and an update of lr ",
+               spell(c.lr_tensor.defined() ? c.lr_tensor.item<double>() : c.lr), " leaves ",
+               static_cast<int>(fraction * 100.0 + 0.5), "% of the nonzero weights of the group holding the ",
+               first->scalar_type(), " parameter of shape ", first->sizes(),
+               " where they are (below half a BF16 unit in the last place): those updates are lost. Keep a master ",
+               "(the default, or the remainder mode) or use the kahan or stochastic mode.");
+  }
+}
+
+}  // namespace
+
 void step(const GroupConfig& c, at::TensorList params, const std::vector<ParamState*>& states,
           const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
   // Every parameter is checked before any state is completed: completing a remainder from a master rewrites the
   // BF16 weight.
   const StepPlan plan = plan_step(c, params, std::vector<const ParamState*>(states.begin(), states.end()));
+  if (c.master_weights == MasterWeights::kOff) {
+    warn_if_updates_vanish(c, plan, params, grad_scale);  // NOTE [Plain BF16 stagnation guard]
+  }
   // (grad, staging copy in the parameter's layout); a deque: entries point into it
   std::deque<std::pair<at::Tensor, at::Tensor>> staged;
   std::vector<const at::Tensor*> grads(plan.params.size());  // what the kernels read: the grad or its copy
@@ -417,7 +515,7 @@ void step(const GroupConfig& c, at::TensorList params, const std::vector<ParamSt
       staged.emplace_back(*grads[i], at::empty_like(p).copy_(*grads[i]));
       grads[i] = &staged.back().second;
     }
-    complete_state(e, p, s);
+    complete_state(c, e, p, s);
   }
   for (const StepPlan::Bucket& bucket : plan.buckets) {
     std::vector<detail::Entry> entries;

@@ -10,6 +10,14 @@
 namespace ampkit::optim::core {
 namespace {
 
+bool moment(const std::string& name) { return name == "exp_avg" || name == "exp_avg_sq" || name == "momentum_buffer"; }
+
+// A saved packed 8-bit state of a moment of p (NOTE [8-bit block-wise states] in kernels/blockwise8.h).
+bool packed_state(const std::string& name, const at::Tensor& value, const at::Tensor& p) {
+  return moment(name) && value.scalar_type() == at::kByte && value.dim() == 1 &&
+         value.numel() == ampkit::blockwise8_state_bytes(p.numel());
+}
+
 bool fp32_entry(const std::string& name) {
   return name != "param_remainder" && name != "kahan_comp" && name != "sr_seed";
 }
@@ -17,6 +25,15 @@ bool fp32_entry(const std::string& name) {
 // The dtype of an entry that is not FP32.
 at::ScalarType exact_dtype(const std::string& name) {
   return name == "param_remainder" ? at::kShort : name == "kahan_comp" ? at::kBFloat16 : at::kLong;
+}
+
+// value as an entry of p's state: a copy in `dtype` on p's device, in p's layout where it has p's shape.
+at::Tensor in_layout(const at::Tensor& value, const at::Tensor& p, at::ScalarType dtype) {
+  if (value.dim() != 0 && value.sizes() == p.sizes() && value.strides() != p.strides()) {
+    // e.g. a channels_last state for a contiguous parameter: the kernels take the parameter's layout.
+    return at::empty_like(p, p.options().dtype(dtype)).copy_(value);
+  }
+  return value.to(p.device(), dtype, /*non_blocking=*/false, /*copy=*/true);
 }
 
 }  // namespace
@@ -106,11 +123,15 @@ void check_loaded_state(const GroupConfig& c, const std::string& where, const at
   for (const auto& [name, value] : entries) {
     if (name == "step" || name == "sr_seed") {
       TORCH_CHECK_VALUE(value.numel() == 1, prefix, "['", name, "'] must have one element, but has ", value.numel());
+    } else if (moment(name) && value.scalar_type() == at::kByte) {
+      TORCH_CHECK_VALUE(packed_state(name, value, p), prefix, "['", name, "'] (an 8-bit block-wise state) must be ",
+                        "a 1-D Byte tensor of ", ampkit::blockwise8_state_bytes(p.numel()),
+                        " bytes for a parameter of ", p.numel(), " elements, but has shape ", value.sizes());
     } else if (ParamState().entry(name) != nullptr) {
       TORCH_CHECK_VALUE(value.sizes() == p.sizes(), prefix, "['", name, "'] must have the parameter's shape ",
                         p.sizes(), ", but has ", value.sizes());
     }
-    if (ParamState().entry(name) != nullptr) {
+    if (ParamState().entry(name) != nullptr && !(moment(name) && value.scalar_type() == at::kByte)) {
       if (fp32_entry(name)) {
         TORCH_CHECK_VALUE(value.is_floating_point() || (value.is_complex() && p.is_complex()), prefix, "['", name,
                           "'] must be a floating tensor, but is ", value.scalar_type());
@@ -130,13 +151,31 @@ void check_loaded_state(const GroupConfig& c, const std::string& where, const at
   }
 }
 
-at::Tensor loaded_entry(const std::string& name, const at::Tensor& value, const at::Tensor& p) {
-  const at::ScalarType dtype = fp32_entry(name) ? at::kFloat : value.scalar_type();
-  if (value.dim() != 0 && value.sizes() == p.sizes() && value.strides() != p.strides()) {
-    // e.g. a channels_last state for a contiguous parameter: the kernels take the parameter's layout.
-    return at::empty_like(p, p.options().dtype(dtype)).copy_(value);
+at::ScalarType state_dtype(const GroupConfig& c, const std::string& name, const at::Tensor& p) {
+  const at::ScalarType d = name == "exp_avg_sq" ? c.exp_avg_sq_dtype : c.exp_avg_dtype;
+  return d == at::kByte && p.numel() < ampkit::kBlockwise8MinNumel ? at::kFloat : d;
+}
+
+at::Tensor loaded_entry(const GroupConfig& c, const std::string& name, const at::Tensor& value, const at::Tensor& p) {
+  if (!moment(name)) {
+    return loaded_entry(name, value, p);
   }
-  return value.to(p.device(), dtype, /*non_blocking=*/false, /*copy=*/true);
+  const bool is_signed = name != "exp_avg_sq";
+  const at::ScalarType want = state_dtype(c, name, p);
+  if (packed_state(name, value, p)) {
+    if (want == at::kByte) {
+      return value.to(p.device(), at::kByte, /*non_blocking=*/false, /*copy=*/true);  // bit for bit
+    }
+    return in_layout(ampkit::blockwise8_dequantize(value, is_signed, p), p, want);
+  }
+  if (want == at::kByte) {
+    return ampkit::blockwise8_quantize(in_layout(value, p, at::kFloat), is_signed).to(p.device());
+  }
+  return in_layout(value, p, want);  // a BF16 value into BF16: the same bits
+}
+
+at::Tensor loaded_entry(const std::string& name, const at::Tensor& value, const at::Tensor& p) {
+  return in_layout(value, p, fp32_entry(name) ? at::kFloat : value.scalar_type());
 }
 
 }  // namespace ampkit::optim::core

@@ -2,6 +2,7 @@
 // dict as a core::ParamState, and the core's checks, plan and step over them (ampkit::optim::core makes every
 // decision, for the LibTorch optimizers too). The tensors of a step are borrowed, not referenced (NOTE [Borrowed
 // tensor lists], NOTE [Borrowed states] in csrc/optim/borrowed_tensors.h).
+#include <torch/csrc/Dtype.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/extension.h>
 
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "../optim/borrowed_tensors.h"
+#include "ampkit/ops.h"
 #include "ampkit/optim.h"
 #include "ampkit/optim_core.h"
 #include "binding.h"
@@ -107,6 +109,20 @@ py::object get(const py::dict& group, const char* key, py::object fallback) {
   return group.contains(key) ? py::object(group[key]) : std::move(fallback);
 }
 
+// A state dtype option of a group (None: FP32), as a ScalarType; its range is the core's check.
+at::ScalarType state_dtype_option(const std::string& optimizer, const py::dict& group, const char* key) {
+  const py::object v = get(group, key, py::none());
+  if (v.is_none()) {
+    return at::kFloat;
+  }
+  if (!THPDtype_Check(v.ptr())) {
+    throw py::type_error(optimizer + ": " + key + " must be a torch.dtype (torch.float32, torch.bfloat16 or " +
+                         "torch.uint8) or None, but got " + std::string(py::str(py::type::of(v).attr("__name__"))) +
+                         " " + std::string(py::repr(v)));
+  }
+  return reinterpret_cast<THPDtype*>(v.ptr())->scalar_type;
+}
+
 // A param group of ampkit.optim (a dict with torch.optim's keys) as the core's config; `optimizer` must outlive it.
 core::GroupConfig group_config(const std::string& kind, const std::string& optimizer, const py::dict& group,
                                bool write_unscaled_grads) {
@@ -143,10 +159,13 @@ core::GroupConfig group_config(const std::string& kind, const std::string& optim
   } else if (c.algorithm == core::Algorithm::kAdam) {
     c.amsgrad = get(group, "amsgrad", no).cast<bool>();
     c.decoupled_weight_decay = get(group, "decoupled_weight_decay", no).cast<bool>();
+    c.exp_avg_dtype = state_dtype_option(optimizer, group, "exp_avg_dtype");
+    c.exp_avg_sq_dtype = state_dtype_option(optimizer, group, "exp_avg_sq_dtype");
   } else {
     c.momentum = number(get(group, "momentum", zero));
     c.dampening = number(get(group, "dampening", zero));
     c.nesterov = get(group, "nesterov", no).cast<bool>();
+    c.exp_avg_dtype = state_dtype_option(optimizer, group, "momentum_dtype");
   }
   const py::object mw = group.contains("master_weights") ? py::object(group["master_weights"]) : py::none();
   if (mw.is_none()) {
@@ -432,8 +451,15 @@ void bind_optim(py::module_& m) {
         s, state);
   });
   m.def("_optim_state_names", [] { return core::ParamState::names(); });
-  m.def("_optim_loaded_entry", [](const std::string& name, const at::Tensor& value, const at::Tensor& p) {
-    return guarded([&] { return core::loaded_entry(name, value, p); });
+  m.def("_optim_loaded_entry", [](const std::string& kind, const std::string& optimizer, const py::dict& group,
+                                  const std::string& name, const at::Tensor& value, const at::Tensor& p) {
+    return guarded([&] { return core::loaded_entry(group_config(kind, optimizer, group, true), name, value, p); });
+  });
+  m.def("_blockwise8_quantize", [](const at::Tensor& values, bool is_signed) {
+    return guarded([&] { return ampkit::blockwise8_quantize(values, is_signed); });
+  });
+  m.def("_blockwise8_dequantize", [](const at::Tensor& state, bool is_signed, const at::Tensor& like) {
+    return guarded([&] { return ampkit::blockwise8_dequantize(state, is_signed, like); });
   });
 }
 

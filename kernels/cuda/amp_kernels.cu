@@ -79,6 +79,8 @@ struct UnscaleChunkOp {
       case DType::kFloat64:
         bad = unscale_chunk(static_cast<double*>(args.data[kGradsIdx][t]) + start, n, inv, write);
         break;
+      case DType::kUInt8:  // an optimizer state's code, never a grad
+        break;
     }
     if (bad) {
       // A plain store: every writer writes the same value, and found_inf is never cleared here.

@@ -15,13 +15,15 @@ namespace {
 static_assert(cuda::kBlockThreads == kNormLanes, "a block's threads are the lanes of the deterministic norm");
 constexpr int kNormRowIdx = kMaxExpAvgSqIdx;
 
+// The FP32 weight of element i: the master, the BF16 weight joined with its remainder, or the parameter (with a
+// Kahan compensation or stochastic rounding: the BF16 weight itself).
 template <typename T, typename Args>
-__device__ AMPKIT_INLINE float load_weight(const Args& a, int t, int64_t i) {
+__device__ AMPKIT_INLINE float load_weight(const Args& a, int t, int64_t i, WeightStore store) {
   if (a.data[kMasterIdx][t] != nullptr) {
     return global_load(static_cast<const float*>(a.data[kMasterIdx][t]) + i);
   }
   if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    if (a.data[kRemainderIdx][t] != nullptr) {
+    if (store == WeightStore::kRemainder) {
       return join_remainder(global_load(static_cast<const uint16_t*>(a.data[kParamIdx][t]) + i),
                             global_load(static_cast<const int16_t*>(a.data[kRemainderIdx][t]) + i));
     }
@@ -29,17 +31,35 @@ __device__ AMPKIT_INLINE float load_weight(const Args& a, int t, int64_t i) {
   return to_opmath(global_load(static_cast<const T*>(a.data[kParamIdx][t]) + i));
 }
 
+// Stores the updated weight w of element i (w0: the weight load_weight read) as the launch keeps it; `step`: the
+// step count the update reaches (stochastic rounding's counter, NOTE [Counter-based stochastic rounding]).
 template <typename T, typename Args>
-__device__ AMPKIT_INLINE void store_weight(const Args& a, int t, int64_t i, float w) {
+__device__ AMPKIT_INLINE void store_weight(const Args& a, int t, int64_t i, float w0, float w, WeightStore store,
+                                           uint32_t step) {
   if (a.data[kMasterIdx][t] != nullptr) {
     global_store(static_cast<float*>(a.data[kMasterIdx][t]) + i, w);
   } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    if (a.data[kRemainderIdx][t] != nullptr) {
-      uint16_t bits;
+    auto* bits = static_cast<uint16_t*>(a.data[kParamIdx][t]) + i;
+    if (store == WeightStore::kRemainder) {
+      uint16_t b;
       int16_t rem;
-      split_remainder(w, &bits, &rem);
-      global_store(static_cast<uint16_t*>(a.data[kParamIdx][t]) + i, bits);
+      split_remainder(w, &b, &rem);
+      global_store(bits, b);
       global_store(static_cast<int16_t*>(a.data[kRemainderIdx][t]) + i, rem);
+      return;
+    }
+    if (store == WeightStore::kKahan) {
+      auto* comp = static_cast<uint16_t*>(a.data[kRemainderIdx][t]) + i;
+      uint16_t b;
+      uint16_t c = global_load(comp);
+      kahan_store(w0, w, &b, &c);
+      global_store(bits, b);
+      global_store(comp, c);
+      return;
+    }
+    if (store == WeightStore::kStochastic) {
+      const auto seed = static_cast<uint64_t>(*static_cast<const int64_t*>(a.data[kRemainderIdx][t]));
+      global_store(bits, bf16_bits_stochastic(w, rounding_bits(seed, step, i)));
       return;
     }
   }
@@ -71,6 +91,7 @@ struct LambMomentsChunkOp {
   LambOp op;
   DeviceScalars dev;
   const float* grad_norm;
+  WeightStore store;
 
   template <typename Args>
   __device__ void operator()(const Args& a, int t, int64_t start, int64_t n) const {
@@ -89,7 +110,7 @@ struct LambMomentsChunkOp {
       const T* grad = static_cast<const T*>(a.data[kGradIdx][t]);
       // Lane threadIdx.x of NOTE [Deterministic norm]: elements threadIdx.x, + blockDim.x, ... of the chunk.
       for (int64_t i = start + threadIdx.x; i < start + n; i += blockDim.x) {
-        const float w = load_weight<T>(a, t, i);
+        const float w = load_weight<T>(a, t, i, store);
         float g = to_opmath(global_load(grad + i));
         if (divisor != 1.f) {
           g = g / divisor;
@@ -185,6 +206,7 @@ LaunchStatus launch_tensor_norms(const OptimTensor* tensors, int64_t n, double* 
 struct LambApplyChunkOp {
   LambOp op;
   DeviceScalars dev;
+  WeightStore store;
 
   template <typename Args>
   __device__ void operator()(const Args& a, int t, int64_t start, int64_t n) const {
@@ -203,12 +225,13 @@ struct LambApplyChunkOp {
     const float factor = lamb_update_factor(dev.lr_or(op.p.lr), w_sq, u_sq, op.trust_ratio());
     const float* m = static_cast<const float*>(a.data[kExpAvgIdx][t]);
     const float* v = static_cast<const float*>(a.data[kExpAvgSqIdx][t]);
+    const auto step = static_cast<uint32_t>(*static_cast<const float*>(a.data[kStepIdx][t]) + 1.f);
     dispatch_stream_dtype(a, kParamIdx, t, [&](auto zero) {
       using T = decltype(zero);
       for (int64_t i = start + threadIdx.x; i < start + n; i += blockDim.x) {
-        const float w = load_weight<T>(a, t, i);
+        const float w = load_weight<T>(a, t, i, store);
         const float u = op.direction(w, global_load(m + i), global_load(v + i), f);
-        store_weight<T>(a, t, i, fmaf(factor, u, w));
+        store_weight<T>(a, t, i, w, fmaf(factor, u, w), store, step);
       }
     });
   }
@@ -308,7 +331,8 @@ LaunchStatus launch_lamb_step(const OptimTensor* tensors, int64_t n, const LambP
     with_sums[i].max_exp_avg_sq = reinterpret_cast<float*>(sums + row * 2);
     row += norm_chunks(tensors[i].numel);
   }
-  LaunchStatus status = launch_passes(with_rows.data(), n, LambMomentsChunkOp{op, dev, grad_norm}, stream);
+  const WeightStore store = weight_store(tensors, n);
+  LaunchStatus status = launch_passes(with_rows.data(), n, LambMomentsChunkOp{op, dev, grad_norm, store}, stream);
   auto then = [&status](LaunchStatus next) {
     status.error = next.error;
     status.launches += next.launches;
@@ -320,7 +344,7 @@ LaunchStatus launch_lamb_step(const OptimTensor* tensors, int64_t n, const LambP
     then(launch_tensor_norms(tensors, n, sums, found_inf, stream));
   }
   if (status.ok()) {
-    then(launch_step(with_sums.data(), n, LambApplyChunkOp{op, dev}, found_inf, stream));
+    then(launch_step(with_sums.data(), n, LambApplyChunkOp{op, dev, store}, found_inf, stream));
   }
   return status;
 }

@@ -7,6 +7,7 @@ namespace ampkit::kernels {
 namespace {
 
 static_assert(cuda::kChunkSize % 4 == 0, "a pack of 4 elements is one group of the stochastic rounding's counter");
+static_assert(cuda::kChunkSize % kQuantBlock == 0, "a chunk holds whole quantization blocks of the 8-bit states");
 
 template <typename T, int kVec>
 struct alignas(sizeof(T) * kVec) Pack {
@@ -73,6 +74,52 @@ __device__ AMPKIT_INLINE StreamIO<T, kVec> stream_io(T* p) {
 struct WeightOut {
   WeightStore store;
   uint32_t step;
+};
+
+// One element's weight as a launch keeps it, for the element-wise loops: read as FP32 (the master, the BF16 weight
+// joined with its remainder, or the parameter) and written back (the master and the rounded parameter; the
+// remainder; the Kahan-compensated BF16 weight; or the BF16 weight rounded stochastically with element `first +
+// i`'s word of step `step`). Pointers are offset to the chunk; null where the launch keeps no such stream.
+template <typename T>
+struct ElementWeight {
+  T* param;
+  float* master;
+  int16_t* rem;
+  uint16_t* comp;
+  bool stochastic;
+  uint64_t seed;
+  uint32_t step;
+  int64_t first;  // the chunk's first element in the tensor
+
+  __device__ AMPKIT_INLINE uint16_t* bits() const { return reinterpret_cast<uint16_t*>(param); }
+  __device__ AMPKIT_INLINE float load(int64_t i) const {
+    return master ? global_load(master + i)
+           : rem  ? join_remainder(global_load(bits() + i), global_load(rem + i))
+                  : to_opmath(global_load(param + i));
+  }
+  // w0: the value load() gave, w: the updated one.
+  __device__ AMPKIT_INLINE void store(int64_t i, float w0, float w) const {
+    if (master) {
+      global_store(master + i, w);
+      global_store(param + i, from_opmath<T>(w));
+    } else if (rem) {
+      uint16_t wb;
+      int16_t rb;
+      split_remainder(w, &wb, &rb);
+      global_store(bits() + i, wb);
+      global_store(rem + i, rb);
+    } else if (comp) {
+      uint16_t wb;
+      uint16_t cb = global_load(comp + i);
+      kahan_store(w0, w, &wb, &cb);
+      global_store(bits() + i, wb);
+      global_store(comp + i, cb);
+    } else if (stochastic) {
+      global_store(bits() + i, bf16_bits_stochastic(w, rounding_bits(seed, step, first + i)));
+    } else {
+      global_store(param + i, from_opmath<T>(w));
+    }
+  }
 };
 
 // Calls body(w, g, m, v, vmax, tail) on every element of chunk [start, start + n) of tensor t. kStore, a template
@@ -241,10 +288,9 @@ __device__ void for_each_element(const Args& a, int t, int64_t start, int64_t n,
       }
     }
   }
+  const ElementWeight<T> weight{param, master, rem, comp, stochastic, seed, out.step, start};
   for (int64_t i = n_vec * kVec + threadIdx.x; i < n; i += stride) {
-    float w = master ? global_load(master + i)
-              : rem  ? join_remainder(global_load(bits + i), global_load(rem + i))
-                     : to_opmath(global_load(param + i));
+    float w = weight.load(i);
     const float w0 = w;
     float g = to_opmath(global_load(grad + i));
     if (gin.unscale) {
@@ -258,25 +304,146 @@ __device__ void for_each_element(const Args& a, int t, int64_t start, int64_t n,
     float vmi = vmax ? global_load(vmax + i) : 0.f;
     body(w, g, m ? &mi : nullptr, v ? &vi : nullptr, vmax ? &vmi : nullptr, i >= tail_from);
     store_moments(m, v, vmax, i, mi, vi, vmi);
-    if (rem) {
-      uint16_t wb;
-      int16_t rb;
-      split_remainder(w, &wb, &rb);
-      global_store(bits + i, wb);
-      global_store(rem + i, rb);
-    } else if (comp) {
-      uint16_t wb;
-      uint16_t cb = global_load(comp + i);
-      kahan_store(w0, w, &wb, &cb);
-      global_store(bits + i, wb);
-      global_store(comp + i, cb);
-    } else if (stochastic) {
-      global_store(bits + i, bf16_bits_stochastic(w, rounding_bits(seed, out.step, start + i)));
-    } else {
-      if (master) {
-        global_store(master + i, w);
+    weight.store(i, w0, w);
+  }
+}
+
+// The dynamic maps of the 8-bit states (NOTE [8-bit block-wise states]); a block copies them to shared memory,
+// where the quantizer's data-dependent lookups do not serialize as constant-memory reads would.
+__device__ const uint32_t kBlockwise8Maps[2 * kQuantBlock] = {AMPKIT_QMAP_SIGNED_BITS, AMPKIT_QMAP_UNSIGNED_BITS};
+
+// A moment stream of the state-block path: FP32, BF16 or packed 8-bit (its codes, then its blocks' absmaxes).
+struct StateStream {
+  void* base;  // of the whole tensor; nullptr: no such stream
+  DType type;
+  const float* map;       // 8-bit: the map in shared memory
+  int64_t absmax_offset;  // 8-bit: bytes from base to the absmaxes
+
+  __device__ AMPKIT_INLINE float* absmax(int64_t block) const {
+    return reinterpret_cast<float*>(static_cast<uint8_t*>(base) + absmax_offset) + block;
+  }
+};
+
+// NOTE [State-block chunk loop]
+// A tensor whose moments are not both FP32 (exp_avg_dtype / exp_avg_sq_dtype: BF16, or 8-bit block-wise) takes
+// this loop: each warp walks the chunk's 256-element quantization blocks (chunks start at multiples of 256), each
+// lane 8 consecutive elements of a block. A lane loads its 8 moments as FP32 (an 8-bit block's absmax read once),
+// runs the optimizer's formulas on each element with the weight kept as the launch keeps it (master, remainder,
+// Kahan, stochastic rounding, or the parameter), and keeps the new moments in registers; the warp then reduces
+// the block's new absmax with shuffles and every lane quantizes its 8 values (lane 0 stores the absmax). BF16
+// moments are rounded to nearest even. The same per-element operations as the CPU loop (csrc/ops/cpu/
+// optim_loops.h: state_block_span): the bits agree.
+template <typename T, typename Args, typename Body>
+__device__ void for_each_state_block(const Args& a, int t, int64_t start, int64_t n, const GradIn& gin,
+                                     const WeightOut& out, const Body& body) {
+  constexpr int kPer = kQuantBlock / 32;  // elements per lane
+  AMPKIT_SHARED(float, maps, 2 * kQuantBlock);
+  for (int i = threadIdx.x; i < 2 * kQuantBlock; i += blockDim.x) {
+    maps[i] = bit_cast<float>(kBlockwise8Maps[i]);
+  }
+  __syncthreads();
+  const int64_t numel = a.numel[t];
+  const int64_t absmax_offset = blockwise8_blocks(numel) * kQuantBlock;
+  const StateStream ms{a.data[kExpAvgIdx][t], a.dtype[kExpAvgIdx][t], maps, absmax_offset};
+  const StateStream vs{a.data[kExpAvgSqIdx][t], a.dtype[kExpAvgSqIdx][t], maps + kQuantBlock, absmax_offset};
+  auto* param = static_cast<T*>(a.data[kParamIdx][t]) + start;
+  auto* grad = static_cast<T*>(a.data[kGradIdx][t]) + start;
+  auto* master = a.data[kMasterIdx][t] ? static_cast<float*>(a.data[kMasterIdx][t]) + start : nullptr;
+  auto* vmax = a.data[kMaxExpAvgSqIdx][t] ? static_cast<float*>(a.data[kMaxExpAvgSqIdx][t]) + start : nullptr;
+  constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
+  int16_t* rem = nullptr;
+  uint16_t* comp = nullptr;
+  uint64_t seed = 0;
+  const bool stochastic = kBf16 && out.store == WeightStore::kStochastic;
+  if (kBf16 && out.store == WeightStore::kRemainder) {
+    rem = static_cast<int16_t*>(a.data[kRemainderIdx][t]) + start;
+  } else if (kBf16 && out.store == WeightStore::kKahan) {
+    comp = static_cast<uint16_t*>(a.data[kRemainderIdx][t]) + start;
+  } else if (stochastic) {
+    seed = static_cast<uint64_t>(*static_cast<const int64_t*>(a.data[kRemainderIdx][t]));
+  }
+  const ElementWeight<T> weight{param, master, rem, comp, stochastic, seed, out.step, start};
+  const int64_t tail_from = tail_start(numel, gin.tail_width) - start;
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const int warps = static_cast<int>(blockDim.x / 32);
+  const int64_t blocks = (n + kQuantBlock - 1) / kQuantBlock;
+  // Element i of the chunk's moment stream s as FP32.
+  auto load_state = [&](const StateStream& s, int64_t i, float scale) {
+    const int64_t e = start + i;
+    if (s.type == DType::kFloat32) {
+      return global_load(static_cast<const float*>(s.base) + e);
+    }
+    if (s.type == DType::kBFloat16) {
+      return bf16_bits_to_float(global_load(static_cast<const uint16_t*>(s.base) + e));
+    }
+    return s.map[global_load(static_cast<const uint8_t*>(s.base) + e)] * scale;
+  };
+  // The block's new values x[] stored back; 8-bit: with the warp's absmax.
+  auto store_state = [&](const StateStream& s, int64_t i0, int valid, int64_t block, const float* x) {
+    if (s.type == DType::kUInt8) {
+      float absmax = 0.f;
+      for (int j = 0; j < valid; ++j) {
+        absmax = absmax_fold(absmax, x[j]);
       }
-      global_store(param + i, from_opmath<T>(w));
+#pragma unroll
+      for (int offset = 16; offset > 0; offset /= 2) {
+        absmax = absmax_fold(absmax, __shfl_xor_sync(0xffffffffu, absmax, offset));
+      }
+      const float scale = blockwise8_scale(absmax);
+      if (lane == 0) {
+        global_store(s.absmax(block), scale);
+      }
+      for (int j = 0; j < valid; ++j) {
+        global_store(static_cast<uint8_t*>(s.base) + start + i0 + j, blockwise8_code(x[j], scale, s.map));
+      }
+      return;
+    }
+    for (int j = 0; j < valid; ++j) {
+      const int64_t e = start + i0 + j;
+      if (s.type == DType::kFloat32) {
+        global_store(static_cast<float*>(s.base) + e, x[j]);
+      } else {
+        global_store(static_cast<uint16_t*>(s.base) + e, bf16_bits_nearest(x[j]));
+      }
+    }
+  };
+  for (int64_t qb = threadIdx.x / 32; qb < blocks; qb += warps) {  // uniform over the warp
+    const int64_t i0 = qb * kQuantBlock + lane * kPer;             // the lane's first element in the chunk
+    const int64_t left = n - i0;
+    const int valid = left <= 0 ? 0 : left >= kPer ? kPer : static_cast<int>(left);
+    const int64_t block = (start + qb * kQuantBlock) / kQuantBlock;  // of the tensor
+    // An 8-bit block's absmax: read once (lane 0) and broadcast.
+    float m_scale = ms.base && ms.type == DType::kUInt8 && lane == 0 ? global_load(ms.absmax(block)) : 0.f;
+    float v_scale = vs.base && vs.type == DType::kUInt8 && lane == 0 ? global_load(vs.absmax(block)) : 0.f;
+    m_scale = __shfl_sync(0xffffffffu, m_scale, 0);
+    v_scale = __shfl_sync(0xffffffffu, v_scale, 0);
+    float mv[kPer];
+    float vv[kPer];
+    for (int j = 0; j < valid; ++j) {
+      const int64_t i = i0 + j;
+      mv[j] = ms.base ? load_state(ms, i, m_scale) : 0.f;
+      vv[j] = vs.base ? load_state(vs, i, v_scale) : 0.f;
+      const float w0 = weight.load(i);
+      float g = to_opmath(global_load(grad + i));
+      if (gin.unscale) {
+        g = g / gin.scale;
+        if (gin.write) {
+          global_store(grad + i, from_opmath<T>(g));
+        }
+      }
+      float vmj = vmax ? global_load(vmax + i) : 0.f;
+      float w = w0;
+      body(w, g, ms.base ? &mv[j] : nullptr, vs.base ? &vv[j] : nullptr, vmax ? &vmj : nullptr, i >= tail_from);
+      if (vmax) {
+        global_store(vmax + i, vmj);
+      }
+      weight.store(i, w0, w);
+    }
+    if (ms.base) {
+      store_state(ms, i0, valid, block, mv);
+    }
+    if (vs.base) {
+      store_state(vs, i0, valid, block, vv);
     }
   }
 }
@@ -284,6 +451,20 @@ __device__ void for_each_element(const Args& a, int t, int64_t start, int64_t n,
 template <typename Args, typename Body>
 __device__ void dispatch_dtype(const Args& a, int t, int64_t start, int64_t n, const GradIn& gin, const WeightOut& out,
                                const Body& body) {
+  if (a.dtype[kExpAvgIdx][t] != DType::kFloat32 || a.dtype[kExpAvgSqIdx][t] != DType::kFloat32) {
+    switch (a.dtype[kParamIdx][t]) {  // NOTE [State-block chunk loop]
+      case DType::kFloat16:
+        for_each_state_block<__half>(a, t, start, n, gin, out, body);
+        break;
+      case DType::kBFloat16:
+        for_each_state_block<__nv_bfloat16>(a, t, start, n, gin, out, body);
+        break;
+      default:
+        for_each_state_block<float>(a, t, start, n, gin, out, body);
+        break;
+    }
+    return;
+  }
   switch (a.dtype[kParamIdx][t]) {
     case DType::kFloat16:
       for_each_element<__half, WeightStore::kDirect>(a, t, start, n, gin, out, body);

@@ -10,6 +10,7 @@
 #include "launch.cuh"
 #include "multi_tensor_apply.cuh"
 #include "optim_launch.h"
+#include "../blockwise8.h"
 #include "../stochastic_rounding.h"
 
 namespace ampkit::kernels {
@@ -47,6 +48,13 @@ inline WeightStore weight_store(const OptimTensor* tensors, int64_t n) {
     }
   }
   return WeightStore::kDirect;
+}
+
+// A moment stream's dtype code in the chunk table: kFloat32, kBFloat16, or kUInt8 for a packed 8-bit state.
+inline DType state_dtype_code(StateType type) {
+  return type == StateType::kBFloat16     ? DType::kBFloat16
+         : type == StateType::kBlockwise8 ? DType::kUInt8
+                                          : DType::kFloat32;
 }
 
 using cuda::from_opmath;
@@ -117,6 +125,9 @@ LaunchStatus launch_passes(const OptimTensor* tensors, int64_t n, const ChunkOp&
       const bool weight_typed = s == kParamIdx || s == kGradIdx;
       lists[s * n + i] = TensorRef{streams[s], t.numel, weight_typed ? t.dtype : DType::kFloat32};
     }
+    // The moments' storage (StateType) as their streams' dtype codes.
+    lists[kExpAvgIdx * n + i].dtype = state_dtype_code(t.exp_avg_type);
+    lists[kExpAvgSqIdx * n + i].dtype = state_dtype_code(t.exp_avg_sq_type);
   }
   const TensorRef* heads[kStreams];
   for (int s = 0; s < kStreams; ++s) {

@@ -68,9 +68,11 @@ TEST_CASE("emulated lamb step: every master mode and option, clipping, skip, sca
   for (const Config c : {Config{0.01, true, true, false, true, 1.0}, Config{0.01, false, false, false, true, 0.0},
                          Config{0.0, true, true, true, false, 0.5}, Config{0.0, true, true, false, true, 0.0}}) {
     for (const auto dtype : {at::kFloat, at::kHalf, at::kBFloat16}) {
-      for (const Master master : {Master::kNone, Master::kFp32, Master::kRemainder}) {
-        if ((master == Master::kRemainder && dtype != at::kBFloat16) ||
-            (master != Master::kNone && dtype == at::kFloat)) {
+      for (const Master master :
+           {Master::kNone, Master::kFp32, Master::kRemainder, Master::kKahan, Master::kStochastic}) {
+        const bool bf16_only =
+            master == Master::kRemainder || master == Master::kKahan || master == Master::kStochastic;
+        if ((bf16_only && dtype != at::kBFloat16) || (master != Master::kNone && dtype == at::kFloat)) {
           continue;
         }
         const int64_t offset = dtype == at::kHalf ? 1 : 0;

@@ -226,3 +226,91 @@ TEST_CASE("emulated adamw step: lean BF16 modes move their minimum bytes per par
     CHECK(t.read + t.written == static_cast<uint64_t>(per_param * n));
   }
 }
+
+namespace {
+
+// Moments as a state dtype stores them: BF16 rounded to nearest even, or packed 8-bit block-wise (NOTE [8-bit
+// block-wise states] in kernels/blockwise8.h).
+at::Tensor as_state(const at::Tensor& values, at::ScalarType dtype, bool is_signed) {
+  if (!values.defined() || dtype == at::kFloat) {
+    return values;
+  }
+  return dtype == at::kBFloat16 ? values.to(at::kBFloat16) : ampkit::blockwise8_quantize(values, is_signed);
+}
+
+}  // namespace
+
+TEST_CASE("emulated state-block steps: BF16 and 8-bit moments in every weight mode match the CPU bit for bit",
+          "[emulated]") {
+  // NOTE [State-block chunk loop]. Sizes are multiples of 8 (no element takes the CPU's scalar tail): one
+  // element, whole and partial quantization blocks, and several chunks.
+  torch::manual_seed(14);
+  const std::vector<int64_t> sizes = {8, 256, 264, 4096, 4104, 3 * kChunk + 264};
+  const std::pair<at::ScalarType, at::ScalarType> dtypes[] = {
+      {at::kByte, at::kByte}, {at::kBFloat16, at::kBFloat16}, {at::kByte, at::kBFloat16}, {at::kFloat, at::kByte}};
+  for (const auto& [m_dtype, v_dtype] : dtypes) {
+    for (const auto& [dtype, master] :
+         {std::pair(at::kFloat, Master::kNone), std::pair(at::kHalf, Master::kFp32),
+          std::pair(at::kBFloat16, Master::kRemainder), std::pair(at::kBFloat16, Master::kKahan),
+          std::pair(at::kBFloat16, Master::kStochastic)}) {
+      for (const bool adam : {true, false}) {
+        INFO("moments " << m_dtype << "/" << v_dtype << ", dtype " << dtype << ", master " << static_cast<int>(master)
+                        << ", adam " << adam);
+        auto initial = make_params(sizes, dtype, master, adam, adam, !adam, 0);
+        for (auto& s : initial) {
+          s.exp_avg = as_state(s.exp_avg, m_dtype, true);
+          s.exp_avg_sq = adam ? as_state(s.exp_avg_sq, v_dtype, false) : s.exp_avg_sq;
+        }
+        auto cuda = clones(initial);
+        auto cpu = clones(initial);
+        for (int step = 0; step < 3; ++step) {
+          const Scalars sc{1024.f, 0.f, step == 1 ? 2e-3f : 0.f, true, true, step == 1};
+          if (adam) {
+            const kern::AdamParams hp{1e-3, 0.9, 0.999, 0.01, 1e-8, true, false, true};
+            adam_on(adam_cuda(), cuda, hp, sc);
+            adam_on(adam_cpu(), cpu, hp, sc);
+          } else {
+            const kern::SgdParams hp{0.05, 0.9, 0.0, 1e-4, true, false};
+            sgd_on(sgd_cuda(), cuda, hp, sc);
+            sgd_on(sgd_cpu(), cpu, hp, sc);
+          }
+          require_same_state(cpu, cuda);
+        }
+        // The states moved (a step that wrote nothing would pass the comparison too).
+        REQUIRE_FALSE(bits_equal(cpu.back().exp_avg, initial.back().exp_avg));
+      }
+    }
+  }
+}
+
+TEST_CASE("emulated state-block steps: found_inf skips every write", "[emulated]") {
+  torch::manual_seed(15);
+  auto state = make_params({4104}, at::kBFloat16, Master::kStochastic, true, false, false, 0);
+  state[0].exp_avg = as_state(state[0].exp_avg, at::kByte, true);
+  state[0].exp_avg_sq = as_state(state[0].exp_avg_sq, at::kBFloat16, false);
+  const std::vector<ParamState> before = clones(state);
+  emu::reset_traffic();
+  adam_on(adam_cuda(), state, kern::AdamParams{1e-3, 0.9, 0.999, 0.01, 1e-8, false, false, true},
+          Scalars{65536.f, 1.f, 0.f, true, true, false});
+  CHECK(emu::reset_traffic().written == 0);
+  require_same_state(state, before);
+}
+
+TEST_CASE("emulated adamw step: BF16 and 8-bit moments move their minimum bytes per parameter", "[emulated]") {
+  torch::manual_seed(16);
+  const int64_t n = 2 * kChunk;
+  // Stochastic rounding (no master): BF16 weight read + written (4), BF16 grad read (2), then per moment: BF16
+  // read + written (4), or its code read + written (2) plus the block's FP32 absmax read + written (8 per 256).
+  for (const at::ScalarType moments : {at::kBFloat16, at::kByte}) {
+    auto state = make_params({n}, at::kBFloat16, Master::kStochastic, true, false, false, 0);
+    state[0].exp_avg = as_state(state[0].exp_avg, moments, true);
+    state[0].exp_avg_sq = as_state(state[0].exp_avg_sq, moments, false);
+    emu::reset_traffic();
+    adam_on(adam_cuda(), state, kern::AdamParams{1e-3, 0.9, 0.999, 0.01, 1e-8, false, false, true},
+            Scalars{1024.f, 0.f, 0.f, true, true, false}, /*write_unscaled_grads=*/false);
+    const emu::Traffic t = emu::reset_traffic();
+    INFO(moments << ": " << t.read + t.written << " bytes for " << n);
+    const uint64_t expected = moments == at::kBFloat16 ? 14 * n : 10 * n + 2 * 8 * (n / 256);
+    CHECK(t.read + t.written == expected);
+  }
+}

@@ -535,8 +535,92 @@ TEST_CASE("optim: MasterWeights::stochastic() and kahan() keep BF16 weights with
                                         Catch::Contains("Float"));
     CHECK(bits_equal(fp32[0].detach(), before));
     CHECK(bad.state().empty());
-    REQUIRE_THROWS_WITH(
-        ampkit::optim::LAMB(clone_params(ps, at::kBFloat16), ampkit::optim::LAMBOptions(1e-2).master_weights(mw)),
-        Catch::Contains("LAMB: master_weights(MasterWeights::") && Catch::Contains("is not supported"));
+    // LAMB keeps the weight the same way.
+    auto lamb_params = clone_params(ps, at::kBFloat16);
+    ampkit::optim::LAMB lamb(lamb_params, ampkit::optim::LAMBOptions(1e-2).master_weights(mw));
+    set_grads(lamb_params, 0, at::kBFloat16);
+    lamb.step();
+    const auto& ls =
+        static_cast<const ampkit::optim::AdamParamState&>(*lamb.state().at(lamb_params[0].unsafeGetTensorImpl()));
+    CHECK(!ls.master_param().defined());
+    CHECK(ls.kahan_comp().defined() == (mw == MasterWeights::kahan()));
+    CHECK(ls.sr_seed().defined() == (mw == MasterWeights::stochastic()));
+    CHECK(!bits_equal(lamb_params[0].detach(), ps[0].detach()));
   }
+}
+
+TEST_CASE("optim: exp_avg_dtype / momentum_dtype keep BF16 and 8-bit moments, save and load them bit-identically",
+          "[optim][cpu]") {
+  // NOTE [8-bit block-wise states]: parameters of 4096 elements or more get packed 8-bit states, smaller ones FP32.
+  std::vector<at::Tensor> ps = {at::randn({64, 80}).to(at::kBFloat16).requires_grad_(),
+                                at::randn({100}).to(at::kBFloat16).requires_grad_()};
+  auto grads = [&](std::vector<at::Tensor>& params, int step) {
+    for (size_t i = 0; i < params.size(); ++i) {
+      params[i].mutable_grad() = at::randn(params[i].sizes(), at::TensorOptions().dtype(at::kFloat))
+                                     .mul(1 + step + static_cast<int>(i))
+                                     .to(at::kBFloat16);
+    }
+  };
+  ampkit::optim::AdamW opt(ps, ampkit::optim::AdamWOptions(1e-2)
+                                   .master_weights(ampkit::optim::MasterWeights::kahan())
+                                   .exp_avg_dtype(at::kByte)
+                                   .exp_avg_sq_dtype(at::kBFloat16));
+  torch::manual_seed(1);
+  for (int step = 0; step < 3; ++step) {
+    grads(ps, step);
+    opt.step();
+  }
+  const auto& big = static_cast<const ampkit::optim::AdamParamState&>(*opt.state().at(ps[0].unsafeGetTensorImpl()));
+  const auto& small = static_cast<const ampkit::optim::AdamParamState&>(*opt.state().at(ps[1].unsafeGetTensorImpl()));
+  CHECK(big.exp_avg().scalar_type() == at::kByte);
+  CHECK(big.exp_avg().numel() == ampkit::blockwise8_state_bytes(64 * 80));
+  CHECK(big.exp_avg_sq().scalar_type() == at::kBFloat16);
+  CHECK(small.exp_avg().scalar_type() == at::kFloat);  // under kBlockwise8MinNumel
+  CHECK(small.exp_avg_sq().scalar_type() == at::kBFloat16);
+  const std::string path = "ampkit_test_lean_states.pt";
+  torch::save(opt, path);
+  std::vector<at::Tensor> copy;
+  for (const auto& p : ps) {
+    copy.push_back(p.detach().clone().requires_grad_());
+  }
+  ampkit::optim::AdamW loaded(copy, ampkit::optim::AdamWOptions(1.0));
+  torch::load(loaded, path);
+  std::remove(path.c_str());
+  const auto& o = static_cast<const ampkit::optim::AdamWOptions&>(loaded.param_groups()[0].options());
+  CHECK(o.exp_avg_dtype() == at::kByte);
+  CHECK(o.exp_avg_sq_dtype() == at::kBFloat16);
+  for (int step = 3; step < 6; ++step) {
+    torch::manual_seed(step);
+    grads(ps, step);
+    torch::manual_seed(step);
+    grads(copy, step);
+    opt.step();
+    loaded.step();
+  }
+  for (size_t i = 0; i < ps.size(); ++i) {
+    REQUIRE(bits_equal(ps[i].detach(), copy[i].detach()));
+    const auto& a = static_cast<const ampkit::optim::AdamParamState&>(*opt.state().at(ps[i].unsafeGetTensorImpl()));
+    const auto& b =
+        static_cast<const ampkit::optim::AdamParamState&>(*loaded.state().at(copy[i].unsafeGetTensorImpl()));
+    REQUIRE(bits_equal(a.exp_avg(), b.exp_avg()));
+    REQUIRE(bits_equal(a.exp_avg_sq(), b.exp_avg_sq()));
+  }
+  // SGD's momentum buffer in 8 bits; a dtype outside Float, BFloat16 and Byte raises before anything is written.
+  ampkit::optim::SGD sgd({ps[0]}, ampkit::optim::SGDOptions(1e-2).momentum(0.9).momentum_dtype(at::kByte));
+  grads(ps, 0);
+  sgd.step();
+  CHECK(static_cast<const ampkit::optim::SGDParamState&>(*sgd.state().at(ps[0].unsafeGetTensorImpl()))
+            .momentum_buffer()
+            .scalar_type() == at::kByte);
+  REQUIRE_THROWS_WITH(ampkit::optim::AdamW(copy, ampkit::optim::AdamWOptions(1e-2).exp_avg_dtype(at::kHalf)),
+                      Catch::Contains("AdamW: exp_avg_dtype must be at::kFloat, at::kBFloat16 or at::kByte") &&
+                          Catch::Contains("exp_avg_dtype(at::kHalf)"));
+  // Set on a group after construction: refused by step() before anything is written.
+  ampkit::optim::AdamW later(copy, ampkit::optim::AdamWOptions(1e-2));
+  static_cast<ampkit::optim::AdamWOptions&>(later.param_groups()[0].options()).exp_avg_sq_dtype(at::kHalf);
+  grads(copy, 0);
+  const auto before = copy[0].detach().clone();
+  REQUIRE_THROWS_WITH(later.step(), Catch::Contains("AdamW: exp_avg_sq_dtype must be"));
+  CHECK(bits_equal(copy[0].detach(), before));
+  CHECK(later.state().empty());
 }

@@ -316,7 +316,7 @@ def test_lean_modes_refused_where_they_do_not_apply():
     with pytest.raises(ValueError, match="master_weights must be None, True, False or one of"):
         ampkit.optim.AdamW([p], master_weights="stochastik")
     with pytest.raises(ValueError, match="LAMB: master_weights must be"):
-        ampkit.optim.LAMB([p], master_weights="kahan")
+        ampkit.optim.LAMB([p], master_weights="kahn")
 
 
 def test_the_op_refuses_mixed_or_malformed_companions_before_writing():
@@ -336,9 +336,10 @@ def test_the_op_refuses_mixed_or_malformed_companions_before_writing():
         op(p, g, [], [torch.tensor(1), torch.tensor([1, 2])], m, v, [], steps, **kw)
     with pytest.raises(TypeError, match=r"param_remainders\[1\] must be BFloat16"):
         op(p, g, [], [torch.zeros(8, dtype=torch.bfloat16), torch.zeros(8)], m, v, [], steps, **kw)
-    with pytest.raises(TypeError, match=r"lamb_step_: param_remainders\[0\] must be Short"):
-        torch.ops.ampkit.lamb_step_(p, g, [], [torch.tensor(1), torch.tensor(2)], m, v, steps, lr=1e-3, beta1=0.9,
-                                    beta2=0.999, weight_decay=0.0, eps=1e-6)
+    with pytest.raises(TypeError, match=r"lamb_step_: param_remainders\[0\] must be Short \(remainders\), "
+                                        r"BFloat16 \(Kahan compensations\) or Long"):
+        torch.ops.ampkit.lamb_step_(p, g, [], [torch.zeros(8, dtype=torch.int32)] * 2, m, v, steps, lr=1e-3,
+                                    beta1=0.9, beta2=0.999, weight_decay=0.0, eps=1e-6)
     assert all(same_bits(a, b) for a, b in zip(p, before))
     assert all(float(s) == 0 for s in steps)
 
@@ -423,3 +424,44 @@ def test_decorate_o2_picks_a_lean_mode_per_group(mode):
     state = opt.state[model[0].weight]
     assert "master_param" not in state and ("sr_seed" if mode == "stochastic" else "kahan_comp") in state
     assert not torch.equal(model[0].weight, before)
+
+
+# ---- LAMB --------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("mode", LEAN)
+def test_lamb_writes_each_lean_mode_from_its_fp32_update(mode):
+    # An FP32 LAMB run from the same (BF16-valued) weights computes the lean step's FP32 update w_new, norms and
+    # trust ratio included (the same formulas and summation order); the lean step must store exactly its mode's
+    # rounding of w_new. Each step restarts the reference from the lean weights.
+    torch.manual_seed(13)
+    sizes = (7, 300, 5000)
+    lean = [torch.nn.Parameter(torch.randn(n).to(torch.bfloat16)) for n in sizes]
+    ref = [torch.nn.Parameter(p.detach().float()) for p in lean]
+    opt = ampkit.optim.LAMB(lean, lr=1e-2, master_weights=mode)
+    ref_opt = ampkit.optim.LAMB(ref, lr=1e-2)
+    moved = 0
+    for _ in range(3):
+        for a, b in zip(lean, ref):
+            a.grad = torch.randn_like(a)
+            b.grad = a.grad.float()
+        w0 = [p.detach().float() for p in lean]
+        comps = [opt.state[p]["kahan_comp"].float() if p in opt.state and mode == "kahan" else torch.zeros(p.shape)
+                 for p in lean]
+        opt.step()
+        ref_opt.step()
+        for a, b, w, c in zip(lean, ref, w0, comps):
+            w_new = b.detach()
+            got = a.detach()
+            if mode == "kahan":
+                u = c + (w_new - w)
+                expected = (w + u).to(torch.bfloat16)
+                assert same_bits(got, expected)
+                assert same_bits(opt.state[a]["kahan_comp"], (u - (expected.float() - w)).to(torch.bfloat16))
+            else:
+                lo, hi = bf16_down_up(w_new.double())
+                assert bool(((got.double() == lo) | (got.double() == hi)).all())
+            moved += int((got.float() != w).sum())
+            with torch.no_grad():
+                b.copy_(got.float())
+    assert moved > 0
+    assert ("sr_seed" in opt.state[lean[0]]) == (mode == "stochastic")

@@ -158,7 +158,8 @@ AMPKIT_API at::Tensor grad_norm(at::TensorList grads, const std::optional<at::Te
 
 // New entries of a fused optimizer state for `param` (FP16, BF16 or FP32), one per name of `entries`, in that
 // order: "step" (a 0-dim FP32 tensor holding `step`, on param's device), "exp_avg", "exp_avg_sq",
-// "max_exp_avg_sq", "momentum_buffer" (FP32 zeros in param's layout), "master_param" (an FP32 copy of param),
+// "max_exp_avg_sq", "momentum_buffer" (zeros in param's layout: FP32, or the moments and momentum buffer in
+// exp_avg_dtype / exp_avg_sq_dtype: BF16, or Byte for an 8-bit block-wise state, see below), "master_param" (an FP32 copy of param),
 // "param_remainder" (int16 zeros in param's layout), "kahan_comp" (BF16 zeros, BF16 param only), "sr_seed" (a
 // 0-dim int64 on param's device, drawn from torch's default CPU generator). Reads param only. (Not through the dispatcher: one kernel
 // for every backend, registered as the op ampkit::make_optim_state.)
@@ -169,7 +170,21 @@ AMPKIT_API at::Tensor global_grad_norm(at::TensorList grads,
                                        const std::optional<at::Tensor>& grad_scale = std::nullopt);
 
 AMPKIT_API std::vector<at::Tensor> make_optim_state(const at::Tensor& param, const std::vector<std::string>& entries,
-                                                    double step = 0.0);
+                                                    double step = 0.0,
+                                                    std::optional<at::ScalarType> exp_avg_dtype = std::nullopt,
+                                                    std::optional<at::ScalarType> exp_avg_sq_dtype = std::nullopt);
+
+// 8-bit block-wise optimizer states (NOTE [8-bit block-wise states] in kernels/blockwise8.h): parameters of
+// kBlockwise8MinNumel elements or more get them where a group asks for torch.uint8 states (smaller ones keep FP32,
+// as bitsandbytes and torchao do); the packed state of a tensor of `numel` elements has
+// blockwise8_state_bytes(numel) bytes (the codes of its 256-element blocks, then their FP32 absmaxes).
+constexpr int64_t kBlockwise8MinNumel = 4096;
+AMPKIT_API int64_t blockwise8_state_bytes(int64_t numel);
+// `values` (any floating dtype and shape) quantized into a packed 8-bit state: `is_signed` picks the dynamic map
+// (true: a first moment or momentum buffer; false: a second moment, values >= 0). The bytes the fused steps store.
+AMPKIT_API at::Tensor blockwise8_quantize(const at::Tensor& values, bool is_signed);
+// The FP32 values of a packed 8-bit state, in the shape and layout of `like` (its numel must match the state's).
+AMPKIT_API at::Tensor blockwise8_dequantize(const at::Tensor& state, bool is_signed, const at::Tensor& like);
 
 // FP8 (docs/fp8.md). quantize: q = saturate(x * scale) cast to `dtype` (torch.float8_e4m3fn or float8_e5m2) with
 // one rounding to nearest-even, values beyond the format's largest finite one and +-Inf saturating to +-max, NaN

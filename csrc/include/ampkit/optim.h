@@ -96,6 +96,10 @@ struct AMPKIT_API AdamOptionsT : public torch::optim::OptimizerCloneableOptions<
   TORCH_ARG(bool, amsgrad) = false;
   TORCH_ARG(bool, maximize) = false;
   TORCH_ARG(MasterWeights, master_weights) = MasterWeights::kAuto;
+  // The moments' dtypes: at::kFloat, at::kBFloat16, or at::kByte for 8-bit block-wise states (parameters of
+  // kBlockwise8MinNumel elements or more; FP32 below). NOTE [8-bit block-wise states] in kernels/blockwise8.h.
+  TORCH_ARG(at::ScalarType, exp_avg_dtype) = at::kFloat;
+  TORCH_ARG(at::ScalarType, exp_avg_sq_dtype) = at::kFloat;
   // A step the GradScaler unscales stores the unscaled grads back (as torch's fused optimizers); false leaves
   // them scaled and saves that write.
   TORCH_ARG(bool, write_unscaled_grads) = true;
@@ -155,6 +159,8 @@ struct AMPKIT_API SGDOptions : public torch::optim::OptimizerCloneableOptions<SG
   TORCH_ARG(bool, nesterov) = false;
   TORCH_ARG(bool, maximize) = false;
   TORCH_ARG(MasterWeights, master_weights) = MasterWeights::kAuto;
+  // The momentum buffer's dtype, as AdamOptionsT's exp_avg_dtype.
+  TORCH_ARG(at::ScalarType, momentum_dtype) = at::kFloat;
   TORCH_ARG(bool, write_unscaled_grads) = true;  // as AdamOptionsT's
   TORCH_ARG(at::Tensor, lr_tensor);              // as AdamOptionsT's
 

@@ -76,6 +76,10 @@ struct GroupConfig {
   double max_grad_norm = 0.0;
   at::Tensor grad_norm;
   MasterWeights master_weights;
+  // The dtypes of the moments (Adam, AdamW; SGD: exp_avg_dtype is the momentum buffer's): Float, BFloat16, or Byte
+  // for 8-bit block-wise states (parameters of kBlockwise8MinNumel elements or more; FP32 below). NOTE [8-bit
+  // block-wise states] in kernels/blockwise8.h. max_exp_avg_sq stays FP32.
+  at::ScalarType exp_avg_dtype = at::kFloat, exp_avg_sq_dtype = at::kFloat;
   bool write_unscaled_grads = true;
   bool python_spelling = false;  // errors spell options as Python's keywords (master_weights=True)
 };
@@ -192,6 +196,14 @@ AMPKIT_API void check_loaded_state(const GroupConfig& config, const std::string&
 // A loaded entry as the fused kernels keep it: on the parameter's device, FP32 (int16 for param_remainder, BF16
 // for kahan_comp, int64 for sr_seed), in the parameter's layout. Parameters the kernels do not take keep torch.optim's format (the caller's cast).
 AMPKIT_API at::Tensor loaded_entry(const std::string& name, const at::Tensor& value, const at::Tensor& param);
+// The same in the group's state dtypes: a moment or momentum buffer is converted to exp_avg_dtype /
+// exp_avg_sq_dtype (an 8-bit state dequantized or quantized, a BF16 one rounded to nearest even; one already in
+// the group's dtype is kept bit for bit), so a torch.optim checkpoint loads into lean states and back.
+AMPKIT_API at::Tensor loaded_entry(const GroupConfig& config, const std::string& name, const at::Tensor& value,
+                                   const at::Tensor& param);
+// The dtype a fused parameter's moment `name` ("exp_avg", "exp_avg_sq", "momentum_buffer") is kept in under the
+// group's options: Byte only for parameters of kBlockwise8MinNumel elements or more.
+AMPKIT_API at::ScalarType state_dtype(const GroupConfig& config, const std::string& name, const at::Tensor& param);
 
 }  // namespace core
 }  // namespace ampkit::optim

@@ -17,6 +17,7 @@
 
 #include "../../../kernels/amp_functors.h"
 #include "../../../kernels/optim_functors.h"
+#include "../../../kernels/stochastic_rounding.h"
 #include "cpu_loops.h"
 #include "optim_loops.h"
 #include "vec_io.h"
@@ -100,13 +101,25 @@ float load_weight(const kernels::OptimTensor& t, int64_t i) {
   return static_cast<float>(static_cast<const T*>(t.param)[i]);
 }
 
+// Stores the updated weight w of element i (w0: the weight load_weight read) as the tensor keeps it: the master
+// and the rounded weight, the BF16 weight and its remainder or Kahan compensation, or the weight rounded
+// stochastically with the words of step `step` (NOTE [Counter-based stochastic rounding]).
 template <typename T>
-void store_weight(const kernels::OptimTensor& t, int64_t i, float w) {
+void store_weight(const kernels::OptimTensor& t, int64_t i, float w0, float w, uint32_t step) {
   if (t.master != nullptr) {
     t.master[i] = w;
   } else if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    auto* bits = &reinterpret_cast<uint16_t*>(t.param)[i];
     if (t.remainder != nullptr) {
-      kernels::split_remainder(w, &reinterpret_cast<uint16_t*>(t.param)[i], &t.remainder[i]);
+      kernels::split_remainder(w, bits, &t.remainder[i]);
+      return;
+    }
+    if (t.kahan_comp != nullptr) {
+      kernels::kahan_store(w0, w, bits, &t.kahan_comp[i]);
+      return;
+    }
+    if (t.sr_seed != nullptr) {
+      *bits = kernels::bf16_bits_stochastic(w, kernels::rounding_bits(static_cast<uint64_t>(*t.sr_seed), step, i));
       return;
     }
   }
@@ -257,7 +270,8 @@ void lamb_step(const kernels::OptimTensor* tensors, int64_t n, const kernels::La
       using T = decltype(zero);
       T* param = static_cast<T*>(t.param);
       int64_t i = item.begin;
-      for (; t.remainder == nullptr && i + kStep <= item.end; i += kStep) {
+      const bool vector = t.remainder == nullptr && t.kahan_comp == nullptr && t.sr_seed == nullptr;
+      for (; vector && i + kStep <= item.end; i += kStep) {
         VecF w[2], mv[2], vv[2];
         if (t.master != nullptr) {
           load2(t.master + i, w[0], w[1]);
@@ -274,10 +288,11 @@ void lamb_step(const kernels::OptimTensor* tensors, int64_t n, const kernels::La
         }
         store2(param + i, w[0], w[1]);
       }
+      const auto step = static_cast<uint32_t>(*t.step + 1.f);
       for (; i < item.end; ++i) {
         const float w = load_weight<T>(t, i);
         const float u = op.direction(w, t.exp_avg[i], t.exp_avg_sq[i], f);
-        store_weight<T>(t, i, kernels::ScalarMath::fma(factor, u, w));
+        store_weight<T>(t, i, w, kernels::ScalarMath::fma(factor, u, w), step);
       }
     });
   });

@@ -12,9 +12,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <type_traits>
 #include <vector>
 
+#include "../../../kernels/blockwise8.h"
 #include "../../../kernels/optim_functors.h"
 #include "../../../kernels/stochastic_rounding.h"
 #include "cpu_loops.h"
@@ -50,6 +52,135 @@ struct VecMath {
 #endif
   }
 };
+
+// One state stream of a tensor whose states are not all FP32 (kernels::StateType), read and written a
+// quantization block at a time.
+struct StateBlockIO {
+  kernels::StateType type;
+  void* data;        // nullptr: the tensor has no such stream
+  int64_t numel;     // of the parameter
+  const float* map;  // 8-bit: its dynamic map (signed or unsigned)
+
+  // Elements [b0, b1) of block `blk` into out[0, b1 - b0), as FP32.
+  void load(int64_t blk, int64_t b0, int64_t b1, float* out) const {
+    if (type == kernels::StateType::kFloat32) {
+      std::copy(static_cast<const float*>(data) + b0, static_cast<const float*>(data) + b1, out);
+    } else if (type == kernels::StateType::kBFloat16) {
+      const auto* bits = static_cast<const uint16_t*>(data);
+      for (int64_t i = b0; i < b1; ++i) {
+        out[i - b0] = kernels::bf16_bits_to_float(bits[i]);
+      }
+    } else {
+      const auto* codes = static_cast<const uint8_t*>(data);
+      float scale;
+      std::memcpy(&scale, codes + kernels::blockwise8_blocks(numel) * kernels::kQuantBlock + 4 * blk, 4);
+      for (int64_t i = b0; i < b1; ++i) {
+        out[i - b0] = map[codes[i]] * scale;
+      }
+    }
+  }
+
+  // in[0, b1 - b0) back as elements [b0, b1) of block `blk`: FP32 as is, BF16 rounded to nearest even, 8-bit
+  // quantized with the block's new absmax.
+  void store(int64_t blk, int64_t b0, int64_t b1, const float* in) const {
+    if (type == kernels::StateType::kFloat32) {
+      std::copy(in, in + (b1 - b0), static_cast<float*>(data) + b0);
+    } else if (type == kernels::StateType::kBFloat16) {
+      auto* bits = static_cast<uint16_t*>(data);
+      for (int64_t i = b0; i < b1; ++i) {
+        bits[i] = kernels::bf16_bits_nearest(in[i - b0]);
+      }
+    } else {
+      auto* codes = static_cast<uint8_t*>(data);
+      float absmax = 0.f;
+      for (int64_t i = 0; i < b1 - b0; ++i) {
+        absmax = kernels::absmax_fold(absmax, in[i]);
+      }
+      const float scale = kernels::blockwise8_scale(absmax);
+      std::memcpy(codes + kernels::blockwise8_blocks(numel) * kernels::kQuantBlock + 4 * blk, &scale, 4);
+      for (int64_t i = b0; i < b1; ++i) {
+        codes[i] = kernels::blockwise8_code(in[i - b0], scale, map);
+      }
+    }
+  }
+};
+
+// The step of elements [begin, end) of a tensor whose exp_avg (momentum buffer) or exp_avg_sq is not FP32: a
+// quantization block of 256 elements at a time (work items start at multiples of kCpuChunk, a multiple of it),
+// the states loaded into FP32, `scalar_body` run on each element and the weight stored as its mode keeps it,
+// then the states stored back (NOTE [8-bit block-wise states]). Scalar.
+template <typename T, typename ScalarBody>
+void state_block_span(const OptimTensor& t, int64_t begin, int64_t end, int64_t tail_from, float grad_scale,
+                      bool write_grads, const ScalarBody& scalar_body_arg) {
+  static_assert(kCpuChunk % kernels::kQuantBlock == 0, "a work item holds whole quantization blocks");
+  const ScalarBody scalar_body = scalar_body_arg;  // NOTE [Loop-invariant options]
+  T* param = static_cast<T*>(t.param);
+  T* grad = static_cast<T*>(t.grad);
+  auto* bits = reinterpret_cast<uint16_t*>(param);
+  const bool bf16 = std::is_same_v<T, c10::BFloat16>;
+  const bool stochastic = bf16 && t.sr_seed != nullptr;
+  const uint64_t seed = stochastic ? static_cast<uint64_t>(*t.sr_seed) : 0;
+  const uint32_t sr_step = stochastic ? static_cast<uint32_t>(*t.step + 1.f) : 0;
+  const StateBlockIO m_io{t.exp_avg_type, t.exp_avg, t.numel, kernels::blockwise8_map(true)};
+  const StateBlockIO v_io{t.exp_avg_sq_type, t.exp_avg_sq, t.numel, kernels::blockwise8_map(false)};
+  const bool unscale = grad_scale != 1.f;
+  write_grads = write_grads && unscale;
+  float mb[kernels::kQuantBlock];
+  float vb[kernels::kQuantBlock];
+  kernels::Philox4x32 words{};
+  for (int64_t b0 = begin; b0 < end;) {
+    const int64_t blk = b0 / kernels::kQuantBlock;
+    const int64_t b1 = std::min(end, (blk + 1) * kernels::kQuantBlock);
+    if (m_io.data != nullptr) {
+      m_io.load(blk, b0, b1, mb);
+    }
+    if (v_io.data != nullptr) {
+      v_io.load(blk, b0, b1, vb);
+    }
+    for (int64_t i = b0; i < b1; ++i) {
+      float w0;
+      if (t.master != nullptr) {
+        w0 = t.master[i];
+      } else if (bf16 && t.remainder != nullptr) {
+        w0 = kernels::join_remainder(bits[i], t.remainder[i]);
+      } else {
+        w0 = static_cast<float>(param[i]);
+      }
+      float g = static_cast<float>(grad[i]);
+      if (unscale) {
+        g = g / grad_scale;
+        if (write_grads) {
+          grad[i] = static_cast<T>(g);
+        }
+      }
+      float w1 = w0;
+      scalar_body(w1, g, m_io.data != nullptr ? &mb[i - b0] : nullptr, v_io.data != nullptr ? &vb[i - b0] : nullptr,
+                  t.max_exp_avg_sq != nullptr ? t.max_exp_avg_sq + i : nullptr, i >= tail_from);
+      if (t.master != nullptr) {
+        t.master[i] = w1;
+        param[i] = static_cast<T>(w1);
+      } else if (bf16 && t.remainder != nullptr) {
+        kernels::split_remainder(w1, &bits[i], &t.remainder[i]);
+      } else if (bf16 && t.kahan_comp != nullptr) {
+        kernels::kahan_store(w0, w1, &bits[i], &t.kahan_comp[i]);
+      } else if (stochastic) {
+        if (i == b0 || (i & 3) == 0) {
+          words = kernels::rounding_words(seed, sr_step, i >> 2);
+        }
+        bits[i] = kernels::bf16_bits_stochastic(w1, words.v[i & 3]);
+      } else {
+        param[i] = static_cast<T>(w1);
+      }
+    }
+    if (m_io.data != nullptr) {
+      m_io.store(blk, b0, b1, mb);
+    }
+    if (v_io.data != nullptr) {
+      v_io.store(blk, b0, b1, vb);
+    }
+    b0 = b1;
+  }
+}
 
 // Runs `vec_body(w, g, m, v, vmax)` on pairs of float vectors over elements [begin, end) of t, then
 // `scalar_body(w, g, m, v, vmax, tail)` on what is left, and stores the weight (and the master) back. Elements
@@ -227,6 +358,20 @@ template <Streams kStreams, typename VecBody, typename ScalarBody>
 void dispatch_span(const OptimTensor& t, int64_t begin, int64_t end, int tail_width, float grad_scale, bool write_grads,
                    const VecBody& vec_body, const ScalarBody& scalar_body) {
   const int64_t tail_from = kernels::tail_start(t.numel, tail_width);
+  if (t.exp_avg_type != kernels::StateType::kFloat32 || t.exp_avg_sq_type != kernels::StateType::kFloat32) {
+    switch (t.dtype) {  // BF16 or 8-bit moments
+      case DType::kFloat16:
+        state_block_span<c10::Half>(t, begin, end, tail_from, grad_scale, write_grads, scalar_body);
+        break;
+      case DType::kBFloat16:
+        state_block_span<c10::BFloat16>(t, begin, end, tail_from, grad_scale, write_grads, scalar_body);
+        break;
+      default:
+        state_block_span<float>(t, begin, end, tail_from, grad_scale, write_grads, scalar_body);
+        break;
+    }
+    return;
+  }
   switch (t.dtype) {
     case DType::kFloat16:
       span_with_streams<c10::Half, kStreams>(t, begin, end, tail_from, grad_scale, write_grads, vec_body, scalar_body);

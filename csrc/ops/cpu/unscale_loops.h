@@ -66,6 +66,8 @@ bool unscale_ref(const TensorRef& t, int64_t begin, int64_t end, float inv_scale
       return unscale_span(static_cast<float*>(t.data) + begin, end - begin, inv_scale, write);
     case DType::kFloat64:
       return unscale_span(static_cast<double*>(t.data) + begin, end - begin, inv_scale, write);
+    case DType::kUInt8:  // an optimizer state's code, never a grad
+      break;
   }
   return false;
 }

@@ -36,6 +36,9 @@ class _FusedOptimizer(torch.optim.Optimizer):
     # a master for BF16 weights "stochastic" (stochastic rounding, state "sr_seed") and "kahan" (state "kahan_comp")
     _master_modes: tuple[str, ...] = ("remainder", "stochastic", "kahan")
     _core_checks_first = True  # step() runs nothing before the core's checks of a group (LAMB: its grad norm)
+    # The group options that pick the moments' dtypes (torch.float32, torch.bfloat16, torch.uint8: NOTE [8-bit
+    # block-wise states] in kernels/blockwise8.h); None is FP32.
+    _state_dtype_keys: tuple[str, ...] = ()
 
     def add_param_group(self, param_group: dict) -> None:
         """torch.optim's add_param_group, with the group's values checked (with the defaults it will take) before
@@ -131,6 +134,11 @@ class _FusedOptimizer(torch.optim.Optimizer):
             self._check_group(group)
             if not checked_by_core:
                 self._check_tensors(group)
+            if any(group.get(k) is torch.uint8 for k in self._state_dtype_keys) and _dtensor.any_dtensor(
+                    group["params"]):
+                raise NotImplementedError(
+                    f"{type(self).__name__}: 8-bit states (torch.uint8) with DTensor parameters (FSDP2): a packed "
+                    "state is not sharded like its parameter; use torch.bfloat16 states there")
 
     def _check_tensors(self, group: dict) -> None:
         name = type(self).__name__
@@ -237,22 +245,32 @@ class _FusedOptimizer(torch.optim.Optimizer):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._check_loaded_state(state_dict)
         core = _core()
+        # A state dtype option the saved group lacks (a torch.optim checkpoint) keeps this optimizer's value: the
+        # loaded moments are converted to it below.
+        kept = [{k: g[k] for k in self._state_dtype_keys if k in g and k not in saved_group}
+                for g, saved_group in zip(self.param_groups, state_dict["param_groups"])]
         names = set(core._optim_state_names())
         # torch's base class casts floating state to each parameter's dtype; masters and moments must stay FP32.
         saved = {pid: {k: v for k, v in st.items() if k in names and torch.is_tensor(v)}
                  for pid, st in state_dict["state"].items()}
         super().load_state_dict(state_dict)
+        for group, values in zip(self.param_groups, kept):
+            group.update(values)
         ids = chain.from_iterable(g["params"] for g in state_dict["param_groups"])
-        params = chain.from_iterable(g["params"] for g in self.param_groups)
-        for pid, p in zip(ids, params):
+        params = chain.from_iterable([(p, g) for p in g["params"]] for g in self.param_groups)
+        name = type(self).__name__
+        for pid, (p, group) in zip(ids, params):
             if not core._optim_takes_fused(_dtensor.local(p)):
                 continue  # torch.optim's state format (the single-tensor path): the base class's cast is right
+            # Moments in the group's state dtypes (an 8-bit state quantized or dequantized, kept bit for bit when
+            # it is already in the group's dtype).
             for key, value in saved.get(pid, {}).items():
                 if _dtensor.is_dtensor(p):
-                    loaded = core._optim_loaded_entry(key, _dtensor.local(value), _dtensor.local(p))
+                    loaded = core._optim_loaded_entry(self._kind, name, group, key, _dtensor.local(value),
+                                                      _dtensor.local(p))
                     self.state[p][key] = loaded if key == "step" else _dtensor.wrap_like(loaded, p)
                 else:
-                    self.state[p][key] = core._optim_loaded_entry(key, value, p)
+                    self.state[p][key] = core._optim_loaded_entry(self._kind, name, group, key, value, p)
 
     def __setstate__(self, state: dict) -> None:
         # torch.optim's defaults for keys an older torch did not save, and Python-number steps made tensors.

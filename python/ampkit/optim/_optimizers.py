@@ -17,18 +17,23 @@ from ._hparams import _capturable_devices, _check_betas, _check_fused_flags, _ch
 
 
 class Adam(_FusedOptimizer):
-    """torch.optim.Adam's arguments and results, on ampkit's fused kernel, plus ``master_weights``."""
+    """torch.optim.Adam's arguments and results, on ampkit's fused kernel, plus ``master_weights`` and the moments'
+    dtypes ``exp_avg_dtype`` / ``exp_avg_sq_dtype`` (None or torch.float32, torch.bfloat16, or torch.uint8 for 8-bit
+    block-wise states on parameters of 4096 elements or more)."""
 
     _decoupled_default = False
     _flags = ("amsgrad", "maximize", "decoupled_weight_decay")
+    _state_dtype_keys = ("exp_avg_dtype", "exp_avg_sq_dtype")
     _group_defaults = dict(amsgrad=False, maximize=False, foreach=None, capturable=False, differentiable=False,
-                           decoupled_weight_decay=False, fused=None, master_weights=None)
+                           decoupled_weight_decay=False, fused=None, master_weights=None, exp_avg_dtype=None,
+                           exp_avg_sq_dtype=None)
 
     def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 0.0, amsgrad: bool = False, *, foreach: Optional[bool] = None,
                  maximize: bool = False, capturable: bool = False, differentiable: bool = False,
                  fused: Optional[bool] = None, decoupled_weight_decay: Optional[bool] = None,
-                 master_weights: Union[bool, str, None] = None, write_unscaled_grads: bool = True) -> None:
+                 master_weights: Union[bool, str, None] = None, exp_avg_dtype: Optional[torch.dtype] = None,
+                 exp_avg_sq_dtype: Optional[torch.dtype] = None, write_unscaled_grads: bool = True) -> None:
         self.write_unscaled_grads = _checks.flag(type(self).__name__, "write_unscaled_grads", write_unscaled_grads)
         _check_tensor_hparams(lr, betas, foreach, capturable)
         self._check_values(dict(lr=lr, eps=eps, betas=betas, weight_decay=weight_decay))
@@ -38,6 +43,7 @@ class Adam(_FusedOptimizer):
             decoupled_weight_decay = self._decoupled_default
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad, maximize=maximize,
                         decoupled_weight_decay=decoupled_weight_decay, master_weights=master_weights,
+                        exp_avg_dtype=exp_avg_dtype, exp_avg_sq_dtype=exp_avg_sq_dtype,
                         foreach=foreach, capturable=capturable, differentiable=differentiable, fused=fused)
         super().__init__(params, defaults)
         _check_fused_flags(fused, foreach, differentiable)
@@ -103,22 +109,26 @@ class AdamW(Adam):
 
 
 class SGD(_FusedOptimizer):
-    """torch.optim.SGD's arguments and results, on ampkit's fused kernel, plus ``master_weights``."""
+    """torch.optim.SGD's arguments and results, on ampkit's fused kernel, plus ``master_weights`` and the momentum
+    buffer's dtype ``momentum_dtype`` (as Adam's ``exp_avg_dtype``)."""
 
     _kind = "sgd"
     _flags = ("nesterov", "maximize")
+    _state_dtype_keys = ("momentum_dtype",)
     _group_defaults = dict(nesterov=False, maximize=False, foreach=None, differentiable=False, fused=False,
-                           master_weights=None)
+                           master_weights=None, momentum_dtype=None)
 
     def __init__(self, params, lr: float = 1e-3, momentum: float = 0.0, dampening: float = 0.0,
                  weight_decay: float = 0.0, nesterov: bool = False, *, maximize: bool = False,
                  foreach: Optional[bool] = None, differentiable: bool = False, fused: Optional[bool] = None,
-                 master_weights: Union[bool, str, None] = None, write_unscaled_grads: bool = True) -> None:
+                 master_weights: Union[bool, str, None] = None, momentum_dtype: Optional[torch.dtype] = None,
+                 write_unscaled_grads: bool = True) -> None:
         self.write_unscaled_grads = _checks.flag(type(self).__name__, "write_unscaled_grads", write_unscaled_grads)
         self._check_values(dict(lr=lr, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov,
                                 dampening=dampening))
         defaults = dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay, nesterov=nesterov,
-                        maximize=maximize, master_weights=master_weights, foreach=foreach,
+                        maximize=maximize, master_weights=master_weights, momentum_dtype=momentum_dtype,
+                        foreach=foreach,
                         differentiable=differentiable, fused=fused)
         super().__init__(params, defaults)
         _check_fused_flags(fused, foreach, differentiable)
@@ -156,11 +166,11 @@ class LAMB(_FusedOptimizer):
     ``max_grad_norm / ||g||`` when the global norm ``||g||`` over every group's grads exceeds it (computed on the
     device each step; ``last_grad_norm`` holds it). The norms are summed in one fixed order: CPU and CUDA steps give
     the same bits. FP16/BF16/FP32 parameters dense in memory; grads are only read (never unscaled in place).
-    States: ``step``, ``exp_avg``, ``exp_avg_sq`` (FP32) and ``master_param`` / ``param_remainder`` as AdamW's.
+    States: ``step``, ``exp_avg``, ``exp_avg_sq`` (FP32) and ``master_param`` / ``param_remainder`` /
+    ``kahan_comp`` / ``sr_seed`` as AdamW's (every ``master_weights`` mode).
     """
 
     _kind = "lamb"
-    _master_modes = ("remainder",)
     _core_checks_first = False
     _flags = ("bias_correction", "adam_w_mode", "grad_averaging", "use_nvlamb")
     _group_defaults = dict(bias_correction=True, adam_w_mode=True, grad_averaging=True, use_nvlamb=False,

@@ -125,16 +125,19 @@ def step(optimizer) -> Optional[str]:
         params = group["params"]
         for _, reads, positions in buckets:
             chosen = [params[planned[i][0]] for i in positions]
-            states = [_state(optimizer, p, planned[i][4], planned[i][5]) for p, i in zip(chosen, positions)]
+            states = [_state(optimizer, group, p, planned[i][4], planned[i][5]) for p, i in zip(chosen, positions)]
             _fused_call(optimizer, group, chosen, states, reads, grad_scale, found_inf, grad_norm)
     return None
 
 
-def _state(optimizer, p: torch.Tensor, missing: list, first_step: float) -> dict:
-    """p's state with the entries the plan says it lacks created as the eager step creates them."""
+def _state(optimizer, group: dict, p: torch.Tensor, missing: list, first_step: float) -> dict:
+    """p's state with the entries the plan says it lacks created as the eager step creates them (the moments in
+    the group's state dtypes)."""
     state = optimizer.state.get(p)
     if missing:
-        made = torch.ops.ampkit.make_optim_state(p, missing, first_step)
+        first = group.get("momentum_dtype" if optimizer._kind == "sgd" else "exp_avg_dtype")
+        made = torch.ops.ampkit.make_optim_state(p, missing, first_step, exp_avg_dtype=first,
+                                                 exp_avg_sq_dtype=group.get("exp_avg_sq_dtype"))
         if state is None:
             state = optimizer.state[p] = {}
         for name, tensor in zip(missing, made):

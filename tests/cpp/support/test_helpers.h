@@ -11,6 +11,8 @@ namespace ampkit::test {
 
 inline at::ScalarType same_size_int(at::ScalarType t) {
   switch (c10::elementSize(t)) {
+    case 1:
+      return at::kByte;
     case 2:
       return at::kShort;
     case 4:
