@@ -22,27 +22,35 @@ struct Philox4x32 {
   uint32_t v[4];
 };
 
+// Philox4x32's multipliers and key increments (Weyl constants).
+constexpr uint32_t kPhiloxMul0 = 0xD2511F53u;
+constexpr uint32_t kPhiloxMul1 = 0xCD9E8D57u;
+constexpr uint32_t kPhiloxWeyl0 = 0x9E3779B9u;
+constexpr uint32_t kPhiloxWeyl1 = 0xBB67AE85u;
+
+// One Philox round on counter (c0, c1, c2, c3) under key (k0, k1).
+AMPKIT_HOST_DEVICE AMPKIT_INLINE void philox_round(uint32_t& c0, uint32_t& c1, uint32_t& c2, uint32_t& c3, uint32_t k0,
+                                                   uint32_t k1) {
+  const uint64_t p0 = static_cast<uint64_t>(kPhiloxMul0) * c0;
+  const uint64_t p1 = static_cast<uint64_t>(kPhiloxMul1) * c2;
+  const uint32_t n0 = static_cast<uint32_t>(p1 >> 32) ^ c1 ^ k0;
+  const uint32_t n2 = static_cast<uint32_t>(p0 >> 32) ^ c3 ^ k1;
+  c0 = n0;
+  c1 = static_cast<uint32_t>(p1);
+  c2 = n2;
+  c3 = static_cast<uint32_t>(p0);
+}
+
 // Philox4x32-10 of counter (c0, c1, c2, c3) under key (k0, k1): Random123's philox4x32 with 10 rounds (its
 // known-answer vectors are in tests/cpp/test_functors.cpp).
 AMPKIT_HOST_DEVICE AMPKIT_INLINE Philox4x32 philox4x32_10(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3,
                                                           uint32_t k0, uint32_t k1) {
-  constexpr uint32_t kMul0 = 0xD2511F53u;
-  constexpr uint32_t kMul1 = 0xCD9E8D57u;
-  constexpr uint32_t kWeyl0 = 0x9E3779B9u;
-  constexpr uint32_t kWeyl1 = 0xBB67AE85u;
   for (int round = 0; round < 10; ++round) {
     if (round > 0) {
-      k0 += kWeyl0;
-      k1 += kWeyl1;
+      k0 += kPhiloxWeyl0;
+      k1 += kPhiloxWeyl1;
     }
-    const uint64_t p0 = static_cast<uint64_t>(kMul0) * c0;
-    const uint64_t p1 = static_cast<uint64_t>(kMul1) * c2;
-    const uint32_t n0 = static_cast<uint32_t>(p1 >> 32) ^ c1 ^ k0;
-    const uint32_t n2 = static_cast<uint32_t>(p0 >> 32) ^ c3 ^ k1;
-    c0 = n0;
-    c1 = static_cast<uint32_t>(p1);
-    c2 = n2;
-    c3 = static_cast<uint32_t>(p0);
+    philox_round(c0, c1, c2, c3, k0, k1);
   }
   return {{c0, c1, c2, c3}};
 }

@@ -332,7 +332,7 @@ struct StateStream {
 // Kahan, stochastic rounding, or the parameter), and keeps the new moments in registers; the warp then reduces
 // the block's new absmax with shuffles and every lane quantizes its 8 values (lane 0 stores the absmax). BF16
 // moments are rounded to nearest even. The same per-element operations as the CPU loop (csrc/ops/cpu/
-// optim_loops.h: state_block_span): the bits agree.
+// optim_loops.h: NOTE [Weight-block loop]): the bits agree.
 template <typename T, typename Args, typename Body>
 __device__ void for_each_state_block(const Args& a, int t, int64_t start, int64_t n, const GradIn& gin,
                                      const WeightOut& out, const Body& body) {

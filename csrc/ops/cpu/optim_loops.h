@@ -10,6 +10,10 @@
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
+#if defined(CPU_CAPABILITY_AVX2) || defined(CPU_CAPABILITY_AVX512)
+#include <immintrin.h>
+#endif
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -53,6 +57,58 @@ struct VecMath {
   }
 };
 
+// codes[i] = blockwise8_code(in[i], scale, map) for i < n: the same operations (a division, eight compares against
+// gathered map entries, the rounding compare), 16 or 8 elements at a time with AVX-512 or AVX2 gathers.
+inline void blockwise8_codes(const float* in, int64_t n, float scale, const float* map, uint8_t* codes) {
+  int64_t i = 0;
+#if defined(CPU_CAPABILITY_AVX512)
+  const __m512 s = _mm512_set1_ps(scale);
+  const __m512 half = _mm512_set1_ps(0.5f);
+  for (; i + 16 <= n; i += 16) {
+    const __m512 x = _mm512_div_ps(_mm512_loadu_ps(in + i), s);
+    __m512i code = _mm512_setzero_si512();
+    for (int step = 128; step > 0; step /= 2) {
+      const __m512i probe = _mm512_add_epi32(code, _mm512_set1_epi32(step));
+      const __mmask16 ge = _mm512_cmp_ps_mask(x, _mm512_i32gather_ps(probe, map, 4), _CMP_GE_OQ);
+      code = _mm512_mask_mov_epi32(code, ge, probe);
+    }
+    const __m512i up = _mm512_min_epi32(_mm512_add_epi32(code, _mm512_set1_epi32(1)), _mm512_set1_epi32(255));
+    const __m512 down_value = _mm512_i32gather_ps(code, map, 4);
+    const __m512 up_value = _mm512_i32gather_ps(up, map, 4);
+    const __mmask16 round_up = _mm512_cmp_ps_mask(_mm512_sub_ps(x, down_value),
+                                                  _mm512_mul_ps(_mm512_sub_ps(up_value, down_value), half), _CMP_GE_OQ);
+    code = _mm512_mask_mov_epi32(code, round_up, up);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + i), _mm512_cvtepi32_epi8(code));
+  }
+#elif defined(CPU_CAPABILITY_AVX2)
+  const __m256 s = _mm256_set1_ps(scale);
+  const __m256 half = _mm256_set1_ps(0.5f);
+  for (; i + 8 <= n; i += 8) {
+    const __m256 x = _mm256_div_ps(_mm256_loadu_ps(in + i), s);
+    __m256i code = _mm256_setzero_si256();
+    for (int step = 128; step > 0; step /= 2) {
+      const __m256i probe = _mm256_add_epi32(code, _mm256_set1_epi32(step));
+      const __m256 ge = _mm256_cmp_ps(x, _mm256_i32gather_ps(map, probe, 4), _CMP_GE_OQ);
+      code = _mm256_blendv_epi8(code, probe, _mm256_castps_si256(ge));
+    }
+    const __m256i up = _mm256_min_epi32(_mm256_add_epi32(code, _mm256_set1_epi32(1)), _mm256_set1_epi32(255));
+    const __m256 down_value = _mm256_i32gather_ps(map, code, 4);
+    const __m256 up_value = _mm256_i32gather_ps(map, up, 4);
+    const __m256 round_up = _mm256_cmp_ps(_mm256_sub_ps(x, down_value),
+                                          _mm256_mul_ps(_mm256_sub_ps(up_value, down_value), half), _CMP_GE_OQ);
+    code = _mm256_blendv_epi8(code, up, _mm256_castps_si256(round_up));
+    alignas(32) int32_t lanes[8];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), code);
+    for (int k = 0; k < 8; ++k) {
+      codes[i + k] = static_cast<uint8_t>(lanes[k]);
+    }
+  }
+#endif
+  for (; i < n; ++i) {
+    codes[i] = kernels::blockwise8_code(in[i], scale, map);
+  }
+}
+
 // One state stream of a tensor whose states are not all FP32 (kernels::StateType), read and written a
 // quantization block at a time.
 struct StateBlockIO {
@@ -74,7 +130,19 @@ struct StateBlockIO {
       const auto* codes = static_cast<const uint8_t*>(data);
       float scale;
       std::memcpy(&scale, codes + kernels::blockwise8_blocks(numel) * kernels::kQuantBlock + 4 * blk, 4);
-      for (int64_t i = b0; i < b1; ++i) {
+      int64_t i = b0;
+#if defined(CPU_CAPABILITY_AVX512)
+      for (; i + 16 <= b1; i += 16) {
+        const __m512i code = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + i)));
+        _mm512_storeu_ps(out + (i - b0), _mm512_mul_ps(_mm512_i32gather_ps(code, map, 4), _mm512_set1_ps(scale)));
+      }
+#elif defined(CPU_CAPABILITY_AVX2)
+      for (; i + 8 <= b1; i += 8) {
+        const __m256i code = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + i)));
+        _mm256_storeu_ps(out + (i - b0), _mm256_mul_ps(_mm256_i32gather_ps(map, code, 4), _mm256_set1_ps(scale)));
+      }
+#endif
+      for (; i < b1; ++i) {
         out[i - b0] = map[codes[i]] * scale;
       }
     }
@@ -92,91 +160,212 @@ struct StateBlockIO {
       }
     } else {
       auto* codes = static_cast<uint8_t*>(data);
+      // The largest |x| by vectors (at::vec::maximum propagates NaN); a NaN block is folded again one element at
+      // a time, so that the stored NaN is the one absmax_fold (and the CUDA kernel) keeps.
+      const int64_t len = b1 - b0;
+      VecF vmax_abs(0.f);
+      int64_t i = 0;
+      for (; i + VecF::size() <= len; i += VecF::size()) {
+        vmax_abs = at::vec::maximum(vmax_abs, VecF::loadu(in + i).abs());
+      }
+      __at_align__ float lanes[VecF::size()];
+      vmax_abs.store(lanes);
       float absmax = 0.f;
-      for (int64_t i = 0; i < b1 - b0; ++i) {
+      for (const float lane : lanes) {
+        absmax = kernels::absmax_fold(absmax, lane);
+      }
+      for (; i < len; ++i) {
         absmax = kernels::absmax_fold(absmax, in[i]);
+      }
+      if (absmax != absmax) {
+        absmax = 0.f;
+        for (int64_t k = 0; k < len; ++k) {
+          absmax = kernels::absmax_fold(absmax, in[k]);
+        }
       }
       const float scale = kernels::blockwise8_scale(absmax);
       std::memcpy(codes + kernels::blockwise8_blocks(numel) * kernels::kQuantBlock + 4 * blk, &scale, 4);
-      for (int64_t i = b0; i < b1; ++i) {
-        codes[i] = kernels::blockwise8_code(in[i - b0], scale, map);
-      }
+      blockwise8_codes(in, b1 - b0, scale, map, codes + b0);
     }
   }
 };
 
-// The step of elements [begin, end) of a tensor whose exp_avg (momentum buffer) or exp_avg_sq is not FP32: a
-// quantization block of 256 elements at a time (work items start at multiples of kCpuChunk, a multiple of it),
-// the states loaded into FP32, `scalar_body` run on each element and the weight stored as its mode keeps it,
-// then the states stored back (NOTE [8-bit block-wise states]). Scalar.
-template <typename T, typename ScalarBody>
-void state_block_span(const OptimTensor& t, int64_t begin, int64_t end, int64_t tail_from, float grad_scale,
-                      bool write_grads, const ScalarBody& scalar_body_arg) {
-  static_assert(kCpuChunk % kernels::kQuantBlock == 0, "a work item holds whole quantization blocks");
-  const ScalarBody scalar_body = scalar_body_arg;  // NOTE [Loop-invariant options]
+// n elements of T as FP32 and back (rounding once to nearest even), vectorized.
+template <typename T>
+void to_float(const T* src, float* dst, int64_t n) {
+  if constexpr (std::is_same_v<T, float>) {
+    std::copy(src, src + n, dst);
+  } else {
+    at::vec::convert(src, dst, n);
+  }
+}
+
+template <typename T>
+void from_float(const float* src, T* dst, int64_t n) {
+  if constexpr (std::is_same_v<T, float>) {
+    std::copy(src, src + n, dst);
+  } else {
+    at::vec::convert(src, dst, n);
+  }
+}
+
+// The rounding words of `groups` (<= 64) consecutive groups of 4 elements from group `first`: rounding_words'
+// operations (NOTE [Counter-based stochastic rounding]) on the groups side by side, round by round, in a loop the
+// compiler vectorizes. out[4 * g + k]: word k of group first + g.
+inline void rounding_words_of_block(uint64_t seed, uint32_t step, int64_t first, int groups, uint32_t* out) {
+  uint32_t c0[64];
+  uint32_t c1[64];
+  uint32_t c2[64];
+  uint32_t c3[64];
+  for (int g = 0; g < groups; ++g) {
+    const auto counter = static_cast<uint64_t>(first + g);
+    c0[g] = static_cast<uint32_t>(counter);
+    c1[g] = static_cast<uint32_t>(counter >> 32);
+    c2[g] = step;
+    c3[g] = 0u;
+  }
+  uint32_t k0 = static_cast<uint32_t>(seed);
+  uint32_t k1 = static_cast<uint32_t>(seed >> 32);
+  for (int round = 0; round < 10; ++round) {
+    if (round > 0) {
+      k0 += kernels::kPhiloxWeyl0;
+      k1 += kernels::kPhiloxWeyl1;
+    }
+    for (int g = 0; g < groups; ++g) {
+      kernels::philox_round(c0[g], c1[g], c2[g], c3[g], k0, k1);
+    }
+  }
+  for (int g = 0; g < groups; ++g) {
+    out[4 * g] = c0[g];
+    out[4 * g + 1] = c1[g];
+    out[4 * g + 2] = c2[g];
+    out[4 * g + 3] = c3[g];
+  }
+}
+
+// NOTE [Weight-block loop]
+// The CPU step of a tensor whose weight is kept bit by bit (a BF16 remainder, a Kahan compensation, stochastic
+// rounding) or whose exp_avg (momentum buffer) or exp_avg_sq is not FP32 (BF16, 8-bit block-wise): a block of 256
+// elements at a time (a quantization block: work items start at multiples of kCpuChunk, a multiple of it). The
+// block's weights, grads and moments are widened into FP32 buffers (in L1), the optimizer's vector body runs on them
+// (the scalar body with the tail formula from `tail_from` on, NOTE [torch's scalar tail]), then the weights are
+// stored as their mode keeps them and the moments as their dtype does. Every element takes the formulas and the
+// rounding the CUDA kernels take (NOTE [State-block chunk loop], NOTE [Optimizer chunk loop]): the bits agree.
+template <typename T, typename VecBody, typename ScalarBody>
+void weight_block_span(const OptimTensor& t, int64_t begin, int64_t end, int64_t tail_from, float grad_scale,
+                       bool write_grads, const VecBody& vec_body_arg, const ScalarBody& scalar_body_arg) {
+  constexpr int64_t kBlock = kernels::kQuantBlock;
+  constexpr int64_t kWidth = VecF::size();
+  static_assert(kCpuChunk % kBlock == 0 && kBlock % kWidth == 0, "work items hold whole blocks of whole vectors");
+  const VecBody vec_body = vec_body_arg;  // NOTE [Loop-invariant options]
+  const ScalarBody scalar_body = scalar_body_arg;
   T* param = static_cast<T*>(t.param);
   T* grad = static_cast<T*>(t.grad);
   auto* bits = reinterpret_cast<uint16_t*>(param);
-  const bool bf16 = std::is_same_v<T, c10::BFloat16>;
-  const bool stochastic = bf16 && t.sr_seed != nullptr;
+  constexpr bool kBf16 = std::is_same_v<T, c10::BFloat16>;
+  const bool stochastic = kBf16 && t.sr_seed != nullptr;
   const uint64_t seed = stochastic ? static_cast<uint64_t>(*t.sr_seed) : 0;
   const uint32_t sr_step = stochastic ? static_cast<uint32_t>(*t.step + 1.f) : 0;
   const StateBlockIO m_io{t.exp_avg_type, t.exp_avg, t.numel, kernels::blockwise8_map(true)};
   const StateBlockIO v_io{t.exp_avg_sq_type, t.exp_avg_sq, t.numel, kernels::blockwise8_map(false)};
+  float* const vmax = t.max_exp_avg_sq;
   const bool unscale = grad_scale != 1.f;
   write_grads = write_grads && unscale;
-  float mb[kernels::kQuantBlock];
-  float vb[kernels::kQuantBlock];
-  kernels::Philox4x32 words{};
+  __at_align__ float wb[kBlock];
+  __at_align__ float w0b[kBlock];
+  __at_align__ float gb[kBlock];
+  __at_align__ float mb[kBlock];
+  __at_align__ float vb[kBlock];
+  __at_align__ float vmb[kBlock];
+  // The vector body reads every stream: those the tensor lacks read zeros (their results are not stored).
+  for (float* absent :
+       {m_io.data == nullptr ? mb : nullptr, v_io.data == nullptr ? vb : nullptr, vmax == nullptr ? vmb : nullptr}) {
+    if (absent != nullptr) {
+      std::fill(absent, absent + kBlock, 0.f);
+    }
+  }
   for (int64_t b0 = begin; b0 < end;) {
-    const int64_t blk = b0 / kernels::kQuantBlock;
-    const int64_t b1 = std::min(end, (blk + 1) * kernels::kQuantBlock);
+    const int64_t blk = b0 / kBlock;
+    const int64_t b1 = std::min(end, (blk + 1) * kBlock);
+    const int64_t len = b1 - b0;
+    if (t.master != nullptr) {
+      std::copy(t.master + b0, t.master + b1, wb);
+    } else if (kBf16 && t.remainder != nullptr) {
+      for (int64_t i = 0; i < len; ++i) {
+        wb[i] = kernels::join_remainder(bits[b0 + i], t.remainder[b0 + i]);
+      }
+    } else {
+      to_float(param + b0, wb, len);
+    }
+    std::copy(wb, wb + len, w0b);
+    to_float(grad + b0, gb, len);
+    if (unscale) {
+      for (int64_t i = 0; i < len; ++i) {
+        gb[i] = gb[i] / grad_scale;
+      }
+      if (write_grads) {
+        from_float(gb, grad + b0, len);
+      }
+    }
     if (m_io.data != nullptr) {
       m_io.load(blk, b0, b1, mb);
     }
     if (v_io.data != nullptr) {
       v_io.load(blk, b0, b1, vb);
     }
-    for (int64_t i = b0; i < b1; ++i) {
-      float w0;
-      if (t.master != nullptr) {
-        w0 = t.master[i];
-      } else if (bf16 && t.remainder != nullptr) {
-        w0 = kernels::join_remainder(bits[i], t.remainder[i]);
-      } else {
-        w0 = static_cast<float>(param[i]);
+    if (vmax != nullptr) {
+      std::copy(vmax + b0, vmax + b1, vmb);
+    }
+    // The optimizer's formulas: vectors up to the tail, the scalar body on the rest.
+    const int64_t vec_len = std::clamp<int64_t>(tail_from - b0, 0, len) / kWidth * kWidth;
+    int64_t i = 0;
+    for (; i < vec_len; i += kWidth) {
+      VecF w = VecF::loadu(wb + i);
+      VecF m = VecF::loadu(mb + i);
+      VecF v = VecF::loadu(vb + i);
+      VecF vm = VecF::loadu(vmb + i);
+      vec_body(w, VecF::loadu(gb + i), m, v, vmax != nullptr ? &vm : nullptr);
+      w.store(wb + i);
+      m.store(mb + i);
+      v.store(vb + i);
+      if (vmax != nullptr) {
+        vm.store(vmb + i);
       }
-      float g = static_cast<float>(grad[i]);
-      if (unscale) {
-        g = g / grad_scale;
-        if (write_grads) {
-          grad[i] = static_cast<T>(g);
-        }
+    }
+    for (; i < len; ++i) {
+      scalar_body(wb[i], gb[i], m_io.data != nullptr ? &mb[i] : nullptr, v_io.data != nullptr ? &vb[i] : nullptr,
+                  vmax != nullptr ? &vmb[i] : nullptr, b0 + i >= tail_from);
+    }
+    // The weights as their mode keeps them.
+    if (t.master != nullptr) {
+      std::copy(wb, wb + len, t.master + b0);
+      from_float(wb, param + b0, len);
+    } else if (kBf16 && t.remainder != nullptr) {
+      for (int64_t k = 0; k < len; ++k) {
+        kernels::split_remainder(wb[k], &bits[b0 + k], &t.remainder[b0 + k]);
       }
-      float w1 = w0;
-      scalar_body(w1, g, m_io.data != nullptr ? &mb[i - b0] : nullptr, v_io.data != nullptr ? &vb[i - b0] : nullptr,
-                  t.max_exp_avg_sq != nullptr ? t.max_exp_avg_sq + i : nullptr, i >= tail_from);
-      if (t.master != nullptr) {
-        t.master[i] = w1;
-        param[i] = static_cast<T>(w1);
-      } else if (bf16 && t.remainder != nullptr) {
-        kernels::split_remainder(w1, &bits[i], &t.remainder[i]);
-      } else if (bf16 && t.kahan_comp != nullptr) {
-        kernels::kahan_store(w0, w1, &bits[i], &t.kahan_comp[i]);
-      } else if (stochastic) {
-        if (i == b0 || (i & 3) == 0) {
-          words = kernels::rounding_words(seed, sr_step, i >> 2);
-        }
-        bits[i] = kernels::bf16_bits_stochastic(w1, words.v[i & 3]);
-      } else {
-        param[i] = static_cast<T>(w1);
+    } else if (kBf16 && t.kahan_comp != nullptr) {
+      for (int64_t k = 0; k < len; ++k) {
+        kernels::kahan_store(w0b[k], wb[k], &bits[b0 + k], &t.kahan_comp[b0 + k]);
       }
+    } else if (stochastic) {
+      // Blocks start at multiples of 4: word k of the block is element b0 + k's.
+      __at_align__ uint32_t words[kBlock];
+      rounding_words_of_block(seed, sr_step, b0 / 4, static_cast<int>((len + 3) / 4), words);
+      for (int64_t k = 0; k < len; ++k) {
+        bits[b0 + k] = kernels::bf16_bits_stochastic(wb[k], words[k]);
+      }
+    } else {
+      from_float(wb, param + b0, len);
     }
     if (m_io.data != nullptr) {
       m_io.store(blk, b0, b1, mb);
     }
     if (v_io.data != nullptr) {
       v_io.store(blk, b0, b1, vb);
+    }
+    if (vmax != nullptr) {
+      std::copy(vmb, vmb + len, vmax + b0);
     }
     b0 = b1;
   }
@@ -219,44 +408,6 @@ void optim_span(const OptimTensor& t, int64_t begin, int64_t end, int64_t tail_f
     }
     return g;
   };
-  if constexpr (std::is_same_v<T, c10::BFloat16>) {
-    if (t.remainder != nullptr) {
-      // BF16 weight + int16 remainder (NOTE [BF16 weight + 16-bit remainder]): scalar, bit-level.
-      auto* bits = reinterpret_cast<uint16_t*>(param);
-      for (int64_t i = begin; i < end; ++i) {
-        float w1 = kernels::join_remainder(bits[i], t.remainder[i]);
-        const float g1 = scalar_grad(i);
-        scalar_body(w1, g1, m != nullptr ? m + i : nullptr, v != nullptr ? v + i : nullptr,
-                    vmax != nullptr ? vmax + i : nullptr, i >= tail_from);
-        kernels::split_remainder(w1, &bits[i], &t.remainder[i]);
-      }
-      return;
-    }
-    if (t.kahan_comp != nullptr || t.sr_seed != nullptr) {
-      // BF16 weight without a master (kernels/stochastic_rounding.h): the FP32 update of the BF16 value, stored
-      // with Kahan compensation or stochastic rounding; scalar, bit-level, keyed by element index.
-      auto* bits = reinterpret_cast<uint16_t*>(param);
-      const uint64_t seed = t.sr_seed != nullptr ? static_cast<uint64_t>(*t.sr_seed) : 0;
-      const uint32_t step = t.sr_seed != nullptr ? static_cast<uint32_t>(*t.step + 1.f) : 0;
-      kernels::Philox4x32 words{};
-      for (int64_t i = begin; i < end; ++i) {
-        if (t.sr_seed != nullptr && (i == begin || (i & 3) == 0)) {
-          words = kernels::rounding_words(seed, step, i >> 2);  // one call per group of 4 elements
-        }
-        const float w0 = kernels::bf16_bits_to_float(bits[i]);
-        float w1 = w0;
-        const float g1 = scalar_grad(i);
-        scalar_body(w1, g1, m != nullptr ? m + i : nullptr, v != nullptr ? v + i : nullptr,
-                    vmax != nullptr ? vmax + i : nullptr, i >= tail_from);
-        if (t.kahan_comp != nullptr) {
-          kernels::kahan_store(w0, w1, &bits[i], &t.kahan_comp[i]);
-        } else {
-          bits[i] = kernels::bf16_bits_stochastic(w1, words.v[i & 3]);
-        }
-      }
-      return;
-    }
-  }
   const int64_t vec_end = std::min(end, tail_from);
   int64_t i = begin;
   for (; i + kStep <= vec_end; i += kStep) {
@@ -358,16 +509,18 @@ template <Streams kStreams, typename VecBody, typename ScalarBody>
 void dispatch_span(const OptimTensor& t, int64_t begin, int64_t end, int tail_width, float grad_scale, bool write_grads,
                    const VecBody& vec_body, const ScalarBody& scalar_body) {
   const int64_t tail_from = kernels::tail_start(t.numel, tail_width);
-  if (t.exp_avg_type != kernels::StateType::kFloat32 || t.exp_avg_sq_type != kernels::StateType::kFloat32) {
-    switch (t.dtype) {  // BF16 or 8-bit moments
+  // NOTE [Weight-block loop]: a weight kept bit by bit, or moments in BF16 or 8 bits.
+  if (t.remainder != nullptr || t.kahan_comp != nullptr || t.sr_seed != nullptr ||
+      t.exp_avg_type != kernels::StateType::kFloat32 || t.exp_avg_sq_type != kernels::StateType::kFloat32) {
+    switch (t.dtype) {
       case DType::kFloat16:
-        state_block_span<c10::Half>(t, begin, end, tail_from, grad_scale, write_grads, scalar_body);
+        weight_block_span<c10::Half>(t, begin, end, tail_from, grad_scale, write_grads, vec_body, scalar_body);
         break;
       case DType::kBFloat16:
-        state_block_span<c10::BFloat16>(t, begin, end, tail_from, grad_scale, write_grads, scalar_body);
+        weight_block_span<c10::BFloat16>(t, begin, end, tail_from, grad_scale, write_grads, vec_body, scalar_body);
         break;
       default:
-        state_block_span<float>(t, begin, end, tail_from, grad_scale, write_grads, scalar_body);
+        weight_block_span<float>(t, begin, end, tail_from, grad_scale, write_grads, vec_body, scalar_body);
         break;
     }
     return;
