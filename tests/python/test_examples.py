@@ -50,8 +50,8 @@ def test_python_train_demo_runs_side_by_side_with_torch_amp():
     pytest.importorskip("sklearn")
     out = subprocess.run([sys.executable, str(ROOT / "examples/python/train_demo.py"), "--epochs", "4"],
                          capture_output=True, text=True, check=True).stdout
-    rows = {line.rsplit(None, 4)[0]: line.split() for line in out.splitlines()[1:5]}
-    assert set(rows) == {"torch.amp O1", "ampkit O1", "ampkit O2", "ampkit O2 FP8"}
+    rows = {line.rsplit(None, 4)[0]: line.split() for line in out.splitlines()[1:6]}
+    assert set(rows) == {"torch.amp O1", "ampkit O1", "ampkit O2", "ampkit O2 FP8", "ampkit O2 8-bit"}
     for fields in rows.values():
         assert float(fields[-3].rstrip("%")) > 90.0  # test accuracy
 
