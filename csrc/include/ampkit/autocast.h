@@ -137,7 +137,8 @@ AMPKIT_API void decorate(torch::nn::Module& module, OptLevel level, std::optiona
 // The same with the model's optimizer (ampkit.decorate(model, optimizer, ...)): at O2/O3 it must be an
 // ampkit::optim one (Adam, AdamW, SGD, LAMB; TypeError otherwise), and each of its parameters that is cast gets an
 // FP32 master copied from its weight just before the cast (Apex O2), a tied parameter once; a parameter that was
-// FP16/BF16 already gets a master of its rounded value, with a warning. Mutates the optimizer's state.
+// FP16/BF16 already gets a master of its rounded value, with a warning. Groups whose master_weights keeps no master
+// (MasterWeights::stochastic(), kahan()) get none: their weights are just cast. Mutates the optimizer's state.
 AMPKIT_API void decorate(torch::nn::Module& module, torch::optim::Optimizer& optimizer, OptLevel level,
                          std::optional<c10::ScalarType> dtype = std::nullopt, bool keep_norm_fp32 = true,
                          const std::vector<std::string>& excluded = {});
