@@ -225,7 +225,9 @@ def _case_low_precision_params(rank: int, out_dir: str) -> dict:
     """BF16 sharded parameters with FP32 masters: the update of each rank's shards is exactly ampkit's update of
     plain tensors holding those shards and grads; masters and remainders are DTensors of the parameter's layout."""
     cases = [(ampkit.optim.AdamW, dict(lr=1e-2)), (ampkit.optim.AdamW, dict(lr=1e-2, master_weights="remainder")),
-             (ampkit.optim.SGD, dict(lr=0.05, momentum=0.9))]
+             (ampkit.optim.SGD, dict(lr=0.05, momentum=0.9)),
+             (ampkit.optim.AdamW, dict(lr=1e-2, master_weights="kahan", exp_avg_dtype=torch.bfloat16,
+                                       exp_avg_sq_dtype=torch.bfloat16))]
     for cls, kwargs in cases:
         model = _model(dtype=torch.bfloat16)
         opt = cls(model.parameters(), **kwargs)
@@ -236,8 +238,20 @@ def _case_low_precision_params(rank: int, out_dir: str) -> dict:
         for p in params:
             if kwargs.get("master_weights") == "remainder":
                 assert opt.state[p]["param_remainder"].dtype == torch.int16, what
+            elif kwargs.get("master_weights") == "kahan":  # BF16 moments: DTensors of the parameter's layout
+                assert opt.state[p]["kahan_comp"].dtype == torch.bfloat16, what
+                assert opt.state[p]["exp_avg"].dtype == opt.state[p]["exp_avg_sq"].dtype == torch.bfloat16, what
             else:
                 assert opt.state[p]["master_param"].dtype == torch.float32, what
+    # 8-bit moments are packed per parameter, not sharded like it: refused before anything changes.
+    model = _model(dtype=torch.bfloat16)
+    opt = ampkit.optim.AdamW(model.parameters(), lr=1e-2, exp_avg_dtype=torch.uint8)
+    _loss(model, rank, 0).backward()
+    before = [p.to_local().clone() for p in model.parameters()]
+    with pytest.raises(NotImplementedError, match=r"AdamW: 8-bit states \(torch.uint8\) with DTensor parameters"):
+        opt.step()
+    assert all(torch.equal(p.to_local(), b) for p, b in zip(model.parameters(), before))
+    assert len(opt.state) == 0
     # A group the optimizer refuses (FP64 shards, masters asked for) raises before any shard or state changes.
     model = _model(dtype=torch.float64)
     opt = ampkit.optim.AdamW(model.parameters(), lr=1e-2, master_weights=True)
