@@ -76,6 +76,19 @@ struct WeightOut {
   uint32_t step;
 };
 
+// Element i's grad in FP32, divided by the scale (and stored back so) as `gin` says, for the element-wise loops.
+template <typename T>
+__device__ AMPKIT_INLINE float read_grad(T* grad, int64_t i, const GradIn& gin) {
+  float g = to_opmath(global_load(grad + i));
+  if (gin.unscale) {
+    g = g / gin.scale;
+    if (gin.write) {
+      global_store(grad + i, from_opmath<T>(g));
+    }
+  }
+  return g;
+}
+
 // One element's weight as a launch keeps it, for the element-wise loops: read as FP32 (the master, the BF16 weight
 // joined with its remainder, or the parameter) and written back (the master and the rounded parameter; the
 // remainder; the Kahan-compensated BF16 weight; or the BF16 weight rounded stochastically with element `first +
@@ -292,13 +305,7 @@ __device__ void for_each_element(const Args& a, int t, int64_t start, int64_t n,
   for (int64_t i = n_vec * kVec + threadIdx.x; i < n; i += stride) {
     float w = weight.load(i);
     const float w0 = w;
-    float g = to_opmath(global_load(grad + i));
-    if (gin.unscale) {
-      g = g / gin.scale;
-      if (gin.write) {
-        global_store(grad + i, from_opmath<T>(g));
-      }
-    }
+    const float g = read_grad(grad, i, gin);
     float mi = m ? global_load(m + i) : 0.f;
     float vi = v ? global_load(v + i) : 0.f;
     float vmi = vmax ? global_load(vmax + i) : 0.f;
@@ -424,13 +431,7 @@ __device__ void for_each_state_block(const Args& a, int t, int64_t start, int64_
       mv[j] = ms.base ? load_state(ms, i, m_scale) : 0.f;
       vv[j] = vs.base ? load_state(vs, i, v_scale) : 0.f;
       const float w0 = weight.load(i);
-      float g = to_opmath(global_load(grad + i));
-      if (gin.unscale) {
-        g = g / gin.scale;
-        if (gin.write) {
-          global_store(grad + i, from_opmath<T>(g));
-        }
-      }
+      const float g = read_grad(grad, i, gin);
       float vmj = vmax ? global_load(vmax + i) : 0.f;
       float w = w0;
       body(w, g, ms.base ? &mv[j] : nullptr, vs.base ? &vv[j] : nullptr, vmax ? &vmj : nullptr, i >= tail_from);

@@ -13,6 +13,7 @@ import torch
 import ampkit
 from ampkit import _C
 from conftest import CUDA_ONLY
+from test_optim_lean import assert_cuda_steps_as_cpu
 
 U8, BF16, F32 = torch.uint8, torch.bfloat16, torch.float32
 BLOCK = 256
@@ -359,20 +360,7 @@ def test_cuda_steps_lean_states_as_the_cpu(cls, kwargs, mode):
     grads = [[torch.randn(n).to(torch.bfloat16) for n in sizes] for _ in range(4)]
     cpu = [torch.nn.Parameter(torch.randn(n).to(torch.bfloat16)) for n in sizes]
     cpu_opt = cls(cpu, lr=1e-2, master_weights=mode, **kwargs)
-    for a, g in zip(cpu, grads[0]):
-        a.grad = g.clone()
-    cpu_opt.step()
-    cuda = [torch.nn.Parameter(p.detach().cuda()) for p in cpu]
-    cuda_opt = cls(cuda, lr=1e-2, master_weights=mode, **kwargs)
-    cuda_opt.load_state_dict(copy.deepcopy(cpu_opt.state_dict()))
-    for gs in grads[1:]:
-        for a, b, g in zip(cpu, cuda, gs):
-            a.grad, b.grad = g.clone(), g.cuda()
-        cpu_opt.step()
-        cuda_opt.step()
-    assert all(same_bits(a.detach(), b.detach().cpu()) for a, b in zip(cpu, cuda))
-    for a, b in zip(cpu, cuda):
-        assert all(same_bits(cpu_opt.state[a][k], cuda_opt.state[b][k].cpu()) for k in cpu_opt.state[a])
+    assert_cuda_steps_as_cpu(cpu, cpu_opt, lambda ps: cls(ps, lr=1e-2, master_weights=mode, **kwargs), grads)
 
 
 # ---- the plain BF16 guard -----------------------------------------------------------------------------------------
