@@ -170,10 +170,22 @@ std::string spell(double v) {
   if (std::isnan(v)) {
     return "nan";
   }
-  char buf[64];
-  const auto [end, ec] = std::to_chars(buf, buf + sizeof(buf), v);
-  std::string s(buf, ec == std::errc() ? end : buf);
-  if (s.find_first_of(".ein") == std::string::npos) {
+  if (std::isinf(v)) {
+    return v > 0 ? "inf" : "-inf";
+  }
+  // Python's repr: the shortest digits that round-trip, in fixed notation for decimal exponents -4 ... 15 and in
+  // scientific notation (at least two exponent digits) outside.
+  char buf[400];
+  const auto sci_out = std::to_chars(buf, buf + sizeof(buf), v, std::chars_format::scientific);
+  const std::string sci(buf, sci_out.ec == std::errc() ? sci_out.ptr : buf);
+  const size_t e = sci.find('e');
+  const int exponent = e == std::string::npos ? 0 : std::stoi(sci.substr(e + 1));
+  if (exponent < -4 || exponent >= 16) {
+    return sci;
+  }
+  const auto fixed_out = std::to_chars(buf, buf + sizeof(buf), v, std::chars_format::fixed);
+  std::string s(buf, fixed_out.ec == std::errc() ? fixed_out.ptr : buf);
+  if (s.find('.') == std::string::npos) {
     s += ".0";
   }
   return s;

@@ -277,6 +277,18 @@ def test_optimizer_options_are_refused_in_the_constructor_and_in_add_param_group
     assert [dict((k, v) for k, v in g.items() if k != "params") for g in opt.param_groups] == before
 
 
+@pytest.mark.parametrize("value", [-0.0003, -1e-05, -0.5, -3e-17, -1e16, -1e15, -123456789.0, float("-inf")])
+@pytest.mark.parametrize("key", ["lr", "eps", "weight_decay"])
+def test_optimizer_range_errors_spell_numbers_as_torch_does(key, value):
+    # torch.optim prints the Python float (its repr: 0.0003, 1e-05, 1e+16); the C++ core spells it the same way.
+    def message(cls) -> str:
+        with pytest.raises(ValueError) as info:
+            cls([_p], **{key: value})
+        return str(info.value)
+
+    assert message(ampkit.optim.AdamW) == message(torch.optim.AdamW)
+
+
 AUTOCAST_OPTIONS = [
     (dict(device_type="tpu"), ValueError, "ampkit.autocast: device_type must be 'cpu' or 'cuda'"),
     (dict(device_type="cpu", dtype=torch.float64), ValueError, "ampkit.autocast: dtype must be torch.float16"),
