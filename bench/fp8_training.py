@@ -91,17 +91,15 @@ def gemm_bytes(model: nn.Module, tokens: int, fp8_operands: bool) -> int:
     return total
 
 
-def train(recipe, steps: int, seed: int, transitions: torch.Tensor) -> dict:
-    torch.manual_seed(seed)
-    model = LM()
-    if recipe is not None:
-        fp8.convert(model, recipe)
-    optimizer = ampkit.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
+def train_steps(model: nn.Module, optimizer, steps: int, seed: int, transitions: torch.Tensor,
+                autocast: bool) -> tuple[list[float], float]:
+    """`steps` optimizer steps of next-word loss on batches drawn from `transitions` (seeded by seed + 1), the
+    forward under BF16 autocast when asked; stops at a non-finite loss. Returns (losses, seconds per step)."""
     gen = torch.Generator().manual_seed(seed + 1)
     losses, start = [], time.perf_counter()
     for _ in range(steps):
         ids = batch(transitions, gen)
-        with ampkit.autocast("cpu", dtype=torch.bfloat16):
+        with ampkit.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
             logits = model(ids[:, :-1])
         loss = F.cross_entropy(logits.float().reshape(-1, WORDS), ids[:, 1:].reshape(-1))
         optimizer.zero_grad()
@@ -110,7 +108,16 @@ def train(recipe, steps: int, seed: int, transitions: torch.Tensor) -> dict:
         losses.append(loss.item())
         if not math.isfinite(losses[-1]):
             break
-    seconds = (time.perf_counter() - start) / len(losses)
+    return losses, (time.perf_counter() - start) / len(losses)
+
+
+def train(recipe, steps: int, seed: int, transitions: torch.Tensor) -> dict:
+    torch.manual_seed(seed)
+    model = LM()
+    if recipe is not None:
+        fp8.convert(model, recipe)
+    optimizer = ampkit.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
+    losses, seconds = train_steps(model, optimizer, steps, seed, transitions, autocast=True)
     converted = sum(isinstance(m, fp8.Float8Linear) for m in model.modules())
     return {"final_loss": sum(losses[-20:]) / len(losses[-20:]), "first_loss": losses[0], "steps": len(losses),
             "seconds_per_step": seconds, "fp8_layers": converted, "skipped_layers": fp8.skipped_layers(model),

@@ -19,15 +19,13 @@ import json
 import math
 import os
 import sys
-import time
 
 import torch
-import torch.nn.functional as F
 
 import ampkit
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from fp8_training import BATCH, LM, SEQ, WORDS, batch, language  # noqa: E402
+from fp8_training import BATCH, LM, SEQ, language, train_steps  # noqa: E402
 
 U8, BF16 = torch.uint8, torch.bfloat16
 # name: AdamW's master_weights and state dtype options
@@ -53,20 +51,9 @@ def train(options: dict, steps: int, seed: int, lr: float, transitions: torch.Te
     torch.manual_seed(seed)
     model = LM().to(torch.bfloat16)
     optimizer = ampkit.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, **options)
-    gen = torch.Generator().manual_seed(seed + 1)
-    losses, start = [], time.perf_counter()
-    for _ in range(steps):
-        ids = batch(transitions, gen)
-        logits = model(ids[:, :-1])
-        loss = F.cross_entropy(logits.float().reshape(-1, WORDS), ids[:, 1:].reshape(-1))
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
-        if not math.isfinite(losses[-1]):
-            break
+    losses, seconds = train_steps(model, optimizer, steps, seed, transitions, autocast=False)
     return {"final_loss": sum(losses[-20:]) / len(losses[-20:]), "first_loss": losses[0], "steps": len(losses),
-            "seconds_per_step": (time.perf_counter() - start) / len(losses),
+            "seconds_per_step": seconds,
             "bytes_per_param": bytes_per_param(model, optimizer)}
 
 
