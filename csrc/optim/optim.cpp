@@ -12,6 +12,7 @@
 #include <optional>
 #include <string>
 #include <tuple>
+#include <type_traits>
 
 #include "ampkit/ops.h"
 #include "libtorch_archive.h"
@@ -33,15 +34,43 @@ void check_group_options(const char* optimizer, size_t first,
   }
 }
 
-// LibTorch's Optimizer constructor and add_param_group give the param groups of an optimizer it does not know the
-// defaults, dropping the options a group carries: put each group's own options back (groups[i] became group
-// first + i).
-void keep_group_options(std::vector<torch::optim::OptimizerParamGroup>& added, size_t first,
-                        const std::vector<torch::optim::OptimizerParamGroup>& groups) {
-  for (size_t i = 0; i < groups.size(); ++i) {
-    if (groups[i].has_options()) {
-      added.at(first + i).set_options(groups[i].options().clone());
+// NOTE [Group options]
+// A param group carrying options takes LibTorch's rule (torch::optim::Optimizer::add_param_group since torch 2.9,
+// the Python rule of torch.optim as far as C++ can tell it): each option the group leaves at its constructor's
+// value (Options(), SGDOptions(1e-3) as LibTorch's SGD) is the optimizer's default, any other value is the
+// group's own. So Adam(groups{AdamOptions().weight_decay(0.1)}, AdamOptions().lr(2e-3)) gives that group lr 2e-3,
+// and an SGDOptions(0.01) group under SGDOptions(1e-3).momentum(0.9) gets momentum 0.9. As in LibTorch, an option
+// set explicitly to its constructor's value cannot be told from an unset one: it takes the default. lr_tensor is
+// the group's when defined.
+template <typename Options>
+const Options& constructor_options() {
+  static const Options fresh = [] {
+    if constexpr (std::is_default_constructible_v<Options>) {
+      return Options();
+    } else {
+      return Options(1e-3);
     }
+  }();
+  return fresh;
+}
+
+// Gives each group that carries options (groups[i] became group first + i) the merge of NOTE [Group options].
+template <typename Options>
+void merge_group_options(std::vector<torch::optim::OptimizerParamGroup>& added, size_t first,
+                         const std::vector<torch::optim::OptimizerParamGroup>& groups, const Options& defaults) {
+  const Options& fresh = constructor_options<Options>();
+  for (size_t i = 0; i < groups.size(); ++i) {
+    if (!groups[i].has_options()) {
+      continue;
+    }
+    const auto& own = static_cast<const Options&>(groups[i].options());
+    auto merged = std::make_unique<Options>(defaults);
+    Options::for_each_option([&](const char*, auto member) {
+      if (!detail::same_value(own.*member, fresh.*member)) {
+        (*merged).*member = own.*member;
+      }
+    });
+    added.at(first + i).set_options(std::move(merged));
   }
 }
 
@@ -111,6 +140,14 @@ at::Tensor run_closure(const torch::optim::Optimizer::LossClosure& closure) {
 
 }  // namespace
 
+bool detail::same_value(const at::Tensor& a, const at::Tensor& b) {
+  if (!a.defined() || !b.defined()) {
+    return a.defined() == b.defined();
+  }
+  return a.scalar_type() == b.scalar_type() && a.device() == b.device() && a.sizes().equals(b.sizes()) &&
+         at::equal(a, b);
+}
+
 std::optional<at::Tensor> ScaledStep::grad_scale() const {
   return grad_scale_.defined() ? std::optional<at::Tensor>(grad_scale_) : std::nullopt;
 }
@@ -127,14 +164,14 @@ FusedOptimizer<Derived, Options, State>::FusedOptimizer(
     : torch::optim::Optimizer(param_groups, std::make_unique<Options>(defaults)) {
   core::check_config(Derived::config(defaults));
   check_group_options<Options>(Derived::kName, 0, param_groups);
-  keep_group_options(param_groups_, 0, param_groups);
+  merge_group_options(param_groups_, 0, param_groups, static_cast<const Options&>(*defaults_));
 }
 
 template <class Derived, class Options, class State>
 void FusedOptimizer<Derived, Options, State>::add_param_group(const torch::optim::OptimizerParamGroup& param_group) {
   check_group_options<Options>(Derived::kName, param_groups_.size(), {param_group});
   torch::optim::Optimizer::add_param_group(param_group);
-  keep_group_options(param_groups_, param_groups_.size() - 1, {param_group});
+  merge_group_options(param_groups_, param_groups_.size() - 1, {param_group}, static_cast<const Options&>(*defaults_));
 }
 
 // One step of every group through the core: every group is checked before the first one is written; states are

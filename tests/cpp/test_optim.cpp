@@ -297,7 +297,8 @@ TEST_CASE("optim::LAMB: param groups with a global clip equal the fused op on th
   std::vector<torch::optim::OptimizerParamGroup> groups;
   groups.emplace_back(std::vector<at::Tensor>{ps[0], ps[2]}, std::make_unique<ampkit::optim::LAMBOptions>(
                                                                  ampkit::optim::LAMBOptions(1e-2).max_grad_norm(0.5)));
-  // A group's options replace the defaults (LibTorch's rule): this one clips at the default 1.0.
+  // A group takes the defaults' value of each option it leaves at its constructor's (NOTE [Group options]): this
+  // one clips at the optimizer's 0.25.
   groups.emplace_back(std::vector<at::Tensor>{ps[1], ps[3], ps[4]},
                       std::make_unique<ampkit::optim::LAMBOptions>(ampkit::optim::LAMBOptions(1e-2).weight_decay(0)));
   ampkit::optim::LAMB opt(groups, ampkit::optim::LAMBOptions(1e-2).max_grad_norm(0.25));
@@ -336,7 +337,7 @@ TEST_CASE("optim::LAMB: param groups with a global clip equal the fused op on th
       std::vector<size_t> idx;
       double weight_decay, max_grad_norm;
     };
-    for (const auto& g : {Group{{0, 2}, 0.01, 0.5}, Group{{1, 3, 4}, 0.0, 1.0}}) {
+    for (const auto& g : {Group{{0, 2}, 0.01, 0.5}, Group{{1, 3, 4}, 0.0, 0.25}}) {
       ampkit::lamb_step_(pick(weights, g.idx), pick(grads, g.idx), pick(masters, g.idx), {}, pick(m, g.idx),
                          pick(v, g.idx), pick(steps, g.idx), 1e-2, 0.9, 0.999, g.weight_decay, 1e-6, true, true, true,
                          false, g.max_grad_norm, norm);

@@ -112,6 +112,22 @@ struct AMPKIT_API AdamOptionsT : public torch::optim::OptimizerCloneableOptions<
   void set_lr(const double lr) override { this->lr(lr); }
   void serialize(torch::serialize::OutputArchive& archive) const override;
   void serialize(torch::serialize::InputArchive& archive) override;
+  // Calls visit(name, member pointer) once per option, in declaration order: the list that param groups' merge
+  // with the defaults (LibTorch's rule, NOTE [Group options]) and operator== read.
+  template <class Visit>
+  static void for_each_option(Visit&& visit) {
+    visit("lr", &AdamOptionsT::lr_);
+    visit("betas", &AdamOptionsT::betas_);
+    visit("eps", &AdamOptionsT::eps_);
+    visit("weight_decay", &AdamOptionsT::weight_decay_);
+    visit("amsgrad", &AdamOptionsT::amsgrad_);
+    visit("maximize", &AdamOptionsT::maximize_);
+    visit("master_weights", &AdamOptionsT::master_weights_);
+    visit("exp_avg_dtype", &AdamOptionsT::exp_avg_dtype_);
+    visit("exp_avg_sq_dtype", &AdamOptionsT::exp_avg_sq_dtype_);
+    visit("write_unscaled_grads", &AdamOptionsT::write_unscaled_grads_);
+    visit("lr_tensor", &AdamOptionsT::lr_tensor_);
+  }
 };
 using AdamOptions = AdamOptionsT<false>;
 using AdamWOptions = AdamOptionsT<true>;
@@ -131,6 +147,18 @@ struct AMPKIT_API AdamParamState : public torch::optim::OptimizerCloneableParamS
  public:
   void serialize(torch::serialize::OutputArchive& archive) const override;
   void serialize(torch::serialize::InputArchive& archive) override;
+  // Calls visit(name, member pointer) once per entry (operator==).
+  template <class Visit>
+  static void for_each_entry(Visit&& visit) {
+    visit("step", &AdamParamState::step_);
+    visit("exp_avg", &AdamParamState::exp_avg_);
+    visit("exp_avg_sq", &AdamParamState::exp_avg_sq_);
+    visit("max_exp_avg_sq", &AdamParamState::max_exp_avg_sq_);
+    visit("master_param", &AdamParamState::master_param_);
+    visit("param_remainder", &AdamParamState::param_remainder_);
+    visit("kahan_comp", &AdamParamState::kahan_comp_);
+    visit("sr_seed", &AdamParamState::sr_seed_);
+  }
 };
 
 template <bool kDecoupled>
@@ -169,6 +197,20 @@ struct AMPKIT_API SGDOptions : public torch::optim::OptimizerCloneableOptions<SG
   void set_lr(const double lr) override { this->lr(lr); }
   void serialize(torch::serialize::OutputArchive& archive) const override;
   void serialize(torch::serialize::InputArchive& archive) override;
+  // As AdamOptionsT's.
+  template <class Visit>
+  static void for_each_option(Visit&& visit) {
+    visit("lr", &SGDOptions::lr_);
+    visit("momentum", &SGDOptions::momentum_);
+    visit("dampening", &SGDOptions::dampening_);
+    visit("weight_decay", &SGDOptions::weight_decay_);
+    visit("nesterov", &SGDOptions::nesterov_);
+    visit("maximize", &SGDOptions::maximize_);
+    visit("master_weights", &SGDOptions::master_weights_);
+    visit("momentum_dtype", &SGDOptions::momentum_dtype_);
+    visit("write_unscaled_grads", &SGDOptions::write_unscaled_grads_);
+    visit("lr_tensor", &SGDOptions::lr_tensor_);
+  }
 };
 
 struct AMPKIT_API SGDParamState : public torch::optim::OptimizerCloneableParamState<SGDParamState> {
@@ -182,6 +224,16 @@ struct AMPKIT_API SGDParamState : public torch::optim::OptimizerCloneableParamSt
  public:
   void serialize(torch::serialize::OutputArchive& archive) const override;
   void serialize(torch::serialize::InputArchive& archive) override;
+  // As AdamParamState's.
+  template <class Visit>
+  static void for_each_entry(Visit&& visit) {
+    visit("step", &SGDParamState::step_);
+    visit("momentum_buffer", &SGDParamState::momentum_buffer_);
+    visit("master_param", &SGDParamState::master_param_);
+    visit("param_remainder", &SGDParamState::param_remainder_);
+    visit("kahan_comp", &SGDParamState::kahan_comp_);
+    visit("sr_seed", &SGDParamState::sr_seed_);
+  }
 };
 
 class AMPKIT_API SGD : public FusedOptimizer<SGD, SGDOptions, SGDParamState> {
@@ -227,6 +279,21 @@ struct AMPKIT_API LAMBOptions : public torch::optim::OptimizerCloneableOptions<L
   void set_lr(const double lr) override { this->lr(lr); }
   void serialize(torch::serialize::OutputArchive& archive) const override;
   void serialize(torch::serialize::InputArchive& archive) override;
+  // As AdamOptionsT's.
+  template <class Visit>
+  static void for_each_option(Visit&& visit) {
+    visit("lr", &LAMBOptions::lr_);
+    visit("betas", &LAMBOptions::betas_);
+    visit("eps", &LAMBOptions::eps_);
+    visit("weight_decay", &LAMBOptions::weight_decay_);
+    visit("bias_correction", &LAMBOptions::bias_correction_);
+    visit("adam_w_mode", &LAMBOptions::adam_w_mode_);
+    visit("grad_averaging", &LAMBOptions::grad_averaging_);
+    visit("max_grad_norm", &LAMBOptions::max_grad_norm_);
+    visit("use_nvlamb", &LAMBOptions::use_nvlamb_);
+    visit("master_weights", &LAMBOptions::master_weights_);
+    visit("lr_tensor", &LAMBOptions::lr_tensor_);
+  }
 };
 
 class AMPKIT_API LAMB : public FusedOptimizer<LAMB, LAMBOptions, AdamParamState> {
@@ -253,6 +320,38 @@ class AMPKIT_API LAMB : public FusedOptimizer<LAMB, LAMBOptions, AdamParamState>
 
   at::Tensor last_grad_norm_;
 };
+
+namespace detail {
+// Equal values; tensors: both undefined, or both defined with the same dtype, shape, device and elements.
+AMPKIT_API bool same_value(const at::Tensor& a, const at::Tensor& b);
+template <class T>
+bool same_value(const T& a, const T& b) {
+  return a == b;
+}
+template <class T>
+bool same_options(const T& a, const T& b) {
+  bool same = true;
+  T::for_each_option([&](const char*, auto member) { same = same && same_value(a.*member, b.*member); });
+  return same;
+}
+template <class T>
+bool same_entries(const T& a, const T& b) {
+  bool same = true;
+  T::for_each_entry([&](const char*, auto member) { same = same && same_value(a.*member, b.*member); });
+  return same;
+}
+}  // namespace detail
+
+// Every option equal (lr_tensor: both undefined, or equal values), as LibTorch's operator== on its options.
+template <bool kDecoupled>
+bool operator==(const AdamOptionsT<kDecoupled>& a, const AdamOptionsT<kDecoupled>& b) {
+  return detail::same_options(a, b);
+}
+inline bool operator==(const SGDOptions& a, const SGDOptions& b) { return detail::same_options(a, b); }
+inline bool operator==(const LAMBOptions& a, const LAMBOptions& b) { return detail::same_options(a, b); }
+// Every entry equal (an absent entry equals only an absent one), as LibTorch's operator== on its param states.
+inline bool operator==(const AdamParamState& a, const AdamParamState& b) { return detail::same_entries(a, b); }
+inline bool operator==(const SGDParamState& a, const SGDParamState& b) { return detail::same_entries(a, b); }
 
 // The state of parameter `p` in `optimizer` (nullptr before its first step), typed: instead of
 // static_cast<AdamParamState&>(*opt.state().at(p.unsafeGetTensorImpl())),
