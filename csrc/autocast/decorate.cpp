@@ -9,9 +9,13 @@
 #include <algorithm>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <string>
 #include <typeinfo>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
+#include <vector>
 
 #include "ampkit/autocast.h"
 #include "ampkit/fp8.h"
@@ -34,13 +38,17 @@ const char* level_name(OptLevel level) {
 // NOTE [Decorated modules]
 // ampkit.decorate marks a model decorated at O2/O3 with an attribute and refuses to decorate it again (that would
 // take the optimizer's masters from rounded weights). A LibTorch module has no room for a mark, so the modules are
-// kept here by address with a weak reference: decorate walks the module through named_modules(include_self), which
-// needs it owned by a shared_ptr (TORCH_MODULE holders, std::make_shared), so every decorated module has one. An
-// entry whose module is gone is dropped: a new module at a freed module's address is never taken for it.
+// kept here by address with a weak reference that tells when the module is gone: its owner's (a module owned by a
+// shared_ptr: TORCH_MODULE holders, std::make_shared), or for a module held by value (`Net model;`, as LibTorch's
+// examples write it) its first parameter's, which dies with it. An entry whose module is gone is dropped: a new
+// module at a freed module's address is never taken for it.
 struct Decorated {
   const torch::nn::Module* module;
-  std::weak_ptr<torch::nn::Module> owner;
+  std::weak_ptr<torch::nn::Module> owner;                               // a module owned by a shared_ptr
+  std::optional<c10::weak_intrusive_ptr<c10::TensorImpl>> first_param;  // else: its first parameter
   OptLevel level;
+
+  bool gone() const { return owner.expired() && (!first_param.has_value() || first_param->expired()); }
 };
 
 std::mutex& registry_mutex() {
@@ -53,13 +61,23 @@ std::vector<Decorated>& registry() {
   return r;
 }
 
+// The first parameter of `module` (recursing), or an undefined tensor.
+at::Tensor first_parameter(const torch::nn::Module& module) {
+  const auto params = module.parameters(/*recurse=*/true);
+  return params.empty() ? at::Tensor() : params.front();
+}
+
 // The level `module` was decorated at (O2/O3), if it was; drops the entries of modules that are gone.
 std::optional<OptLevel> decorated_level(const torch::nn::Module& module) {
   const std::lock_guard<std::mutex> lock(registry_mutex());
   auto& r = registry();
-  r.erase(std::remove_if(r.begin(), r.end(), [](const Decorated& d) { return d.owner.expired(); }), r.end());
+  r.erase(std::remove_if(r.begin(), r.end(), [](const Decorated& d) { return d.gone(); }), r.end());
+  const at::Tensor first = first_parameter(module);
   for (const auto& d : r) {
-    if (d.module == &module) {
+    const bool same =
+        d.module == &module && (!d.owner.expired() || (first.defined() && d.first_param.has_value() &&
+                                                       d.first_param->lock().get() == first.unsafeGetTensorImpl()));
+    if (same) {
       return d.level;
     }
   }
@@ -67,12 +85,35 @@ std::optional<OptLevel> decorated_level(const torch::nn::Module& module) {
 }
 
 void mark_decorated(torch::nn::Module& module, OptLevel level) {
-  std::weak_ptr<torch::nn::Module> owner = module.weak_from_this();
-  if (owner.expired()) {
-    return;  // not reached: named_modules(include_self) has refused a module no shared_ptr owns
+  Decorated entry{&module, module.weak_from_this(), std::nullopt, level};
+  if (entry.owner.expired()) {
+    const at::Tensor first = first_parameter(module);
+    if (!first.defined()) {
+      return;  // no parameter: nothing a second decorate could take a master from
+    }
+    entry.first_param.emplace(first.getIntrusivePtr());
   }
   const std::lock_guard<std::mutex> lock(registry_mutex());
-  registry().push_back({&module, std::move(owner), level});
+  registry().push_back(std::move(entry));
+}
+
+// `module` and every module under it, with their qualified names ("" for `module`), without asking for a
+// shared_ptr that owns `module` (named_modules(include_self) does): a module held by value is decorated too.
+std::vector<std::pair<std::string, torch::nn::Module*>> modules_of(torch::nn::Module& module) {
+  std::vector<std::pair<std::string, torch::nn::Module*>> all{{"", &module}};
+  for (const auto& item : module.named_modules("", /*include_self=*/false)) {
+    all.emplace_back(item.key(), item.value().get());
+  }
+  return all;
+}
+
+// `module` and every module under it.
+std::vector<const torch::nn::Module*> subtree(const torch::nn::Module& module) {
+  std::vector<const torch::nn::Module*> all{&module};
+  for (const auto& sub : module.modules(/*include_self=*/false)) {
+    all.push_back(sub.get());
+  }
+  return all;
 }
 
 // Gives parameter p an FP32 master copied from its current value in `optimizer`'s state (creating the state).
@@ -157,29 +198,28 @@ void decorate_impl(torch::nn::Module& module, torch::optim::Optimizer* optimizer
               before.has_value() ? level_name(*before) : "",
               " already; decorating it again would take the "
               "optimizer's masters from rounded weights (decorate a module once, before loading checkpoints)");
-  const auto named = module.named_modules("", /*include_self=*/true);
+  const auto named = modules_of(module);
   for (const auto& name : excluded) {
-    TORCH_CHECK_VALUE(named.contains(name), "ampkit::decorate: excluded module '", name, "' is not in the model");
+    TORCH_CHECK_VALUE(std::any_of(named.begin(), named.end(), [&](const auto& item) { return item.first == name; }),
+                      "ampkit::decorate: excluded module '", name, "' is not in the model");
   }
   // Modules kept FP32, with everything under them.
   std::unordered_set<const torch::nn::Module*> kept;
-  for (const auto& item : named) {
-    const bool excluded_here = std::find(excluded.begin(), excluded.end(), item.key()) != excluded.end();
-    const bool norm_kept = level == OptLevel::kO2 && keep_norm_fp32 && is_norm(*item.value());
+  for (const auto& [name, m] : named) {
+    const bool excluded_here = std::find(excluded.begin(), excluded.end(), name) != excluded.end();
+    const bool norm_kept = level == OptLevel::kO2 && keep_norm_fp32 && is_norm(*m);
     if (excluded_here || norm_kept) {
-      for (const auto& sub : item.value()->modules(/*include_self=*/true)) {
-        kept.insert(sub.get());
+      for (const torch::nn::Module* sub : subtree(*m)) {
+        kept.insert(sub);
       }
     }
   }
   // A parameter shared between modules (a decoder tied to the embedding) has one dtype: when one owner stays
   // FP32, every owner does (with everything under it), until no kept module shares a parameter with a cast one.
   std::unordered_map<const c10::TensorImpl*, std::vector<const torch::nn::Module*>> owners;
-  std::unordered_map<const torch::nn::Module*, std::shared_ptr<torch::nn::Module>> by_address;
   for (const auto& item : named) {
-    by_address.emplace(item.value().get(), item.value());
-    for (const auto& p : item.value()->named_parameters(/*recurse=*/false)) {
-      owners[p.value().unsafeGetTensorImpl()].push_back(item.value().get());
+    for (const auto& p : item.second->named_parameters(/*recurse=*/false)) {
+      owners[p.value().unsafeGetTensorImpl()].push_back(item.second);
     }
   }
   for (bool changed = true; changed;) {
@@ -189,8 +229,8 @@ void decorate_impl(torch::nn::Module& module, torch::optim::Optimizer* optimizer
           std::any_of(modules.begin(), modules.end(), [&](const torch::nn::Module* m) { return kept.count(m) != 0; });
       for (const torch::nn::Module* m : modules) {
         if (any_kept && kept.count(m) == 0) {
-          for (const auto& sub : by_address.at(m)->modules(/*include_self=*/true)) {
-            kept.insert(sub.get());
+          for (const torch::nn::Module* sub : subtree(*m)) {
+            kept.insert(sub);
           }
           changed = true;
         }
@@ -209,10 +249,10 @@ void decorate_impl(torch::nn::Module& module, torch::optim::Optimizer* optimizer
   std::unordered_set<const c10::TensorImpl*> seen;  // a parameter tied between modules is cast once
   int64_t rounded = 0;
   for (const auto& item : named) {
-    if (kept.count(item.value().get()) != 0) {
+    if (kept.count(item.second) != 0) {
       continue;
     }
-    for (auto& p : item.value()->named_parameters(/*recurse=*/false)) {
+    for (auto& p : item.second->named_parameters(/*recurse=*/false)) {
       at::Tensor& param = p.value();
       if (!seen.insert(param.unsafeGetTensorImpl()).second || !param.is_floating_point()) {
         continue;
@@ -225,10 +265,10 @@ void decorate_impl(torch::nn::Module& module, torch::optim::Optimizer* optimizer
       }
       param.set_data(param.to(dtype));
     }
-    if (dynamic_cast<const fp8::Float8LinearImpl*>(item.value().get()) != nullptr) {
+    if (dynamic_cast<const fp8::Float8LinearImpl*>(item.second) != nullptr) {
       continue;  // its buffers are FP8 scaling state, kept FP32
     }
-    for (auto& b : item.value()->named_buffers(/*recurse=*/false)) {
+    for (auto& b : item.second->named_buffers(/*recurse=*/false)) {
       if (b.value().is_floating_point()) {
         b.value().set_data(b.value().to(dtype));
       }

@@ -383,6 +383,53 @@ TEST_CASE("decorate: a second O2/O3 decorate is refused and changes nothing, ano
   }
 }
 
+namespace {
+
+// A module held by value, as LibTorch's examples declare their models (`Net model;`): no shared_ptr owns it.
+struct ByValueNet : torch::nn::Module {
+  ByValueNet() {
+    fc1 = register_module("fc1", torch::nn::Linear(8, 16));
+    norm = register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({16})));
+    fc2 = register_module("fc2", torch::nn::Linear(16, 2));
+    scale = register_parameter("scale", torch::ones({2}));
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return fc2(norm(fc1(x)).to(at::kFloat)) * scale; }
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+  torch::nn::LayerNorm norm{nullptr};
+  torch::Tensor scale;
+};
+
+}  // namespace
+
+TEST_CASE("decorate: a module held by value is decorated once, its own parameters included", "[autocast][cpu]") {
+  torch::manual_seed(5);
+  ByValueNet model;
+  const auto fp32_weight = model.fc1->weight.detach().clone();
+  ampkit::optim::AdamW opt(model.parameters(), ampkit::optim::AdamWOptions(1e-2));
+  ampkit::decorate(model, opt, ampkit::OptLevel::kO2, at::kBFloat16, true, {"fc2"});
+  CHECK(model.fc1->weight.scalar_type() == at::kBFloat16);
+  CHECK(model.scale.scalar_type() == at::kBFloat16);  // the root's own parameter
+  CHECK(model.norm->weight.scalar_type() == at::kFloat);
+  CHECK(model.fc2->weight.scalar_type() == at::kFloat);  // excluded
+  const auto* state = ampkit::optim::state_of<ampkit::optim::AdamParamState>(opt, model.fc1->weight);
+  REQUIRE(state != nullptr);
+  CHECK(bits_equal(state->master_param(), fp32_weight));
+  REQUIRE_THROWS_WITH(
+      ampkit::decorate(model, opt, ampkit::OptLevel::kO3, at::kHalf),
+      Catch::Contains("ampkit::decorate: module must not be decorated yet, but it was decorated at O2"));
+  CHECK(model.fc1->weight.scalar_type() == at::kBFloat16);
+  const auto x = torch::randn({4, 8});
+  auto loss = model.forward(x.to(at::kBFloat16)).to(at::kFloat).square().mean();
+  loss.backward();
+  REQUIRE_NOTHROW(opt.step());
+  // New modules held by value (at the same stack address, one after the other) are not the decorated one.
+  for (int i = 0; i < 3; ++i) {
+    ByValueNet other;
+    REQUIRE_NOTHROW(ampkit::decorate(other, ampkit::OptLevel::kO2, at::kBFloat16));
+    CHECK(other.fc1->weight.scalar_type() == at::kBFloat16);
+  }
+}
+
 TEST_CASE("decorate with the optimizer: a tied parameter gets one master, already-rounded weights warn",
           "[autocast][cpu]") {
   torch::manual_seed(4);
