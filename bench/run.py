@@ -11,6 +11,7 @@ Each row times ampkit and torch interleaved (median of many runs) on the same in
 Usage: python bench/run.py [--quick] [--device cpu|cuda|all] [--json PATH]
        python bench/run.py --traffic [--json PATH]
        python bench/run.py --lean [--quick] [--device cpu|cuda|all] [--json PATH]
+       python bench/run.py --fp8 [--quick] [--device cpu|cuda|all] [--json PATH]
 
 --traffic prints, for each CUDA kernel, the bytes of tensor data it reads and writes per parameter, counted by
 running the kernels through the emulated host build (no GPU needed: the build's bench/ampkit_traffic), next to
@@ -196,6 +197,7 @@ def bench_device(device: str, quick: bool) -> list[Row]:
     rows += bench_optimizers(device, quick, repeats, copy_bw)
     rows += bench_lamb(device, quick, repeats, copy_bw)
     rows += bench_compiled_step(device, quick, repeats)
+    rows += bench_fp8_linear(device, quick, repeats)
 
     scale = torch.full((1,), 1024.0, device=device)
     tracker = torch.zeros(1, dtype=torch.int32, device=device)
@@ -484,6 +486,40 @@ def bench_lean_optimizers(device: str, quick: bool, repeats: int, copy_bw: float
     return rows
 
 
+def bench_fp8_linear(device: str, quick: bool, repeats: int) -> list[Row]:
+    """ampkit.fp8.Float8Linear (current scaling, tensorwise and rowwise: quantize every operand, three FP8 GEMMs)
+    against a BF16 nn.Linear of the same shape (the "torch" column), forward and backward of a BF16 input, and the
+    forward alone. On the CPU the FP8 GEMMs run as FP32 GEMMs of the exactly widened operands (NOTE [FP8 GEMM on
+    the CPU]); speedup is BF16's time over FP8's (above 1: FP8 faster). gbps here is the FP8 layer's GFLOP/s."""
+    from ampkit import fp8
+
+    rows: list[Row] = []
+    shapes = [(64, 784, 128), (256, 256, 256)] + ([] if quick else [(1024, 1024, 1024)])
+    for tokens, k, n in shapes:
+        torch.manual_seed(0)
+        x = torch.randn(tokens, k, device=device, dtype=torch.bfloat16, requires_grad=True)
+        dy = torch.randn(tokens, n, device=device, dtype=torch.bfloat16)
+        bf16 = torch.nn.Linear(k, n, device=device, dtype=torch.bfloat16)
+        for granularity in ["tensorwise", "rowwise"]:
+            f8 = fp8.Float8Linear.from_linear(torch.nn.Linear(k, n, device=device, dtype=torch.bfloat16),
+                                              fp8.CurrentScaling(granularity=granularity))
+            for what, flops in [("fwd+bwd", 6 * tokens * k * n), ("fwd", 2 * tokens * k * n)]:
+                def run(layer, backward=what == "fwd+bwd"):
+                    def call() -> None:
+                        if backward:
+                            layer(x).backward(dy)
+                        else:
+                            with torch.no_grad():
+                                layer(x)
+                    return call
+
+                a_ms, t_ms = time_pair(device, [run(f8), run(bf16)], repeats, 3)
+                rows.append(Row("fp8_linear", device, f"{tokens}x{k}x{n}", f"{granularity[:3]} {what}", a_ms, t_ms,
+                                t_ms / a_ms, flops / (a_ms * 1e-3) / 1e9, 0.0,
+                                f"{granularity} FP8 vs BF16 nn.Linear, {what}; gbps = GFLOP/s"))
+    return rows
+
+
 def bench_compiled_step(device: str, quick: bool, repeats: int) -> list[Row]:
     """A whole AMP training step (autocast forward, scaled backward, scaler.step with AdamW, update) eager and under
     torch.compile(fullgraph where it can): ampkit.GradScaler + ampkit.optim.AdamW against torch.amp.GradScaler +
@@ -590,6 +626,7 @@ def main() -> None:
                         help="bytes per parameter each CUDA kernel moves, counted in the emulated build")
     parser.add_argument("--lean", action="store_true",
                         help="only the BF16 optimizer rows without an FP32 master, against torch-optimi and torchao")
+    parser.add_argument("--fp8", action="store_true", help="only the FP8 linear layer rows, against BF16 nn.Linear")
     args = parser.parse_args()
     if args.traffic:
         rows = traffic_rows()
@@ -610,6 +647,8 @@ def main() -> None:
         if args.lean:
             repeats = 7 if args.quick else 25
             rows += bench_lean_optimizers(device, args.quick, repeats, measure_bandwidth(device, repeats))
+        elif args.fp8:
+            rows += bench_fp8_linear(device, args.quick, 7 if args.quick else 25)
         else:
             rows += bench_device(device, args.quick)
     if args.json:

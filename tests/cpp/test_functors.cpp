@@ -2,6 +2,7 @@
 // same arithmetic the CPU loops and the CUDA kernels run.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <cstring>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "kernels/amp_functors.h"
+#include "kernels/fp8_functors.h"
 #include "kernels/optim_functors.h"
 #include "kernels/stochastic_rounding.h"
 
@@ -384,4 +386,84 @@ TEST_CASE("kahan_store: weight + compensation track the float64 sum of many smal
   CHECK(std::abs(bf16_bits_to_float(w) - exact) <= 0x1p-8);  // the weight is within one BF16 ulp at ~0.5
   CHECK(bf16_bits_nearest(1.0f + 0x1p-8f) == 0x3f80u);       // ties to even
   CHECK(bf16_bits_nearest(1.0f + 0x1p-8f + 0x1p-20f) == 0x3f81u);
+}
+
+namespace {
+
+using ampkit::kernels::Fp8Format;
+
+// The finite non-negative values of an FP8 format, by code (0 .. max code), from its definition in double.
+std::vector<double> fp8_values(Fp8Format f) {
+  const int mantissa = f == Fp8Format::kE4M3 ? 3 : 2;
+  const int bias = f == Fp8Format::kE4M3 ? 7 : 15;
+  const int max_code = f == Fp8Format::kE4M3 ? 0x7E : 0x7B;
+  std::vector<double> values;
+  for (int code = 0; code <= max_code; ++code) {
+    const int e = code >> mantissa;
+    const int m = code & ((1 << mantissa) - 1);
+    values.push_back(e == 0 ? std::ldexp(m, 1 - bias - mantissa)
+                            : std::ldexp(1.0 + std::ldexp(m, -mantissa), e - bias));
+  }
+  return values;
+}
+
+// The saturating cast of NOTE [Saturating FP8 cast], from the values: NaN -> 0x7F, beyond the maximum -> it,
+// otherwise the nearest value, ties to the even code.
+uint8_t fp8_reference(float v, const std::vector<double>& values) {
+  const uint8_t sign = std::signbit(v) ? 0x80 : 0x00;
+  if (std::isnan(v)) {
+    return sign | 0x7F;
+  }
+  const double a = std::fabs(static_cast<double>(v));
+  if (a >= values.back()) {
+    return static_cast<uint8_t>(sign | (values.size() - 1));
+  }
+  const auto hi = static_cast<size_t>(std::upper_bound(values.begin(), values.end(), a) - values.begin());
+  const size_t lo = hi - 1;
+  const double below = a - values[lo];
+  const double above = values[hi] - a;
+  const size_t code = below < above ? lo : above < below ? hi : (lo % 2 == 0 ? lo : hi);
+  return static_cast<uint8_t>(sign | code);
+}
+
+}  // namespace
+
+TEST_CASE("fp8_from_float: the nearest FP8 value, ties to even, saturating, over a sweep of all FP32 bit patterns",
+          "[functors][fp8][cpu]") {
+  for (const Fp8Format f : {Fp8Format::kE4M3, Fp8Format::kE5M2}) {
+    INFO("format " << (f == Fp8Format::kE4M3 ? "E4M3" : "E5M2"));
+    const std::vector<double> values = fp8_values(f);
+    REQUIRE(values.size() == (f == Fp8Format::kE4M3 ? 127u : 124u));
+    size_t checked = 0;
+    auto check = [&](float v) {
+      ++checked;
+      const uint8_t got = f == Fp8Format::kE4M3 ? ampkit::kernels::fp8_from_float<Fp8Format::kE4M3>(v)
+                                                : ampkit::kernels::fp8_from_float<Fp8Format::kE5M2>(v);
+      const uint8_t want = fp8_reference(v, values);
+      if (got != want) {
+        FAIL_CHECK("v = " << v << " (bits " << std::hex << ampkit::kernels::bit_cast<uint32_t>(v) << "): got 0x"
+                          << int(got) << ", expected 0x" << int(want));
+      }
+    };
+    // Every 997th bit pattern (both signs, every exponent, NaN and Inf included).
+    for (uint64_t b = 0; b < (uint64_t{1} << 32); b += 997) {
+      check(ampkit::kernels::bit_cast<float>(static_cast<uint32_t>(b)));
+    }
+    // Every value, every midpoint between neighbours (the ties) and the FP32 numbers on either side of each.
+    for (size_t i = 0; i + 1 < values.size(); ++i) {
+      for (const double x : {values[i], (values[i] + values[i + 1]) / 2}) {
+        const auto fx = static_cast<float>(x);
+        for (const float v : {fx, std::nextafter(fx, 0.f), std::nextafter(fx, FLT_MAX)}) {
+          check(v);
+          check(-v);
+        }
+      }
+    }
+    for (const float v : {static_cast<float>(values.back()), std::numeric_limits<float>::infinity(),
+                          std::numeric_limits<float>::denorm_min(), FLT_MIN, -0.f}) {
+      check(v);
+      check(-v);
+    }
+    CHECK(checked > (uint64_t{1} << 32) / 997);
+  }
 }
