@@ -441,7 +441,10 @@ Under `torch.autocast("cpu", dtype=torch.bfloat16)` and CUDA autocast in `torch.
 affine parameters) are FP32, as an FP32 model's parameters are. "raises": autocast refuses the op.
 `binary_cross_entropy` takes probabilities, which saturate when a sigmoid computes them in FP16/BF16: CUDA
 autocast refuses it, CPU autocast runs it in FP32 without a word, and ampkit (once loaded) warns once when its
-probabilities arrive in FP16/BF16 under CPU autocast. Pass the logits to `binary_cross_entropy_with_logits`.
+probabilities arrive in FP16/BF16 under CPU autocast, or (the O2 form, on any device, no autocast) come from an
+FP16/BF16 sigmoid cast back to FP32 with `.float()`, which restores nothing the sigmoid rounded away; it tells that
+from the probabilities' autograd graph, without reading a value. Pass the logits to
+`binary_cross_entropy_with_logits`.
 
 How the columns were obtained: the CPU columns by running each call on real CPU tensors and reading the output
 dtype; the CUDA columns by running the same call on fake CUDA tensors (`FakeTensorMode`, no GPU) with CUDA

@@ -10,7 +10,8 @@ namespace {
 
 // As torch.autocast: a CUDA scope where no CUDA device exists runs without autocast, and says so (silently it
 // looks like a working FP16 scope whose ops all run in FP32 on the CPU).
-// FP16 on a CPU without FP16 units runs, many times slower than BF16: said once, where the dtype is chosen.
+// FP16 on a CPU where it runs 3 times or more slower than BF16 (precision_support measures it): said once, where
+// the dtype is chosen.
 bool enabled_on(c10::DeviceType device, c10::ScalarType dtype, bool enabled) {
   if (enabled && device == c10::DeviceType::CUDA && !at::globalContext().hasCUDA()) {
     TORCH_WARN_ONCE("ampkit::AutocastGuard: device CUDA was asked for, but CUDA is not available here, so autocast "

@@ -13,8 +13,10 @@
 #include <ATen/autocast_mode.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/csrc/autograd/function.h>
 #include <torch/library.h>
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <shared_mutex>
@@ -116,6 +118,14 @@ void for_each_tensor_arg(torch::jit::Stack* stack, size_t num_args, const F& f) 
   }
 }
 
+// The low-precision probabilities of binary_cross_entropy are said once per process, in whichever form they come
+// first (FP16/BF16 under CPU autocast, or a low-precision sigmoid cast back: NOTE [Low-precision probabilities
+// cast back]): true for the first caller only.
+bool first_lowp_probability_warning() {
+  static std::atomic<bool> said{false};
+  return !said.exchange(true);
+}
+
 // One instantiation per autocast key: the key a kernel serves is fixed at registration, never read from the
 // call's key set (under torch.compile's tracing the set's highest key is not the autocast key).
 template <c10::DispatchKey key>
@@ -137,9 +147,9 @@ void autocast_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torc
   if (installed->lowp_input_warning != nullptr && num_args > 0) {
     const c10::IValue& first = (*stack)[stack->size() - num_args];
     if (first.isTensor() &&
-        (first.toTensor().scalar_type() == at::kHalf || first.toTensor().scalar_type() == at::kBFloat16)) {
-      static std::once_flag warned;
-      std::call_once(warned, [&] { TORCH_WARN(installed->lowp_input_warning); });
+        (first.toTensor().scalar_type() == at::kHalf || first.toTensor().scalar_type() == at::kBFloat16) &&
+        first_lowp_probability_warning()) {
+      TORCH_WARN(installed->lowp_input_warning);
     }
   }
   if (!policy) {
@@ -213,6 +223,82 @@ const bool kLowpBceWatched = [] {
             "under CUDA autocast for this reason");
   } catch (const std::exception&) {
     return false;  // an ATen without the op: nothing to watch
+  }
+  return true;
+}();
+
+// NOTE [Low-precision probabilities cast back]
+// The O2 form of the same mistake passes no autocast key: an FP16/BF16 model's sigmoid, cast to FP32 with .float()
+// before binary_cross_entropy (ampkit's O2 recipe computes the loss in FP32 that way). The cast cannot restore what
+// the low-precision sigmoid rounded to 1, so the loss is as wrong as above (36.5 against 6.16 in FP32 on a
+// discriminator's logits). The probabilities' autograd graph tells it without reading a value: behind the cast
+// (ToCopyBackward0 nodes) sits a SigmoidBackward0 whose output (the node's input metadata) was FP16/BF16. A kernel
+// on AutogradCPU/AutogradCUDA looks, warns once per process, then calls ATen's autograd kernel captured there; a
+// tensor without a graph (no grad) is not looked at.
+constexpr const char* kCastBackWarning =
+    "binary_cross_entropy got probabilities from an FP16/BF16 sigmoid cast to FP32 afterwards (sigmoid in low "
+    "precision, then .float()): the cast does not restore what the low-precision sigmoid rounded away (a p rounded "
+    "to 1 makes log(1 - p) -inf, clamped to -100), so the loss and its grads are wrong. Pass the logits, cast to "
+    "FP32, to binary_cross_entropy_with_logits (nn.BCEWithLogitsLoss) instead";
+
+bool sigmoid_in_low_precision_behind_casts(const at::Tensor& p) {
+  if (!p.defined() || !p.requires_grad()) {
+    return false;
+  }
+  auto node = p.grad_fn();  // a shared_ptr or an intrusive_ptr, by torch version
+  bool cast = false;
+  while (node != nullptr && node->name() == "ToCopyBackward0" && node->num_outputs() == 1) {
+    cast = true;
+    node = node->next_edge(0).function;
+  }
+  if (!cast || node == nullptr || node->name() != "SigmoidBackward0" || node->num_inputs() != 1) {
+    return false;
+  }
+  const at::ScalarType lowp = node->input_metadata(0).options().dtype().toScalarType();
+  return lowp == at::kHalf || lowp == at::kBFloat16;
+}
+
+std::optional<c10::SafeKernelFunction>& bce_autograd_original(c10::DispatchKey key) {
+  static std::optional<c10::SafeKernelFunction> cpu;
+  static std::optional<c10::SafeKernelFunction> cuda;
+  return key == c10::DispatchKey::AutogradCUDA ? cuda : cpu;
+}
+
+template <c10::DispatchKey key>
+void bce_autograd_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+  const size_t num_args = op.schema().arguments().size();
+  const c10::IValue& self = (*stack)[stack->size() - num_args];
+  if (self.isTensor() && sigmoid_in_low_precision_behind_casts(self.toTensor()) && first_lowp_probability_warning()) {
+    TORCH_WARN(kCastBackWarning);
+  }
+  bce_autograd_original(key)->callBoxed(op, ks, stack);
+}
+
+const bool kCastBackBceWatched = [] {
+  try {
+    const auto handle = c10::Dispatcher::singleton().findSchema({"aten::binary_cross_entropy", ""});
+    if (!handle.has_value()) {
+      return false;
+    }
+    static auto* lib =
+        new torch::Library(torch::Library::IMPL, "aten", std::nullopt, __FILE__, __LINE__);  // kept: the kernels stay
+    SilentWarnings silent;
+    const c10::WarningUtils::WarningHandlerGuard quiet(&silent);
+    // ATen registers its autograd kernels on the Autograd alias key: the per-backend keys' computed kernels.
+    for (const c10::DispatchKey key : {c10::DispatchKey::AutogradCPU, c10::DispatchKey::AutogradCUDA}) {
+      bce_autograd_original(key) = handle->getComputedKernelForDispatchKey(key);
+      lib->impl(
+          "binary_cross_entropy",
+          key == c10::DispatchKey::AutogradCUDA
+              ? torch::dispatch(
+                    key,
+                    torch::CppFunction::makeFromBoxedFunction<&bce_autograd_kernel<c10::DispatchKey::AutogradCUDA>>())
+              : torch::dispatch(
+                    key,
+                    torch::CppFunction::makeFromBoxedFunction<&bce_autograd_kernel<c10::DispatchKey::AutogradCPU>>()));
+    }
+  } catch (const std::exception&) {
+    return false;  // an ATen without the op or its autograd kernel: nothing to watch
   }
   return true;
 }();

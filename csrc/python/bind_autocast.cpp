@@ -37,7 +37,11 @@ void bind_autocast(py::module_& m) {
   m.def(
       "precision_support",
       [](const std::string& device) {
-        const ampkit::PrecisionSupport s = guarded([&] { return ampkit::precision_support(c10::Device(device)); });
+        // Without the GIL: the first CPU call times a probe through autograd (NOTE [CPU precision probe]).
+        const ampkit::PrecisionSupport s = guarded([&] {
+          const py::gil_scoped_release no_gil;
+          return ampkit::precision_support(c10::Device(device));
+        });
         py::dict d;
         d["fp16"] = s.fp16;
         d["bf16"] = s.bf16;
@@ -47,6 +51,18 @@ void bind_autocast(py::module_& m) {
         d["fast"] = s.fast;
         d["recommended"] = std::string(c10::toString(s.recommended));
         d["reason"] = s.reason;
+        if (s.measured) {
+          py::dict ms;
+          for (const auto& [name, t] :
+               {std::make_pair("float32", s.fp32_probe), std::make_pair("bfloat16", s.bf16_probe),
+                std::make_pair("float16", s.fp16_probe)}) {
+            py::dict one;
+            one["conv2d"] = t.conv2d_ms;
+            one["linear"] = t.linear_ms;
+            ms[name] = one;
+          }
+          d["measured_ms"] = ms;
+        }
         return d;
       },
       py::arg("device"), "ampkit::precision_support as a dict (dtypes by their c10 names).");
@@ -55,6 +71,7 @@ void bind_autocast(py::module_& m) {
       [](const std::string& device, bool half) {
         return guarded([&] {
           const c10::Device d(device);
+          const py::gil_scoped_release no_gil;  // precision_support may time its probe through autograd
           return ampkit::autocast_dtype_advice(d.type(), half ? c10::kHalf : c10::kBFloat16,
                                                ampkit::precision_support(d));
         });

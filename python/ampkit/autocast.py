@@ -86,8 +86,8 @@ _advised: set = set()
 
 
 def _advise_once(device: str, half: bool) -> None:
-    """Warns once per process where the autocast dtype is a poor choice for the device (FP16 on a CPU without
-    FP16 units: many times slower than BF16)."""
+    """Warns once per process where the autocast dtype is a poor choice for the device (FP16 on a CPU where an op
+    of precision_support's probe runs 3 times or more slower than in BF16)."""
     if (device, half) not in _advised:
         _advised.add((device, half))
         advice = _C.autocast_dtype_advice(device, half)
@@ -97,10 +97,12 @@ def _advise_once(device: str, half: bool) -> None:
 
 def precision_support(device: Union[str, torch.device] = "cpu") -> dict:
     """Which low-precision dtypes ``device`` runs and runs fast: ``fp16``, ``bf16``, ``fp16_fast``, ``bf16_fast``
-    (CUDA: FP16 from sm_53, fast with Tensor Cores from sm_70, BF16 from sm_80; CPU: both run through FP32, fast
-    with AVX512-BF16/AMX-BF16 and AVX512-FP16/AMX-FP16), ``lowp_dtype`` (BF16 on the CPU, FP16 on CUDA),
-    ``fast`` (whether ``lowp_dtype`` beats FP32 here), ``recommended`` (``lowp_dtype`` when fast, else
-    ``torch.float32``) and ``reason`` in words."""
+    (CUDA: FP16 from sm_53, fast with Tensor Cores from sm_70, BF16 from sm_80; CPU: both run, through FP32 where
+    torch has no kernel; a dtype is fast with its units (AVX512-BF16/AMX-BF16, AVX512-FP16/AMX-FP16) and no op of a
+    small probe, conv2d and linear forward and backward timed once per process, 3 times or more slower than in
+    the fastest dtype), ``lowp_dtype`` (BF16 on the CPU, FP16 on CUDA), ``fast`` (whether ``lowp_dtype`` beats
+    FP32 here), ``recommended`` (``lowp_dtype`` when fast, else ``torch.float32``), ``reason`` in words and, on the CPU,
+    ``measured_ms`` (``{"float32"|"bfloat16"|"float16": {"conv2d": ms, "linear": ms}}``, the probe's times)."""
     _checks.device_type("precision_support", device, expected="a CPU or CUDA device")
     info = dict(_C.precision_support(str(device)))
     info["lowp_dtype"] = _DTYPES[info["lowp_dtype"]]

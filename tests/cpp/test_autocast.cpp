@@ -552,7 +552,8 @@ TEST_CASE("decorate: no dtype picks BF16 for a CPU module, and a bad dtype chang
   CHECK(model->named_parameters()["1.weight"].scalar_type() == at::kFloat);
 }
 
-TEST_CASE("precision_support: the CPU runs both low-precision dtypes, fast only with BF16/FP16 units",
+TEST_CASE("precision_support: the CPU runs both low-precision dtypes, fast with their units and a probe without a "
+          "slow op",
           "[autocast][cpu]") {
   const ampkit::PrecisionSupport s = ampkit::precision_support(c10::Device(c10::kCPU));
   CHECK(s.fp16);
@@ -561,27 +562,50 @@ TEST_CASE("precision_support: the CPU runs both low-precision dtypes, fast only 
   CHECK(s.fast == s.bf16_fast);
   CHECK(s.recommended == (s.fast ? at::kBFloat16 : at::kFloat));
   CHECK(s.reason.rfind("CPU: ", 0) == 0);
+  REQUIRE(s.measured);
+  for (const auto& t : {s.fp32_probe, s.bf16_probe, s.fp16_probe}) {
+    CHECK(t.conv2d_ms > 0);
+    CHECK(t.linear_ms > 0);
+  }
+  if (s.fp16_fast) {  // fast only without an op 3 times or more slower than in another dtype
+    CHECK(s.fp16_probe.conv2d_ms < 3 * std::min(s.fp32_probe.conv2d_ms, s.bf16_probe.conv2d_ms));
+    CHECK(s.fp16_probe.linear_ms < 3 * std::min(s.fp32_probe.linear_ms, s.bf16_probe.linear_ms));
+  }
+  const ampkit::PrecisionSupport again = ampkit::precision_support(c10::Device(c10::kCPU));
+  CHECK(again.fp16_probe.conv2d_ms == s.fp16_probe.conv2d_ms);  // measured once per process
   REQUIRE_THROWS_WITH(ampkit::precision_support(c10::Device(c10::kMeta)),
                       Catch::Contains("device must be a CPU or CUDA device, but got meta"));
 }
 
-TEST_CASE("autocast_dtype_advice: FP16 on a CPU without FP16 units is called slow, nothing else is",
+TEST_CASE("autocast_dtype_advice: FP16 on a CPU where an op runs 3x slower than BF16 is called slow, nothing else is",
           "[autocast][cpu]") {
-  ampkit::PrecisionSupport none;  // neither FP16 nor BF16 units
-  none.fp16 = none.bf16 = true;
-  ampkit::PrecisionSupport bf16_units = none;
-  bf16_units.bf16_fast = true;
-  ampkit::PrecisionSupport fp16_units = bf16_units;
-  fp16_units.fp16_fast = true;
-  const std::string slow = ampkit::autocast_dtype_advice(c10::DeviceType::CPU, at::kHalf, none);
-  CHECK(slow.find("no FP16 units") != std::string::npos);
-  CHECK(slow.find("FP32 is as fast") != std::string::npos);
-  CHECK(ampkit::autocast_dtype_advice(c10::DeviceType::CPU, at::kHalf, bf16_units).find("it has BF16 units") !=
+  ampkit::PrecisionSupport slow;
+  slow.fp16 = slow.bf16 = true;
+  slow.measured = true;
+  slow.reason = "CPU: BF16 units (AVX512-BF16); FP16 units (AVX512-FP16).";
+  slow.fp32_probe = {0.4, 0.4};
+  slow.bf16_probe = {0.5, 0.45};
+  slow.fp16_probe = {60.0, 0.33};  // torch's FP16 convolution backward without a fast kernel
+  const std::string said = ampkit::autocast_dtype_advice(c10::DeviceType::CPU, at::kHalf, slow);
+  CHECK(said.find("FP16 autocast on this CPU: conv2d forward and backward runs 120x slower in FP16 than in BF16") !=
         std::string::npos);
-  CHECK(ampkit::autocast_dtype_advice(c10::DeviceType::CPU, at::kHalf, fp16_units).empty());
-  CHECK(ampkit::autocast_dtype_advice(c10::DeviceType::CPU, at::kBFloat16, none).empty());
-  CHECK(ampkit::autocast_dtype_advice(c10::DeviceType::CUDA, at::kHalf, none).empty());
-  // the process's own answer agrees with precision_support
+  CHECK(said.find("60.00 ms against 0.50 ms") != std::string::npos);
+  CHECK(said.find("no FP16 units") == std::string::npos);
+  ampkit::PrecisionSupport linear_slow = slow;
+  linear_slow.fp16_probe = {0.6, 2.0};
+  CHECK(ampkit::autocast_dtype_advice(c10::DeviceType::CPU, at::kHalf, linear_slow).find("linear forward") !=
+        std::string::npos);
+  ampkit::PrecisionSupport close = slow;
+  close.fp16_probe = {1.4, 1.2};  // under 3x BF16's time on every op
+  CHECK(ampkit::autocast_dtype_advice(c10::DeviceType::CPU, at::kHalf, close).empty());
+  ampkit::PrecisionSupport unmeasured = slow;
+  unmeasured.measured = false;
+  CHECK(ampkit::autocast_dtype_advice(c10::DeviceType::CPU, at::kHalf, unmeasured).empty());
+  CHECK(ampkit::autocast_dtype_advice(c10::DeviceType::CPU, at::kBFloat16, slow).empty());
+  CHECK(ampkit::autocast_dtype_advice(c10::DeviceType::CUDA, at::kHalf, slow).empty());
+  // the process's own answer agrees with its measurement
   const auto here = ampkit::precision_support(c10::Device(c10::kCPU));
-  CHECK(ampkit::autocast_dtype_advice(c10::DeviceType::CPU, at::kHalf, here).empty() == here.fp16_fast);
+  const bool fp16_slow = here.fp16_probe.conv2d_ms >= 3 * here.bf16_probe.conv2d_ms ||
+                         here.fp16_probe.linear_ms >= 3 * here.bf16_probe.linear_ms;
+  CHECK(ampkit::autocast_dtype_advice(c10::DeviceType::CPU, at::kHalf, here).empty() == !fp16_slow);
 }

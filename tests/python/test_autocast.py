@@ -345,19 +345,55 @@ def _cpu_flags() -> set:
     return set()
 
 
-def test_precision_support_on_the_cpu_follows_the_processor_flags():
+def test_precision_support_on_the_cpu_takes_units_and_a_measured_probe():
     flags = _cpu_flags()
-    if not flags:
-        pytest.skip("no /proc/cpuinfo flags on this system")
     info = ampkit.precision_support("cpu")
     assert info["fp16"] and info["bf16"] and info["lowp_dtype"] == torch.bfloat16
-    assert info["bf16_fast"] == bool({"avx512_bf16", "amx_bf16"} & flags)
-    assert info["fp16_fast"] == bool({"avx512_fp16", "amx_fp16"} & flags)
+    ms = info["measured_ms"]
+    assert set(ms) == {"float32", "bfloat16", "float16"}
+    assert all(t[op] > 0 for t in ms.values() for op in ("conv2d", "linear"))
+
+    def slow(dtype):  # an op 3 times or more slower than in the fastest dtype for it
+        return max(ms[dtype][op] / min(t[op] for t in ms.values()) for op in ("conv2d", "linear")) >= 3
+
+    if flags:
+        assert info["bf16_fast"] == (bool({"avx512_bf16", "amx_bf16"} & flags) and not slow("bfloat16"))
+        assert info["fp16_fast"] == (bool({"avx512_fp16", "amx_fp16"} & flags) and not slow("float16"))
+        assert ("no BF16 units" in info["reason"]) == (not {"avx512_bf16", "amx_bf16"} & flags)
     assert info["fast"] == info["bf16_fast"]
     assert info["recommended"] == (torch.bfloat16 if info["fast"] else torch.float32)
-    assert ("no BF16 units" in info["reason"]) == (not info["bf16_fast"])
+    assert ampkit.precision_support("cpu")["measured_ms"] == ms  # measured once per process
     with pytest.raises(ValueError, match="precision_support: device must be a CPU or CUDA device, but got 'tpu'"):
         ampkit.precision_support("tpu")
+
+
+def test_fp16_is_not_called_fast_where_torchs_own_fp16_convolution_is_slow():
+    """Timed here with torch alone: where FP16 conv2d forward and backward is 10 times or more slower than BF16 (a
+    CPU with AVX512-FP16 but no fast FP16 convolution kernel in torch), precision_support must not call FP16 fast,
+    whatever the instruction flags say, and FP16 autocast must be advised against."""
+    import time
+
+    def best(dtype):
+        g = torch.Generator().manual_seed(1)
+        x = torch.randn(2, 16, 16, 16, generator=g).to(dtype).requires_grad_()
+        w = torch.randn(16, 16, 3, 3, generator=g).to(dtype).requires_grad_()
+        times = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            torch.nn.functional.conv2d(x, w, padding=1).sum().backward()
+            times.append(time.perf_counter() - t0)
+        return min(times[1:])
+
+    ratio = best(torch.float16) / best(torch.bfloat16)
+    info = ampkit.precision_support("cpu")
+    advice = ampkit._C.autocast_dtype_advice("cpu", True)
+    if ratio >= 10:
+        assert not info["fp16_fast"]
+        assert "conv2d forward and backward runs" in advice and "slower in FP16 than in BF16" in advice
+    elif ratio < 1.5:
+        assert "conv2d" not in advice
+    else:
+        pytest.skip(f"FP16 conv2d runs {ratio:.1f}x BF16's time here: between the clear cases")
 
 
 def test_decorate_without_a_dtype_warns_once_where_low_precision_is_not_faster():
@@ -408,7 +444,41 @@ def test_binary_cross_entropy_on_low_precision_probabilities_under_cpu_autocast_
     assert "binary_cross_entropy_with_logits" in lines[2] and "CPU autocast" in lines[2]
 
 
-def test_fp16_autocast_on_the_cpu_warns_once_exactly_where_the_cpu_has_no_fp16_units():
+def test_binary_cross_entropy_on_a_low_precision_sigmoid_cast_back_warns_once_and_keeps_torchs_result():
+    """The O2 form: an FP16/BF16 model's sigmoid, .float(), then binary_cross_entropy outside autocast."""
+    r = _run_fresh(
+        "import warnings, torch.nn.functional as F\n"
+        "g = torch.Generator().manual_seed(0)\n"
+        "x, y = torch.randn(256, 8, generator=g) * 6, torch.rand(256, 8, generator=g)\n"
+        "def caught(fn):\n"
+        "    with warnings.catch_warnings(record=True) as w:\n"
+        "        warnings.simplefilter('always')\n"
+        "        out = fn()\n"
+        "    return out, [str(m.message) for m in w if 'binary_cross_entropy' in str(m.message)]\n"
+        "lin = torch.nn.Linear(8, 8)\n"
+        "p32 = torch.sigmoid(lin(x))\n"
+        "_, w32 = caught(lambda: F.binary_cross_entropy(p32, y))\n"  # FP32 all along: nothing to say
+        "lin16 = torch.nn.Linear(8, 8).half()\n"
+        "lin16.load_state_dict(lin.state_dict())\n"
+        "p16 = torch.sigmoid(lin16(x.half())).float()\n"
+        "out16, w16 = caught(lambda: F.binary_cross_entropy(p16, y))\n"
+        "_, again = caught(lambda: F.binary_cross_entropy(p16, y))\n"
+        "pbf = torch.sigmoid(lin(x).bfloat16()).float()\n"  # the sigmoid in BF16, cast back: the same mistake
+        "_, wbf = caught(lambda: F.binary_cross_entropy(pbf, y))\n"
+        "_, nograd = caught(lambda: F.binary_cross_entropy(p16.detach(), y))\n"
+        "out16.backward()\n"
+        "ref = -(y.double() * p16.detach().double().log().clamp(min=-100)"
+        " + (1 - y.double()) * (1 - p16.detach().double()).log().clamp(min=-100)).mean()\n"
+        "print(len(w32), len(w16), len(again), len(wbf), len(nograd))\n"
+        "print(abs(out16.item() - ref.item()) < 1e-5 * abs(ref.item()), lin16.weight.grad is not None)\n"
+        "print(w16[0])\n")
+    lines = r.stdout.splitlines()
+    assert lines[0] == "0 1 0 0 0"  # once per process, on the cast-back low-precision sigmoid only
+    assert lines[1] == "True True"  # torch's own loss and gradients
+    assert "sigmoid cast to FP32 afterwards" in lines[2] and "binary_cross_entropy_with_logits" in lines[2]
+
+
+def test_fp16_autocast_on_the_cpu_warns_once_exactly_where_the_probe_finds_fp16_slow():
     r = _run_fresh(
         "import warnings\n"
         "with warnings.catch_warnings(record=True) as w:\n"
@@ -418,11 +488,13 @@ def test_fp16_autocast_on_the_cpu_warns_once_exactly_where_the_cpu_has_no_fp16_u
         "            pass\n"
         "    with ampkit.autocast('cpu', dtype=torch.bfloat16):\n"
         "        pass\n"
-        "said = [str(m.message) for m in w if 'FP16 units' in str(m.message)]\n"
-        "print(ampkit.precision_support('cpu')['fp16_fast'], len(said))\n"
+        "said = [str(m.message) for m in w if 'FP16 autocast on this CPU' in str(m.message)]\n"
+        "ms = ampkit.precision_support('cpu')['measured_ms']\n"
+        "slow = max(ms['float16'][op] / ms['bfloat16'][op] for op in ('conv2d', 'linear')) >= 3\n"
+        "print(slow, len(said))\n"
         "print(ampkit._C.autocast_dtype_advice('cpu', False) == '')\n")
-    fast, said = r.stdout.splitlines()[0].split()
-    assert said == ("0" if fast == "True" else "1")
+    slow, said = r.stdout.splitlines()[0].split()
+    assert said == ("1" if slow == "True" else "0")
     assert r.stdout.splitlines()[1] == "True"  # BF16 on the CPU: nothing to say
 
 

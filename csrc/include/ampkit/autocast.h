@@ -102,6 +102,11 @@ class AMPKIT_API OpStatsGuard {
 // FP16 or BF16; without low-precision units there is no speed-up). CUDA: FP16 from sm_53, fast with Tensor Cores
 // from sm_70, BF16 (fast) from sm_80. CPU: both run (through FP32); BF16 is fast with AVX512-BF16 or AMX-BF16,
 // FP16 with AVX512-FP16 or AMX-FP16.
+// The milliseconds of a small probe (NOTE [CPU precision probe]): conv2d and linear, each forward and backward.
+struct ProbeTimes {
+  double conv2d_ms = 0;
+  double linear_ms = 0;
+};
 struct PrecisionSupport {
   bool fp16 = false;
   bool bf16 = false;
@@ -111,10 +116,17 @@ struct PrecisionSupport {
   bool fast = false;                            // lowp_dtype computes faster than FP32 here
   c10::ScalarType recommended = c10::kFloat;    // lowp_dtype when fast, else FP32
   std::string reason;                           // the above in words
+  // CPU: the probe's times per dtype (measured once per process); all zero on CUDA.
+  bool measured = false;
+  ProbeTimes fp32_probe, bf16_probe, fp16_probe;
 };
+// The CPU: a dtype runs fast when the processor has its units (AVX512-BF16/AMX-BF16, AVX512-FP16/AMX-FP16) and
+// no op of the probe runs 3 times or more slower in it than in the fastest dtype (measured once per process); CUDA: from
+// the compute capability.
 AMPKIT_API PrecisionSupport precision_support(const c10::Device& device);
-// Why autocast in `dtype` on `device` is a poor choice where `support` (precision_support's answer) holds: FP16 on
-// a CPU without FP16 units, which runs through FP32 and is far slower than BF16. Empty when there is nothing to
+// Why autocast in `dtype` on `device` is a poor choice where `support` (precision_support's answer) holds: FP16 on a
+// CPU where an op of the probe runs 3 times or more slower in FP16 than in BF16 (torch's FP16 convolutions on the
+// CPU have no fast kernel even with AVX512-FP16), naming the op and the factor. Empty when there is nothing to
 // say. AutocastGuard and ampkit.autocast warn with it once per process.
 AMPKIT_API std::string autocast_dtype_advice(c10::DeviceType device, c10::ScalarType dtype,
                                              const PrecisionSupport& support);
