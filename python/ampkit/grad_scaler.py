@@ -10,7 +10,6 @@ import inspect
 import os
 import warnings
 from collections import abc
-from enum import Enum
 from typing import Any, Iterable, Optional, Sequence, Union
 
 import torch
@@ -21,10 +20,9 @@ from .optim import _traced as _traced_optim
 __all__ = ["GradScaler", "OptState", "load_scaler_state", "save_scaler_state"]
 
 
-class OptState(Enum):
-    READY = 0
-    UNSCALED = 1
-    STEPPED = 2
+# torch's enum itself: code written for torch.amp.GradScaler compares stages by identity
+# (``state["stage"] is OptState.UNSCALED``), and the values are the C++ core's Stage.
+OptState = torch.amp.grad_scaler.OptState
 
 
 def _params(optimizer: torch.optim.Optimizer) -> _dtensor.StepParams:
@@ -93,7 +91,66 @@ def _unwrapped(optimizer: Any) -> Any:
             return optimizer
 
 
-class GradScaler:
+class _OptimizerState(abc.Mapping):
+    """torch's per-optimizer entry, ``{"stage": OptState, "found_inf_per_device": {device: found_inf}}``, read
+    from the C++ core at each access (it follows the iteration; after ``update()`` the optimizer is READY again)."""
+
+    __slots__ = ("_core", "_key")
+    _KEYS = ("stage", "found_inf_per_device")
+
+    def __init__(self, core: Any, key: int) -> None:
+        self._core, self._key = core, key
+
+    def __getitem__(self, name: str) -> Any:
+        if name == "stage":
+            return OptState(self._core.stage(self._key))
+        if name == "found_inf_per_device":
+            return {t.device: t for t in self._core.found_inf_per_device(self._key)}
+        raise KeyError(name)
+
+    def __iter__(self):
+        return iter(self._KEYS)
+
+    def __len__(self) -> int:
+        return len(self._KEYS)
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        raise TypeError(f"GradScaler._per_optimizer_states[{self._key}][{name!r}] is read-only: the C++ core owns "
+                        "the stage and found_inf (use unscale_, step and update)")
+
+
+class _PerOptimizerStates:
+    """torch's ``_per_optimizer_states`` read through: ``[id(optimizer)]`` gives that optimizer's entry, READY with
+    no found_inf when it took no part in this iteration (torch's defaultdict). Read-only, and not iterable: the C++
+    core keys its state by optimizer and does not list the keys."""
+
+    __slots__ = ("_core",)
+
+    def __init__(self, core: Any) -> None:
+        self._core = core
+
+    def __getitem__(self, key: int) -> _OptimizerState:
+        if isinstance(key, bool) or not isinstance(key, int):
+            raise TypeError(f"GradScaler._per_optimizer_states: the key must be id(optimizer), an int, but got "
+                            f"{type(key).__name__}")
+        return _OptimizerState(self._core, key)
+
+    def get(self, key: int, default: Any = None) -> Any:
+        return self[key] if key in self else default
+
+    def __contains__(self, key: Any) -> bool:
+        return isinstance(key, int) and (self._core.stage(key) != OptState.READY.value
+                                         or bool(self._core.found_inf_per_device(key)))
+
+    def __setitem__(self, key: int, value: Any) -> None:
+        raise TypeError("GradScaler._per_optimizer_states is read-only: the C++ core owns each optimizer's stage "
+                        "and found_inf (use unscale_, step and update)")
+
+    def __iter__(self):
+        raise TypeError("GradScaler._per_optimizer_states cannot be iterated: index it by id(optimizer)")
+
+
+class GradScaler(torch.amp.GradScaler):
     """Dynamic loss scaling, with torch.amp.GradScaler's methods and behaviour (same scales, skipped steps and
     parameters with the default extras), plus:
 
@@ -118,6 +175,11 @@ class GradScaler:
 
     ``stats()`` returns steps, skipped_steps, last_overflow_step, scale and the trackers; ``last_step_ran()`` a
     device bool telling whether the last step's update ran, without a sync (it keeps its value while held).
+
+    A subclass of ``torch.amp.GradScaler``, so that code checking ``isinstance(scaler, torch.amp.GradScaler)``
+    (Lightning, Accelerate, frameworks) takes it; torch's ``__init__`` is not called (the C++ core holds the
+    state) and every method torch's scaler has is overridden here, torch's private members included (their
+    meaning is torch's), but ``_check_scale_growth_tracker`` and ``_maybe_opt_step``, which read only those.
     """
 
     def __init__(
@@ -194,7 +256,11 @@ class GradScaler:
             raise_at_min_scale=raise_at_min_scale, dynamic=dynamic,
             calibration_margin=calibration_margin, spike_skip=spike_skip)
         self._grouped = process_group is not None
-        self._hook_buckets: set = set()  # the DDP buckets unscaled by ampkit.distributed's hooks this iteration
+        self._hook_buckets: set = set()  # the DDP buckets unscaled by ampkit.distributed's unscale hooks
+        # A value assigned to _init_growth_tracker (torch's attribute): read back as assigned; before the first
+        # scale() it is also the growth tracker the device state starts from (pending until then).
+        self._assigned_growth_tracker: Optional[int] = None
+        self._growth_tracker_pending = False
         if calibrate:
             self._options["init_scale"] = "auto"
 
@@ -204,6 +270,12 @@ class GradScaler:
         """Multiply a tensor, or the tensors of a (nested) iterable, by the scale factor."""
         if not self._enabled:
             return outputs
+        scaled = self._scale_outputs(outputs)
+        if self._growth_tracker_pending:
+            self._start_growth_tracker()
+        return scaled
+
+    def _scale_outputs(self, outputs: Union[torch.Tensor, Iterable[torch.Tensor]]):
         if self._traced():  # NOTE [Compiled steps]: the C++ core through a custom op
             def scale_one(t):
                 return t * torch.ops.ampkit._scaler_scale_factor(self._handle, t.detach())
@@ -225,6 +297,14 @@ class GradScaler:
             raise ValueError("outputs must be a Tensor or an iterable of Tensors")
 
         return apply_scale(outputs)
+
+    def _start_growth_tracker(self) -> None:
+        """Once the device state exists (the first scale()): a growth tracker assigned to ``_init_growth_tracker``
+        before it is where it starts, as torch's lazy initialisation does."""
+        tracker = self._core.get_growth_tracker_async()
+        if tracker is not None:
+            tracker.fill_(self._assigned_growth_tracker)
+            self._growth_tracker_pending = False
 
     def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
         """Divide the optimizer's gradients by the scale in place and record Inf/NaN (no host sync)."""
@@ -353,10 +433,10 @@ class GradScaler:
 
     def record_unscaled_grads(self, found_inf: torch.Tensor) -> None:
         """Record that this iteration's grads were unscaled (by :meth:`unscale_factor`) and checked outside the
-        scaler, e.g. by ``ampkit.distributed``'s DDP hooks while decompressing: ``found_inf`` (one float32 element,
-        nonzero when a grad held Inf/NaN) is copied on the current stream, and the first ``unscale_``/``step`` sums
-        every recorded flag on its own stream after waiting for each (buckets may record from different streams
-        and threads; ``found_inf`` may be reused at once). Until :meth:`update`, ``unscale_`` and
+        scaler, e.g. by ``ampkit.distributed``'s DDP unscale hooks while decompressing: ``found_inf`` (one float32
+        element, nonzero when a grad held Inf/NaN) is copied on the current stream, and the first
+        ``unscale_``/``step`` sums every recorded flag on its own stream after waiting for each (buckets may record
+        from different streams and threads; ``found_inf`` may be reused at once). Until :meth:`update`, ``unscale_`` and
         ``step`` use that flag for every optimizer instead of unscaling or checking again (fused optimizers get no
         ``grad_scale``), so every parameter they step must have gone through that path."""
         if not self._enabled:
@@ -383,7 +463,7 @@ class GradScaler:
         self._core.reduce_with_found_inf(items)
 
     def _note_hook_bucket(self, index: int, hook: str) -> None:
-        """ampkit.distributed's hooks: refuse a second unscale of one DDP bucket in an iteration (a second
+        """ampkit.distributed's unscale hooks: refuse a second unscale of one DDP bucket in an iteration (a second
         backward before update() would add scaled grads to unscaled ones and unscale both)."""
         buckets = self._hook_buckets
         if index in buckets:
@@ -438,6 +518,8 @@ class GradScaler:
 
 
     def _get_growth_tracker(self) -> int:
+        if self._growth_tracker_pending:  # torch's: _init_growth_tracker until the device state exists
+            return self._assigned_growth_tracker
         return self._core.get_growth_tracker()
 
     def get_growth_factor(self) -> float:
@@ -475,7 +557,10 @@ class GradScaler:
     def stats(self) -> dict:
         """steps, skipped_steps, last_overflow_step (None: none yet), scale, growth_tracker, hysteresis_tracker,
         overflows_at_min_scale. Reads the device (a sync)."""
-        return self._core.stats()
+        stats = self._core.stats()
+        if self._growth_tracker_pending:
+            stats["growth_tracker"] = self._assigned_growth_tracker
+        return stats
 
     def overflow_report(self) -> list[str]:
         """Names of the parameters whose grads held Inf/NaN in the last :meth:`update`'s step (needs
@@ -498,7 +583,10 @@ class GradScaler:
 
     def state_dict(self) -> dict[str, Any]:
         """torch.amp.GradScaler's keys (plain floats and ints) plus ampkit's; ``{}`` when disabled."""
-        return self._core.state_dict()
+        state = self._core.state_dict()
+        if self._growth_tracker_pending:
+            state["_growth_tracker"] = self._assigned_growth_tracker
+        return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load torch.amp.GradScaler's or ampkit's state; on a malformed dict raise and change nothing."""
@@ -512,6 +600,8 @@ class GradScaler:
                 raise ValueError(f"GradScaler.load_state_dict: {key!r} is out of range (beyond a 64-bit integer), "
                                  f"but got {value}")
         self._core.load_state_dict(dict(state_dict))
+        self._assigned_growth_tracker = None  # the loaded one is _init_growth_tracker now, as in torch
+        self._growth_tracker_pending = False
 
     def save(self, path: str) -> None:
         """Write the state in the checkpoint format of C++ ``torch::save(scaler, path)``."""
@@ -542,13 +632,65 @@ class GradScaler:
 
     @property
     def _init_growth_tracker(self) -> int:
+        """The growth tracker the device state starts from: 0, then the last loaded ``_growth_tracker``; a value
+        assigned here reads back as assigned and, before the first :meth:`scale`, is where the tracker starts (once
+        the device state exists it changes nothing else, as in torch)."""
+        if self._assigned_growth_tracker is not None:
+            return self._assigned_growth_tracker
         return self._core.init_growth_tracker()
+
+    @_init_growth_tracker.setter
+    def _init_growth_tracker(self, value: int) -> None:
+        value = _checks.integer("GradScaler._init_growth_tracker", "value", value)
+        self._assigned_growth_tracker = value
+        self._growth_tracker_pending = self._enabled and self._core.get_growth_tracker_async() is None
+
+    @property
+    def _per_optimizer_states(self) -> _PerOptimizerStates:
+        """torch's ``_per_optimizer_states[id(optimizer)]``: ``{"stage": OptState, "found_inf_per_device":
+        {device: found_inf}}`` for this iteration, read from the C++ core (read-only)."""
+        return _PerOptimizerStates(self._core)
+
+    def _unscale_grads_(self, optimizer: torch.optim.Optimizer, inv_scale: torch.Tensor, found_inf: torch.Tensor,
+                        allow_fp16: bool) -> dict:
+        """torch's: multiply the optimizer's grads by ``inv_scale`` in place and check them for Inf/NaN into a copy
+        of ``found_inf`` (left as it is) per device of the grads; returns those copies, ``{device: flag}``. Sparse
+        grads are unscaled through their values (FP16 ones coalesced first, as torch). The scaler's own state
+        (stages, found_inf, scale) is untouched. ``allow_fp16=False`` refuses FP16 grads."""
+        where = "GradScaler._unscale_grads_"
+        optimizer = _optimizer(where, optimizer)
+        for name, t in (("inv_scale", inv_scale), ("found_inf", found_inf)):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"{where}: {name} must be a Tensor, but got {type(t).__name__}")
+        _checks.flag(where, "allow_fp16", allow_fp16)
+        params = [p for p in _params(optimizer).params if p.grad is not None]
+        if not allow_fp16 and any(p.grad.dtype == torch.float16 for p in params):
+            raise ValueError("Attempting to unscale FP16 gradients.")
+        per_device: dict = {}
+        with torch.no_grad():
+            for p in params:
+                if p.grad.is_sparse:
+                    if p.grad.dtype == torch.float16:
+                        p.grad = p.grad.coalesce()  # duplicate FP16 entries could overflow when summed later
+                    grad = p.grad._values()
+                else:
+                    grad = p.grad
+                per_device.setdefault(grad.device, []).append(grad)
+            flags = {}
+            for device, grads in per_device.items():
+                flag = found_inf.to(device, non_blocking=True, copy=True)
+                scale = inv_scale if inv_scale.device == device else inv_scale.to(device, non_blocking=True)
+                torch.ops.ampkit.unscale_and_check_(grads, flag, scale)
+                flags[device] = flag
+        return flags
 
     def _lazy_init_scale_growth_tracker(self, dev: Union[str, torch.device]) -> None:
         """Creates the device state on ``dev`` before the first :meth:`scale` (Accelerate calls it after
         ``load_state_dict`` on resume); a no-op when it exists on ``dev``."""
         if self._enabled:
             self._core.lazy_init_state(str(torch.device(dev)))
+            if self._growth_tracker_pending:
+                self._start_growth_tracker()
 
     def _check_inf_per_device(self, optimizer: torch.optim.Optimizer) -> dict:
         optimizer = _unwrapped(_optimizer("GradScaler._check_inf_per_device", optimizer))

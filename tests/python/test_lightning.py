@@ -1,7 +1,9 @@
 """ampkit.integrations.lightning.AmpkitPrecision in a real Lightning Trainer on the CPU: clipping with ampkit's fused
 optimizers on unscaled gradients (each run equal bit for bit to the same loop written by hand), BF16 with a scaler,
-skipped steps that leave weights and the schedule alone, bitwise resume, O2 ("bf16-true"), and the standalone
-pytorch_lightning package."""
+skipped steps that leave weights and the schedule alone, bitwise resume, O2 ("bf16-true"), the standalone
+pytorch_lightning package; skipped batches (training_step returning None) with clipping, bit for bit Lightning's
+MixedPrecision; the plugin and its scaler as Lightning's own AMP tests use a MixedPrecision; the overflow report's
+parameter names."""
 from __future__ import annotations
 
 import warnings
@@ -274,3 +276,161 @@ def test_the_standalone_pytorch_lightning_package_gets_its_own_plugin():
     assert trainer.global_step == STEPS
     for a, b in zip(module.net.parameters(), ref.parameters()):
         assert torch.equal(a, b)
+
+
+# ---- skipped batches, Lightning's MixedPrecision contract, the overflow report's names -------------------------
+
+
+class Skipping(Module):
+    """training_step returns None on the batches in ``skipped`` (Lightning's way to skip one: no backward)."""
+
+    def __init__(self, skipped, **kwargs):
+        super().__init__(opt_cls=kwargs.pop("opt_cls", torch.optim.AdamW), **kwargs)
+        self.skipped = set(skipped)
+
+    def training_step(self, batch, batch_idx):
+        return None if batch_idx in self.skipped else super().training_step(batch, batch_idx)
+
+
+class CountingScaler(ampkit.GradScaler):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.calls = {"unscale_": 0, "step": 0, "update": 0}
+
+    def unscale_(self, optimizer):
+        self.calls["unscale_"] += 1
+        return super().unscale_(optimizer)
+
+    def step(self, optimizer, *args, **kwargs):
+        self.calls["step"] += 1
+        return super().step(optimizer, *args, **kwargs)
+
+    def update(self, new_scale=None):
+        self.calls["update"] += 1
+        return super().update(new_scale)
+
+
+@pytest.mark.parametrize("precision", ["16-mixed", "bf16-mixed"])
+def test_skipped_batches_with_clipping_leave_the_scaler_alone_as_lightnings_mixed_precision_does(precision):
+    skipped = {1, 3}
+    fp16 = precision == "16-mixed"
+    theirs = Skipping(skipped)
+    their_scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=2) if fp16 else None
+    _fit(theirs, pl.plugins.precision.MixedPrecision(precision, "cpu", scaler=their_scaler), gradient_clip_val=0.5)
+    ours = Skipping(skipped)
+    scaler = (CountingScaler("cpu", init_scale=2.0**10, growth_interval=2) if fp16
+              else CountingScaler("cpu", scaling=False))
+    _fit(ours, AmpkitPrecision(precision, device="cpu", scaler=scaler), gradient_clip_val=0.5)
+    # one unscale, step and update per batch that ran a backward
+    ran = STEPS - len(skipped)
+    assert scaler.calls == {"unscale_": ran, "step": ran, "update": ran}
+    assert scaler.stats()["steps"] == ran and scaler.stats()["skipped_steps"] == 0
+    for i in skipped:  # a skipped batch changes no weight
+        assert all(torch.equal(a, b) for a, b in zip(ours.weights_after[i - 1], ours.weights_after[i]))
+    # the run is Lightning's own, bit for bit
+    for a, b in zip(ours.parameters(), theirs.parameters()):
+        assert torch.equal(a, b), (a - b).abs().max()
+    if fp16:
+        theirs_sd = their_scaler.state_dict()
+        assert {k: scaler.state_dict()[k] for k in theirs_sd} == theirs_sd
+
+
+def test_a_skipped_batch_with_clipping_then_an_overflow_is_skipped_by_the_next_step():
+    # the batch after a skipped one is checked for Inf/NaN (its grads were unscaled and checked, not left as a
+    # scaled step): its poisoned step changes nothing and backs the scale off
+    class Poisoned(Skipping):
+        def training_step(self, batch, batch_idx):
+            loss = super().training_step(batch, batch_idx)
+            return loss * float("inf") if batch_idx == 2 else loss
+
+    module = Poisoned({1})
+    scaler = ampkit.GradScaler("cpu", init_scale=2.0**10)
+    _fit(module, AmpkitPrecision("16-mixed", device="cpu", scaler=scaler), gradient_clip_val=0.5)
+    assert scaler.stats()["skipped_steps"] == 1 and scaler.get_scale() == 2.0**9
+    for i in (1, 2):  # the skipped batch, then the poisoned one
+        assert all(torch.equal(a, b) for a, b in zip(module.weights_after[i - 1], module.weights_after[i]))
+
+
+def test_the_plugin_is_a_mixed_precision_with_a_torch_amp_grad_scaler():
+    MixedPrecision = pl.plugins.precision.MixedPrecision
+    seen = {}
+
+    class Checked(Module):
+        def configure_optimizers(self):  # where Lightning's own AMP tests look at the plugin and its scaler
+            plugin = self.trainer.precision_plugin
+            seen["plugin"] = isinstance(plugin, MixedPrecision)
+            seen["scaler"] = isinstance(plugin.scaler, torch.amp.GradScaler)
+            return super().configure_optimizers()
+
+    _fit(Checked(), AmpkitPrecision("16-mixed", device="cpu"), max_steps=1)
+    assert seen == {"plugin": True, "scaler": True}
+    # Lightning's ThroughputMonitor reads the compute dtype of a MixedPrecision from its precision
+    from lightning.pytorch.callbacks.throughput_monitor import _plugin_to_compute_dtype
+
+    assert _plugin_to_compute_dtype(AmpkitPrecision("bf16-mixed", device="cpu")) == torch.bfloat16
+    assert _plugin_to_compute_dtype(AmpkitPrecision("16-mixed", device="cpu")) == torch.float16
+
+
+@pytest.mark.parametrize("precision", ["16-mixed", "bf16-mixed", "bf16-true"])
+def test_autocast_context_manager_is_mixed_precisions_without_the_cast_cache(precision):
+    plugin = AmpkitPrecision(precision, device="cpu")
+    mixed = precision.endswith("-mixed")
+    layer = torch.nn.Linear(2, 1)
+    x = torch.randn(1, 2)
+    assert isinstance(plugin.autocast_context_manager(), torch.autocast)
+    with plugin.autocast_context_manager():
+        assert torch.is_autocast_enabled("cpu") == mixed
+        assert not torch.is_autocast_cache_enabled()
+        assert layer(x).dtype == (plugin.dtype if mixed else torch.float32)
+    # a no_grad forward inside the step's context does not leave a cast without grad for the next one
+    with plugin.forward_context():
+        with torch.no_grad():
+            layer(x)
+        loss = layer(x).float().mean()
+    loss.backward()
+    assert layer.weight.grad is not None
+
+
+def test_the_grads_lightning_hooks_see_are_unscaled_and_the_stage_is_torchs(tmp_path):
+    """Lightning's own check in on_before_optimizer_step: the scaler's _per_optimizer_states says UNSCALED, the grads
+    are the scaled ones divided by the scale, and configure_gradient_clipping clips them."""
+    def run(plugin):
+        records = []
+
+        class Hooked(Module):
+            def on_after_backward(self):
+                scale = self.trainer.precision_plugin.scaler.get_scale()
+                self.expected = [p.grad / scale for p in self.parameters()]
+
+            def on_before_optimizer_step(self, optimizer):
+                state = self.trainer.precision_plugin.scaler._per_optimizer_states[id(optimizer)]
+                records.append((state["stage"].name, sorted(str(d) for d in state["found_inf_per_device"])))
+                for p, e in zip(self.parameters(), self.expected):
+                    torch.testing.assert_close(p.grad, e)
+
+        module = Hooked(opt_cls=torch.optim.SGD)
+        _fit(module, plugin, gradient_clip_val=1e-3, gradient_clip_algorithm="value", max_steps=3)
+        return module, records
+
+    ours, our_records = run(AmpkitPrecision("16-mixed", device="cpu", scaler=ampkit.GradScaler("cpu", init_scale=1e3)))
+    theirs, their_records = run(pl.plugins.precision.MixedPrecision(
+        "16-mixed", "cpu", scaler=torch.amp.GradScaler("cpu", init_scale=1e3)))
+    assert our_records == their_records == [("UNSCALED", ["cpu"])] * 3
+    for a, b in zip(ours.parameters(), theirs.parameters()):
+        assert torch.equal(a, b)
+
+
+def test_the_overflow_report_names_the_lightning_modules_parameters():
+    reports = []
+
+    class Poisoned(Module):
+        def on_after_backward(self):
+            if self.global_step == 2:
+                self.net[3].bias.grad[0] = float("inf")
+
+        def on_train_batch_end(self, outputs, batch, batch_idx):
+            reports.append(self.trainer.precision_plugin.scaler.overflow_report())
+
+    scaler = ampkit.GradScaler("cpu", init_scale=2.0**10, overflow_report=True)
+    _fit(Poisoned(), AmpkitPrecision("16-mixed", device="cpu", scaler=scaler), max_steps=4)
+    assert reports == [[], [], ["net.3.bias"], []]

@@ -1,13 +1,17 @@
 """The Lightning precision plugin, built once per Lightning package (``lightning.pytorch`` and the standalone
 ``pytorch_lightning`` have separate class hierarchies, and the Trainer checks plugins against its own).
 
-What it changes against Lightning's ``MixedPrecision``:
+The plugin is a ``MixedPrecision`` (Lightning and other code that check for one accept it). What it changes
+against Lightning's ``MixedPrecision``:
 - the forward runs under ``ampkit.autocast`` (with ``fp32_ops``/``lowp_ops`` overrides if given);
 - ampkit's fused optimizers can clip: gradients are unscaled in place once, before the clipping hooks, when the
   Trainer clips (``gradient_clip_val``) or the optimizer is not a fused one; otherwise the fused step unscales
   inline (no extra pass);
 - any ``ampkit.GradScaler`` is accepted, for BF16 too (check-and-skip with ``scaling=False``, or dynamic scaling);
 - schedulers stepped per optimizer step do not advance on a step the scaler skipped (``SkipAware``);
+- a ``training_step`` that returns None (a skipped batch) leaves the scaler alone: no unscale, step or update,
+  clipping included;
+- with ``overflow_report=True`` the scaler's report names parameters as the LightningModule does;
 - ``"16-true"``/``"bf16-true"``: ampkit's O2 (``ampkit.decorate`` with the optimizer: FP32 masters from the FP32
   weights, norms kept FP32), batches cast to the low-precision dtype, ``LightningModule.dtype`` that dtype.
 """
@@ -39,7 +43,8 @@ def make_precision_plugin(pl: Any, module: str) -> type:
     a class of ``module`` (Lightning keys the plugin's checkpoint state by its ``__qualname__``)."""
     from importlib import import_module
 
-    Precision = import_module(pl.__name__ + ".plugins.precision").Precision
+    precision_module = import_module(pl.__name__ + ".plugins.precision")
+    Precision, MixedPrecision = precision_module.Precision, precision_module.MixedPrecision
     LightningModule = pl.LightningModule
     MisconfigurationException = import_module(pl.__name__ + ".utilities.exceptions").MisconfigurationException
     import ampkit
@@ -47,8 +52,19 @@ def make_precision_plugin(pl: Any, module: str) -> type:
     from ampkit.optim import _FusedOptimizer
     from ampkit.optim.lr_scheduler import SkipAware
 
-    class AmpkitPrecision(Precision):
+    def lightning_module(model: Any) -> Optional[Any]:
+        """The LightningModule inside the strategy's wrappers (DDP's ``module``, Lightning's ``_forward_module``)."""
+        while model is not None and not isinstance(model, LightningModule):
+            inner = getattr(model, "_forward_module", None)
+            model = getattr(model, "module", None) if inner is None else inner
+        return model
+
+    class AmpkitPrecision(MixedPrecision):
         """Mixed precision with ampkit in a Lightning ``Trainer``: ``Trainer(plugins=[AmpkitPrecision(...)])``.
+
+        A ``MixedPrecision`` whose methods are all its own: ``MixedPrecision.__init__`` (which builds a
+        ``torch.amp.GradScaler`` and refuses a scaler for BF16) is not called, and the base ``Precision``'s
+        behaviour is reached by name where ``MixedPrecision`` would scale, unscale or refuse fused optimizers.
 
         Args:
             precision: ``"16-mixed"`` / ``"bf16-mixed"`` (O1: autocast, FP32 weights) or ``"16-true"`` /
@@ -77,6 +93,7 @@ def make_precision_plugin(pl: Any, module: str) -> type:
             self.scaler = scaler
             self._fp32_ops = tuple(fp32_ops)
             self._lowp_ops = tuple(lowp_ops)
+            self._skipped_backward = False  # within optimizer_step: this batch's training_step returned None
 
         @property
         def _true(self) -> bool:
@@ -106,18 +123,27 @@ def make_precision_plugin(pl: Any, module: str) -> type:
                 for config in lr_schedulers:
                     if getattr(config, "interval", "step") == "step" and not isinstance(config.scheduler, SkipAware):
                         config.scheduler = SkipAware(config.scheduler, self.scaler)
-            return super().connect(model, optimizers, lr_schedulers)
+                module = lightning_module(model)
+                if module is not None:  # the overflow report names parameters as the LightningModule does
+                    self.scaler.name_parameters(module.named_parameters())
+            return Precision.connect(self, model, optimizers, lr_schedulers)
 
         def convert_input(self, data: Any) -> Any:
             return _cast_floating(data, self.dtype) if self._true else data
+
+        def autocast_context_manager(self) -> torch.autocast:
+            """The autocast the forward runs under, as ``MixedPrecision``'s (a ``torch.autocast`` without the
+            cast cache): ``ampkit.autocast`` with the overrides; disabled for ``"16-true"``/``"bf16-true"``, whose
+            weights are already FP16/BF16."""
+            return ampkit.autocast(self.device, dtype=self.dtype, enabled=not self._true, cache_enabled=False,
+                                   fp32_ops=self._fp32_ops, lowp_ops=self._lowp_ops)
 
         @contextlib.contextmanager
         def forward_context(self):
             if self._true:
                 yield
                 return
-            with ampkit.autocast(self.device, dtype=self.dtype, cache_enabled=False, fp32_ops=self._fp32_ops,
-                                 lowp_ops=self._lowp_ops):
+            with self.autocast_context_manager():
                 yield
 
         # ---- the step ----------------------------------------------------------------------------------------
@@ -125,7 +151,7 @@ def make_precision_plugin(pl: Any, module: str) -> type:
         def pre_backward(self, tensor: torch.Tensor, module: Any) -> torch.Tensor:
             if self._scaling():
                 tensor = self.scaler.scale(tensor)
-            return super().pre_backward(tensor, module)
+            return Precision.pre_backward(self, tensor, module)
 
         def _unscale_once(self, optimizer: Any) -> None:
             inner = _unwrapped(optimizer)
@@ -134,11 +160,13 @@ def make_precision_plugin(pl: Any, module: str) -> type:
 
         def optimizer_step(self, optimizer: Any, model: Any, closure: Callable[[], Any], **kwargs: Any) -> Any:
             if not self._scaling():
-                return super().optimizer_step(optimizer, model=model, closure=closure, **kwargs)
+                return Precision.optimizer_step(self, optimizer, model=model, closure=closure, **kwargs)
             if isinstance(_unwrapped(optimizer), torch.optim.LBFGS):
                 raise MisconfigurationException("AmpkitPrecision: AMP and the LBFGS optimizer are not compatible.")
             closure_result = closure()
-            # automatic optimization with a training_step that returned None: no backward, nothing to step
+            # automatic optimization with a training_step that returned None: no backward, so no unscale (the
+            # clipping hooks below included), step or update, as Lightning's MixedPrecision; an optimizer unscaled
+            # without grads would stay UNSCALED into the next batch, whose step then has no inf check
             skipped = closure_result is None and model.automatic_optimization
             if not skipped:
                 trainer = getattr(model, "trainer", None)
@@ -147,7 +175,11 @@ def make_precision_plugin(pl: Any, module: str) -> type:
                     # before the hooks, as Lightning's MixedPrecision: on_before_optimizer_step and clipping see
                     # true gradients (a fused step alone unscales inline instead)
                     self._unscale_once(optimizer)
-            self._after_closure(model, optimizer)
+            self._skipped_backward = skipped
+            try:
+                self._after_closure(model, optimizer)
+            finally:
+                self._skipped_backward = False
             if skipped:
                 return closure_result
             result = self.scaler.step(optimizer, **kwargs)
@@ -155,11 +187,12 @@ def make_precision_plugin(pl: Any, module: str) -> type:
             return result
 
         def clip_gradients(self, optimizer: Any, clip_val: Any = 0.0, gradient_clip_algorithm: Any = None) -> None:
-            if clip_val and clip_val > 0 and self._scaling():
+            if clip_val and clip_val > 0 and self._scaling() and not self._skipped_backward:
                 self._unscale_once(optimizer)  # a configure_gradient_clipping that clips on its own
+            # Precision's, not MixedPrecision's (which refuses fused optimizers: they are unscaled here)
             if gradient_clip_algorithm is None:
-                return super().clip_gradients(optimizer, clip_val)
-            return super().clip_gradients(optimizer, clip_val, gradient_clip_algorithm)
+                return Precision.clip_gradients(self, optimizer, clip_val)
+            return Precision.clip_gradients(self, optimizer, clip_val, gradient_clip_algorithm)
 
         # ---- checkpoints -------------------------------------------------------------------------------------
 
