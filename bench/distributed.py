@@ -43,7 +43,7 @@ import ampkit.distributed
 CONFIGS = [
     ("ddp_fp32_torch_scaler", "DDP FP32, torch GradScaler", 4, 8, 1),
     ("ddp_torch_fp16_hook", "DDP + torch fp16_compress_hook, torch GradScaler", 2, 24, 4),
-    ("ddp_ampkit_fp16_hook", "DDP + ampkit fp16_compress_hook, ampkit GradScaler", 2, 12, 2),
+    ("ddp_ampkit_fp16_hook", "DDP + ampkit fp16_compress_unscale_hook, ampkit GradScaler", 2, 12, 2),
     ("ampkit_allreduce_fp16", "ampkit GradientAllReduce fp16, ampkit GradScaler", 2, 12, 2),
 ]
 
@@ -65,7 +65,7 @@ def _rank(rank, world, store, steps, name, results):
             if name == "ddp_torch_fp16_hook":
                 net.register_comm_hook(None, default_hooks.fp16_compress_hook)
             elif name == "ddp_ampkit_fp16_hook":
-                net.register_comm_hook(scaler, ampkit.distributed.fp16_compress_hook)
+                net.register_comm_hook(scaler, ampkit.distributed.fp16_compress_unscale_hook)
         opt = ampkit.optim.AdamW(model.parameters(), lr=1e-4)
         x = torch.randn(16, 2048)
         times = []

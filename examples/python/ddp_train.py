@@ -1,7 +1,8 @@
 """Data-parallel training with DDP and ampkit: each rank runs train_demo's classifier (64 -> 256 -> 256 -> 10) under
-DistributedDataParallel with ampkit's FP16 compression hook (the bucket all-reduced in 2 bytes, unscaled and
-checked for the scaler on the way back), ampkit.GradScaler and ampkit.optim.AdamW, on a fixed synthetic 10-class
-problem. The ranks are processes on this machine (Gloo); a GPU run would use NCCL and device="cuda".
+DistributedDataParallel with ampkit's FP16 compression hook that unscales for the scaler
+(``fp16_compress_unscale_hook``: the bucket all-reduced in 2 bytes, unscaled and checked for the scaler on the way
+back), ampkit.GradScaler and ampkit.optim.AdamW, on a fixed synthetic 10-class problem. The ranks are processes on
+this machine (Gloo); a GPU run would use NCCL and device="cuda".
 
 Usage: python examples/python/ddp_train.py [--world 2] [--steps 60] [--hook fp16|bf16|none]
 """
@@ -42,7 +43,7 @@ def rank_main(rank: int, world: int, store: str, steps: int, hook: str) -> None:
         optimizer = ampkit.optim.AdamW(model.parameters(), lr=2e-3)
         scaler = ampkit.GradScaler("cpu", init_scale=65536.0, growth_interval=20)
         if hook != "none":
-            model.register_comm_hook(scaler, getattr(ampkit.distributed, f"{hook}_compress_hook"))
+            model.register_comm_hook(scaler, getattr(ampkit.distributed, f"{hook}_compress_unscale_hook"))
         teacher = torch.randn(64, 10, generator=torch.Generator().manual_seed(7))
         first = last = 0.0
         for step in range(steps):

@@ -1,27 +1,31 @@
-"""ampkit.distributed: compressed gradient all-reduce for DDP that the loss scaler sees.
+"""ampkit.distributed: compressed gradient all-reduce for DDP, as torch's hooks or unscaled for the loss scaler.
 
-``fp16_compress_hook`` and ``bf16_compress_hook`` are DDP communication hooks, registered with
-``ddp.register_comm_hook(state, hook)``, where ``state`` is an :class:`ampkit.GradScaler` (or a
-:class:`HookState` naming a process group too, or ``None`` for compression without the scaler). Per bucket:
+DDP communication hooks, registered with ``ddp.register_comm_hook(state, hook)``:
 
-* compress: cast to FP16/BF16 and divide by the world size, in one pass (``torch.ops.ampkit.cast_divide_``: the
-  bits of torch's hook, which casts and then divides the copy, on the CPU; torch's CUDA division by a scalar
-  multiplies by its reciprocal, the same bits for power-of-two world sizes);
-* all-reduce the 2-byte copy (half the bytes of an FP32 all-reduce);
-* decompress into the bucket, unscale and check it in one pass (``torch.ops.ampkit.cast_unscale_and_check_`` with
-  the scaler's ``unscale_factor``: the bits of a copy followed by the scaler's unscale) and record the flag with
-  :meth:`ampkit.GradScaler.record_unscaled_grads`. torch runs each bucket's callback on a stream of its pool:
-  the scaler keeps each bucket's flag apart and orders the streams itself (its NOTE [Scaler streams]). The
-  grads DDP then writes are unscaled; the scaler's ``unscale_``/``step`` take the recorded flag instead of their
-  own unscale or check pass over the grads, and every rank skips together, because after the all-reduce every
-  rank checked the same values. An FP16 overflow caused by the compression itself (a gradient sum above 65504 at
-  the current scale) is an Inf in the reduced bucket: it is caught here, the step is skipped on every rank, and
-  the scale backs off.
+* ``fp16_compress_hook`` and ``bf16_compress_hook`` are drop-ins for torch's
+  ``torch.distributed.algorithms.ddp_comm_hooks.default_hooks`` hooks of the same names: each bucket is cast to
+  FP16/BF16 and divided by the world size (in one pass, ``torch.ops.ampkit.cast_divide_``, where that gives the
+  bits of torch's cast-then-divide: on the CPU, and on CUDA for power-of-two world sizes, where torch's division by
+  a scalar multiplies by its reciprocal; torch's two passes otherwise), the 2-byte copy is all-reduced and copied
+  back into the bucket. The grads DDP then writes are torch's bit for bit, still scaled when the loss was: a loop
+  that clips right after ``backward()`` sees what it sees with torch's hook, and the scaler's own ``unscale_`` /
+  ``step`` unscale and check them. An FP16 overflow caused by the compression (a gradient sum above 65504 at the
+  current scale) is an Inf in the bucket, which that check catches on every rank. ``state`` is ``None`` or a
+  ProcessGroup, as torch's, or an :class:`ampkit.GradScaler` or :class:`HookState`, of which these hooks use only
+  the process group: the scaler is left to unscale the grads itself.
+* ``fp16_compress_unscale_hook`` and ``bf16_compress_unscale_hook`` fuse the scaler's unscale into the
+  decompression, for ``state`` an :class:`ampkit.GradScaler` (or a :class:`HookState` naming one): the bucket is
+  widened, unscaled and checked in one pass (``torch.ops.ampkit.cast_unscale_and_check_`` with the scaler's
+  ``unscale_factor``: the bits of a copy followed by the scaler's unscale) and the flag recorded with
+  :meth:`ampkit.GradScaler.record_unscaled_grads`. torch runs each bucket's callback on a stream of its pool: the
+  scaler keeps each bucket's flag apart and orders the streams itself (its NOTE [Scaler streams]). The grads DDP
+  then writes are unscaled; the scaler's ``unscale_``/``step`` take the recorded flag instead of their own unscale
+  or check pass over the grads, and every rank skips together, because after the all-reduce every rank checked the
+  same values; a compression overflow is caught here. Without a scaler (``state=None``, a disabled scaler, or
+  before the first ``scaler.scale``), they compress and decompress only, as torch's hooks.
 
 When the bucket already has the compression dtype (an O2/O3 model in FP16), the cast is a no-op and the bucket
 is all-reduced in place.
-Without a scaler (``state=None``, or a disabled scaler, or before the first ``scaler.scale``), the hooks
-compress and decompress only, as torch's.
 """
 # No `from __future__ import annotations`: DDP checks the hooks' annotations against dist.GradBucket and
 # torch.futures.Future themselves.
@@ -33,13 +37,15 @@ import torch.distributed as dist
 
 from .grad_scaler import GradScaler
 
-__all__ = ["GradientAllReduce", "HookState", "fp16_compress_hook", "bf16_compress_hook"]
+__all__ = ["GradientAllReduce", "HookState", "fp16_compress_hook", "bf16_compress_hook",
+           "fp16_compress_unscale_hook", "bf16_compress_unscale_hook"]
 
 
 @dataclass
 class HookState:
-    """The state of ampkit's DDP hooks: the scaler whose grads they unscale and check (None: none) and the process
-    group to all-reduce over (None: the default group, as DDP's)."""
+    """The state of ampkit's DDP hooks: the scaler whose grads the unscale hooks unscale and check (None: none; the
+    torch-named hooks leave the grads to it) and the process group to all-reduce over (None: the default group, as
+    DDP's)."""
 
     scaler: Optional[GradScaler] = None
     process_group: Optional[Any] = None
@@ -61,19 +67,42 @@ def _state(state: Any, hook: str) -> HookState:
 _CAST_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
+def _compress(buffer: torch.Tensor, dtype: torch.dtype, world_size: int, exact: bool) -> tuple[torch.Tensor, bool]:
+    """The bucket cast to ``dtype`` and divided by ``world_size``, as torch's hooks' ``to(dtype).div_(world_size)``,
+    and whether it was one ``cast_divide_`` pass. ``exact``: only where that pass gives torch's bits (the CPU, or a
+    power-of-two world size, where CUDA's multiply by the reciprocal is the same division)."""
+    fused = buffer.dtype in _CAST_DTYPES and buffer.dtype != dtype
+    if fused and exact:
+        fused = buffer.device.type == "cpu" or world_size & (world_size - 1) == 0
+    if not fused:
+        return buffer.to(dtype).div_(world_size), False
+    compressed = torch.empty_like(buffer, dtype=dtype)
+    torch.ops.ampkit.cast_divide_([buffer], [compressed], float(world_size))
+    return compressed, True
+
+
 def _compress_hook(dtype: torch.dtype, hook: str, state: Any,
                    bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """torch's compression hook: the reduced copy written back into the bucket, scaled as it came."""
     st = _state(state, hook)
     group = st.process_group if st.process_group is not None else dist.group.WORLD
-    world_size = group.size()
     buffer = bucket.buffer()
-    # Cast, then divide in the wire dtype (torch's hooks' bits), in one pass when ampkit's kernels take the dtypes.
-    fused = buffer.dtype in _CAST_DTYPES and buffer.dtype != dtype
-    if fused:
-        compressed = torch.empty_like(buffer, dtype=dtype)
-        torch.ops.ampkit.cast_divide_([buffer], [compressed], float(world_size))
-    else:
-        compressed = buffer.to(dtype).div_(world_size)
+    compressed, _ = _compress(buffer, dtype, group.size(), exact=True)
+    future = dist.all_reduce(compressed, group=group, async_op=True).get_future()
+
+    def decompress(fut: torch.futures.Future) -> torch.Tensor:
+        buffer.copy_(fut.value()[0])
+        return buffer
+
+    return future.then(decompress)
+
+
+def _compress_unscale_hook(dtype: torch.dtype, hook: str, state: Any,
+                           bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    st = _state(state, hook)
+    group = st.process_group if st.process_group is not None else dist.group.WORLD
+    buffer = bucket.buffer()
+    compressed, fused = _compress(buffer, dtype, group.size(), exact=False)
     future = dist.all_reduce(compressed, group=group, async_op=True).get_future()
     scaler = st.scaler
     unscale = scaler is not None and scaler.is_enabled() and scaler._get_scale_async() is not None
@@ -103,20 +132,46 @@ def _compress_hook(dtype: torch.dtype, hook: str, state: Any,
 
 
 def fp16_compress_hook(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """DDP hook: all-reduce each bucket in FP16, unscaled and checked for the scaler given as ``state``."""
+    """DDP hook, torch's ``fp16_compress_hook``: each bucket all-reduced in FP16 and written back as torch's hook
+    writes it (scaled grads stay scaled, for the scaler's own unscale and check).
+
+    Args:
+        state: ``None`` or a ProcessGroup (as torch's hook), an ``ampkit.GradScaler`` (not used: the grads are left
+            to it) or a :class:`HookState` (its process group).
+        bucket: DDP's gradient bucket; its buffer is overwritten with the averaged grads.
+    """
     return _compress_hook(torch.float16, "fp16_compress_hook", state, bucket)
 
 
 def bf16_compress_hook(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """DDP hook: all-reduce each bucket in BF16 (FP32's range: no compression overflow), unscaled and checked."""
+    """DDP hook, torch's ``bf16_compress_hook``: each bucket all-reduced in BF16 (FP32's range: no compression
+    overflow) and written back as torch's hook writes it; ``state`` as :func:`fp16_compress_hook`'s."""
     return _compress_hook(torch.bfloat16, "bf16_compress_hook", state, bucket)
+
+
+def fp16_compress_unscale_hook(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """DDP hook: each bucket all-reduced in FP16, then unscaled and checked for the scaler in ``state`` while it is
+    widened back (the grads DDP writes are unscaled; the scaler's ``step`` takes the recorded flag).
+
+    Args:
+        state: an ``ampkit.GradScaler``, a :class:`HookState` (scaler and process group), a ProcessGroup or
+            ``None`` (the last two, and a disabled scaler: compression only, as torch's hook).
+        bucket: DDP's gradient bucket; its buffer is overwritten with the averaged, unscaled grads.
+    """
+    return _compress_unscale_hook(torch.float16, "fp16_compress_unscale_hook", state, bucket)
+
+
+def bf16_compress_unscale_hook(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """DDP hook: each bucket all-reduced in BF16, then unscaled and checked for the scaler in ``state``; ``state``
+    as :func:`fp16_compress_unscale_hook`'s."""
+    return _compress_unscale_hook(torch.bfloat16, "bf16_compress_unscale_hook", state, bucket)
 
 
 class GradientAllReduce:
     """Data-parallel gradient averaging without DDP, by ampkit's C++ ``ampkit::distributed::GradientAllReduce``
     (what LibTorch programs use): buckets of ``bucket_cap_mb`` in reverse parameter order are all-reduced as their
     grads become ready (``overlap=True``: autograd hooks) or at :meth:`synchronize`, compressed to FP16/BF16 when
-    ``compression`` says so, and, with a ``scaler``, decompressed, unscaled and checked as the DDP hooks do
+    ``compression`` says so, and, with a ``scaler``, decompressed, unscaled and checked as the unscale hooks do
     (:meth:`ampkit.GradScaler.record_unscaled_grads`). Call :meth:`synchronize` after backward, before
     ``scaler.step``. ``params`` must be the same list in the same order on every rank."""
 

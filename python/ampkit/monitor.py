@@ -125,7 +125,7 @@ class GradMonitor:
             return None
         inv_of = None
         if (scaler is not None and grads_scaled and scaler.is_enabled() and scaler._get_scale_async() is not None
-                and not scaler._core.grads_unscaled_outside()):  # ampkit's DDP hooks unscaled them already
+                and not scaler._core.grads_unscaled_outside()):  # ampkit's DDP unscale hooks unscaled them already
             inv_of = scaler.unscale_factor
         record = dict(step=int(step), grads=grad_records(self.named_parameters, inv_of))
         if scaler is not None:

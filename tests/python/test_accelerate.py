@@ -1,7 +1,10 @@
 """ampkit.integrations.accelerate.attach in a real HF Accelerate loop on the CPU: backward, clipping on unscaled
 gradients (once), the step, optimizer_step_was_skipped exactly on the skipped steps with the scheduler held there,
-save_state/load_state with the scaler's full state, and each run equal bit for bit to the loop written by hand."""
+save_state/load_state with the scaler's full state, and each run equal bit for bit to the loop written by hand;
+without attach, Accelerate's own torch.amp.GradScaler stepping an ampkit optimizer warns once, naming attach."""
 from __future__ import annotations
+
+import warnings
 
 import pytest
 import torch
@@ -186,3 +189,48 @@ def test_attach_refuses_what_it_cannot_do_and_changes_nothing():
     with pytest.raises(RuntimeError, match="call attach before accelerator.prepare.*1 optimizer"):
         attach(acc, ampkit.GradScaler("cpu"))
     assert acc.scaler is None and opt.scaler is None
+
+
+def _attach_warnings(fn) -> list[str]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fn()
+    return [str(w.message) for w in caught if "ampkit.integrations.accelerate.attach" in str(w.message)]
+
+
+@pytest.mark.parametrize("opt_cls", [ampkit.optim.AdamW, ampkit.optim.SGD])
+def test_accelerates_own_scaler_stepping_an_ampkit_optimizer_warns_once_naming_attach(opt_cls):
+    acc = accelerate.Accelerator(mixed_precision="fp16", cpu=True)
+    # torch.amp.GradScaler("cuda") is what Accelerate builds for FP16 on a GPU; the same scaler on the CPU.
+    acc.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8)
+    net = _net()
+    opt = opt_cls(net.parameters(), lr=0.05)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.7**s)
+    loader = torch.utils.data.DataLoader(_data(), batch_size=None, shuffle=False)
+    net, opt, loader, sched = acc.prepare(net, opt, loader, sched)
+    result = {}
+    caught = _attach_warnings(lambda: result.update(skipped=_accelerate_loop(acc, net, opt, loader, sched,
+                                                                             poisoned={2})[0]))
+    assert len(caught) == 1 and f"ampkit.optim.{opt_cls.__name__}" in caught[0], caught
+    # what it warns of: the skipped step is not reported, and the schedule advanced on it
+    assert result["skipped"] == [False] * STEPS and sched.scheduler.last_epoch == STEPS
+
+
+def test_no_warning_with_attach_or_without_accelerate():
+    scaler = ampkit.GradScaler("cpu", init_scale=2.0**8)
+    acc, net, opt, loader, sched = _setup("fp16", scaler)
+    assert _attach_warnings(lambda: _accelerate_loop(acc, net, opt, loader, sched, poisoned={2})) == []
+
+    def own_loop():  # torch's scaler in a loop of one's own (no Accelerate); the scheduler wraps the optimizer's step
+        net = _net()
+        opt = ampkit.optim.AdamW(net.parameters(), lr=0.05)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.7**s)
+        torch_scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8)
+        for x, y in _data():
+            torch_scaler.scale(torch.nn.functional.mse_loss(net(x), y)).backward()
+            torch_scaler.step(opt)
+            torch_scaler.update()
+            sched.step()
+            opt.zero_grad()
+
+    assert _attach_warnings(own_loop) == []

@@ -1,5 +1,5 @@
 """ampkit::distributed::GradientAllReduce (the C++ all-reduce LibTorch programs use, through its Python binding)
-on real Gloo ranks: the same weights as DDP with ampkit's hooks, bit for bit, with and without compression and
+on real Gloo ranks: the same weights as DDP with ampkit's unscale hooks, bit for bit, with and without compression and
 overlap; buckets, gradient accumulation, parameters without grads, Inf on one rank, and bad arguments."""
 from __future__ import annotations
 
@@ -23,7 +23,8 @@ def _run(rank, world, store, results, mode, compression, overlap):
         scaler = ampkit.GradScaler("cpu", init_scale=1024.0, growth_interval=100)
         if mode == "ddp":
             net = DDP(model)
-            hook = {"fp16": ampkit.distributed.fp16_compress_hook, "bf16": ampkit.distributed.bf16_compress_hook}
+            hook = {"fp16": ampkit.distributed.fp16_compress_unscale_hook,
+                    "bf16": ampkit.distributed.bf16_compress_unscale_hook}
             if compression is not None:
                 net.register_comm_hook(scaler, hook[compression])
             sync = None

@@ -1,7 +1,8 @@
 """DDP on real Gloo ranks with ampkit: the FP16/BF16 compression hooks against a single-process run over the same
-global batch and against torch's own fp16_compress_hook + torch.amp.GradScaler, Inf on one rank and compression
-overflow skipping the step on every rank, and O1/O2 training whose rank-0 checkpoint resumes bit-identically on
-every rank. Each rank runs one thread (2 cores)."""
+global batch and against torch's own hooks + torch.amp.GradScaler (the torch-named hooks leave torch's scaled grads
+bit for bit, so clipping right after backward follows torch's trajectory; the unscale hooks leave them unscaled),
+Inf on one rank and compression overflow skipping the step on every rank, and O1/O2 training whose rank-0
+checkpoint resumes bit-identically on every rank. Each rank runs one thread (2 cores)."""
 from __future__ import annotations
 
 import math
@@ -83,8 +84,9 @@ def _single_process(steps: int = STEPS, world: int = 2):
     return [p.detach() for p in model.parameters()]
 
 
-@pytest.mark.parametrize("world", [2, 4])
-@pytest.mark.parametrize("hook", ["fp16_compress_hook", "bf16_compress_hook"])
+@pytest.mark.parametrize("world,hook", [(world, hook) for world in (2, 4)
+                                        for hook in ("fp16_compress_unscale_hook", "bf16_compress_unscale_hook")]
+                         + [(2, "fp16_compress_hook"), (2, "bf16_compress_hook")])
 def test_compressed_ddp_follows_one_process_over_the_global_batch(tmp_path, world, hook):
     results = _spawn(_train_ddp, world, tmp_path, hook, "ampkit", "ampkit")
     reference = _single_process(world=world)
@@ -98,10 +100,12 @@ def test_compressed_ddp_follows_one_process_over_the_global_batch(tmp_path, worl
     assert results[0][1] == 1024.0  # no overflow: the scale did not move (growth_interval 2000)
 
 
-def test_fp16_hook_gives_torchs_fp16_hook_and_grad_scaler_results_bit_for_bit(tmp_path):
-    # ampkit's hook casts and divides as torch's does, and its unscale multiplies by the FP64 reciprocal rounded
-    # to FP32 as torch's GradScaler does after the copy back: the same bits, where the unscale pass happens aside.
-    ours = _spawn(_train_ddp, 2, tmp_path, "fp16_compress_hook", "ampkit", "torch")
+@pytest.mark.parametrize("hook", ["fp16_compress_unscale_hook", "fp16_compress_hook"])
+def test_fp16_hook_gives_torchs_fp16_hook_and_grad_scaler_results_bit_for_bit(tmp_path, hook):
+    # ampkit's hooks cast and divide as torch's does; the unscale hook's unscale multiplies by the FP64 reciprocal
+    # rounded to FP32 as torch's GradScaler does after the copy back: the same bits, where the unscale pass happens
+    # aside.
+    ours = _spawn(_train_ddp, 2, tmp_path, hook, "ampkit", "torch")
     (tmp_path / "t").mkdir()
     theirs = _spawn(_train_ddp, 2, tmp_path / "t", "torch_fp16", "torch", "torch")
     for a, b in zip(ours[0][0], theirs[0][0]):
@@ -110,16 +114,95 @@ def test_fp16_hook_gives_torchs_fp16_hook_and_grad_scaler_results_bit_for_bit(tm
         assert torch.equal(a, b)
 
 
+# ---- the torch-named hooks are torch's: scaled grads after backward, clipping right after it --------------------
+
+def _grads_after_backward(rank, world, store, results, wire):
+    _init(rank, world, store)
+    models = []
+    try:
+        torch_hook = getattr(default_hooks, f"{wire}_compress_hook")
+        ours = getattr(ampkit.distributed, f"{wire}_compress_hook")
+        grads = {}
+        for name in ("torch", "none", "group", "scaler", "hook_state"):
+            scaler = ampkit.GradScaler("cpu", init_scale=1024.0)
+            state = {"group": dist.group.WORLD, "scaler": scaler,
+                     "hook_state": ampkit.distributed.HookState(scaler=scaler)}.get(name)
+            model = DDP(_model())
+            models.append(model)
+            model.register_comm_hook(state, torch_hook if name == "torch" else ours)
+            x, y = _batch(0, rank, world)
+            scaler.scale(torch.nn.functional.mse_loss(model(x), y)).backward()
+            grads[name] = [p.grad.clone() for p in model.parameters()]
+        results[rank] = grads
+    finally:
+        # The DDP reducers first (see the finally of examples/python/ddp_train.py).
+        models = model = None  # noqa: F841
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("wire", ["fp16", "bf16"])
+def test_torch_named_hooks_leave_torchs_scaled_grads_bit_for_bit_whatever_the_state(tmp_path, wire):
+    results = _spawn(_grads_after_backward, 2, tmp_path, wire)
+    for rank in (0, 1):
+        grads = dict(results[rank])
+        reference = grads.pop("torch")
+        # still scaled: a random model's grads are O(0.01 .. 1), times 1024
+        assert max(float(g.abs().max()) for g in reference) > 16.0
+        for name, ours in grads.items():
+            for a, b in zip(ours, reference):
+                assert torch.equal(a, b), name
+        assert all(torch.equal(a, b) for a, b in zip(reference, results[0]["torch"]))  # ranks agree
+
+
+def _clip_right_after_backward(rank, world, store, results, kind):
+    _init(rank, world, store)
+    try:
+        model = DDP(_model())
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        if kind == "torch":
+            scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+            model.register_comm_hook(None, default_hooks.fp16_compress_hook)
+        else:
+            scaler = ampkit.GradScaler("cpu", init_scale=1024.0)
+            model.register_comm_hook(scaler, ampkit.distributed.fp16_compress_hook)
+        trajectory = []
+        for step in range(STEPS):
+            x, y = _batch(step, rank, world)
+            opt.zero_grad()
+            scaler.scale(torch.nn.functional.mse_loss(model(x), y)).backward()
+            # minGPT-ddp's loop: clipped right after backward, without unscale_ (the scaled grads are clipped)
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            scaler.step(opt)
+            scaler.update()
+            trajectory.append((float(norm), [p.detach().clone() for p in model.parameters()]))
+        results[rank] = trajectory
+    finally:
+        # The DDP reducers first (see the finally of examples/python/ddp_train.py).
+        model = None  # noqa: F841
+        dist.destroy_process_group()
+
+
+def test_clipping_right_after_backward_follows_torchs_hook_trajectory_bit_for_bit(tmp_path):
+    ours = _spawn(_clip_right_after_backward, 2, tmp_path, "ampkit")
+    (tmp_path / "t").mkdir()
+    theirs = _spawn(_clip_right_after_backward, 2, tmp_path / "t", "torch")
+    for rank in (0, 1):
+        assert len(ours[rank]) == STEPS
+        for (norm, params), (ref_norm, ref_params) in zip(ours[rank], theirs[rank]):
+            assert norm == ref_norm and norm > 16.0  # the norm of scaled grads, as torch's
+            assert all(torch.equal(a, b) for a, b in zip(params, ref_params))
+
+
 # ---- overflow: Inf on one rank, and overflow caused by the compression ------------------------------------------
 
-def _overflow(rank, world, store, results, mode, with_scaler):
+def _overflow(rank, world, store, results, mode, hook, with_scaler):
     _init(rank, world, store)
     try:
         model = DDP(_model())
         opt = ampkit.optim.AdamW(model.parameters(), lr=1e-2)
         init_scale = 2.0**24 if mode == "compression" else 1024.0
         scaler = ampkit.GradScaler("cpu", init_scale=init_scale, growth_interval=100)
-        model.register_comm_hook(scaler if with_scaler else None, ampkit.distributed.fp16_compress_hook)
+        model.register_comm_hook(scaler if with_scaler else None, getattr(ampkit.distributed, hook))
         history = []
         for step in range(3):
             x, y = _batch(step, rank, world)
@@ -129,11 +212,12 @@ def _overflow(rank, world, store, results, mode, with_scaler):
             before = [p.detach().clone() for p in model.parameters()]
             opt.zero_grad()
             scaler.scale(torch.nn.functional.mse_loss(model(x), y)).backward()
+            grads_finite = all(bool(torch.isfinite(p.grad).all()) for p in model.parameters())
             scaler.step(opt)
             scaler.update()
             moved = any(not torch.equal(b, p) for b, p in zip(before, model.parameters()))
             finite = all(torch.isfinite(p).all() for p in model.parameters())
-            history.append((scaler.get_scale(), moved, bool(finite)))
+            history.append((scaler.get_scale(), moved, bool(finite), grads_finite))
         results[rank] = (history, scaler.stats()["skipped_steps"])
     finally:
         # The DDP reducers first (see the finally of examples/python/ddp_train.py).
@@ -141,22 +225,32 @@ def _overflow(rank, world, store, results, mode, with_scaler):
         dist.destroy_process_group()
 
 
-def test_inf_on_one_rank_skips_the_step_on_every_rank(tmp_path):
-    results = _spawn(_overflow, 2, tmp_path, "inf", True)
+# The unscale hook checks for the scaler; the torch-named hook leaves the Infs in the grads, for the scaler's own
+# check, with or without the scaler as its state.
+_OVERFLOW_HOOKS = pytest.mark.parametrize("hook,with_scaler", [("fp16_compress_unscale_hook", True),
+                                                               ("fp16_compress_hook", True),
+                                                               ("fp16_compress_hook", False)])
+
+
+@_OVERFLOW_HOOKS
+def test_inf_on_one_rank_skips_the_step_on_every_rank(tmp_path, hook, with_scaler):
+    results = _spawn(_overflow, 2, tmp_path, "inf", hook, with_scaler)
     for rank in (0, 1):
         history, skipped = results[rank]
         assert [h[0] for h in history] == [1024.0, 512.0, 512.0]
         assert [h[1] for h in history] == [True, False, True]
+        assert [h[3] for h in history] == [True, False, True]  # the Inf reached every rank's grads
         assert skipped == 1
 
 
-def test_compression_overflow_is_caught_and_backs_off_on_every_rank(tmp_path):
+@_OVERFLOW_HOOKS
+def test_compression_overflow_is_caught_and_backs_off_on_every_rank(tmp_path, hook, with_scaler):
     # Scaled by 2^24, the grads (|g| ~ 0.1 .. 1) exceed FP16's 65504 only once compressed: the FP32 grads are
-    # finite. The hook finds the Infs in the reduced FP16 bucket; every rank skips until the scale fits.
-    results = _spawn(_overflow, 2, tmp_path, "compression", True)
+    # finite. The Infs of the reduced FP16 bucket reach the grads; every rank skips until the scale fits.
+    results = _spawn(_overflow, 2, tmp_path, "compression", hook, with_scaler)
     for rank in (0, 1):
         history, skipped = results[rank]
-        assert history[0][0] < 2.0**24 and not history[0][1]  # backed off, step skipped
+        assert history[0][0] < 2.0**24 and not history[0][1] and not history[0][3]  # backed off, step skipped
         assert all(h[2] for h in history)  # the weights never took an Inf
     assert results[0] == results[1]
 
@@ -176,7 +270,7 @@ def _buckets(rank, world, store, results, victim_of_step):
             record(found_inf)
 
         scaler.record_unscaled_grads = counting_record
-        ddp.register_comm_hook(scaler, ampkit.distributed.fp16_compress_hook)
+        ddp.register_comm_hook(scaler, ampkit.distributed.fp16_compress_unscale_hook)
         params = list(model.parameters())
         history = []
         for step in range(len(victim_of_step)):
@@ -237,7 +331,7 @@ def _o_level(rank, world, store, results, level, ckpt):
                 model, opt = ampkit.decorate(model, opt, level="O2", dtype=dtype)
             ddp = DDP(model)
             scaler = ampkit.GradScaler("cpu", init_scale=256.0, growth_interval=2)
-            hook = ampkit.distributed.bf16_compress_hook
+            hook = ampkit.distributed.bf16_compress_unscale_hook
             ddp.register_comm_hook(scaler, hook)
             return ddp, opt, scaler
 
@@ -341,7 +435,7 @@ def _twice(rank, world, store, results):
     try:
         model = DDP(_model())
         scaler = ampkit.GradScaler("cpu", init_scale=1024.0)
-        model.register_comm_hook(scaler, ampkit.distributed.fp16_compress_hook)
+        model.register_comm_hook(scaler, ampkit.distributed.fp16_compress_unscale_hook)
         x, y = _batch(0, rank, world)
         scaler.scale(torch.nn.functional.mse_loss(model(x), y)).backward()
         try:

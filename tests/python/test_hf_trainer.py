@@ -1,7 +1,10 @@
 """The HF Trainer with ampkit's optimizer and scaler through ampkit.integrations.accelerate.attach, on a small
 GPT-2 built from a config with random weights and data made here (nothing downloaded): a skipped step changes no
-weight and does not advance the schedule, clipping and the logged grad_norm see unscaled gradients."""
+weight and does not advance the schedule, clipping and the logged grad_norm see unscaled gradients; without attach,
+an FP16 Trainer stepping ampkit's optimizer through its own torch.amp.GradScaler warns once, naming attach."""
 from __future__ import annotations
+
+import warnings
 
 import pytest
 import torch
@@ -10,6 +13,7 @@ import ampkit
 
 transformers = pytest.importorskip("transformers")
 from ampkit.integrations.accelerate import attach  # noqa: E402
+from conftest import DEVICES  # noqa: E402
 
 STEPS = 6
 POISONED_STEP = 2
@@ -73,6 +77,56 @@ def test_trainer_with_ampkit_scaler_and_optimizer_skips_without_advancing_the_sc
     # unscaled: a random-weight GPT-2's gradient norm is O(1), the scaled one 65536 times that
     assert all(0.01 < n < 100.0 for n in finite), norms
     assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def _fp16_trainer(tmp_path, device):
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=1, n_head=2)
+    model = transformers.GPT2LMHeadModel(config).to(device)
+    opt = ampkit.optim.AdamW(model.parameters(), lr=1e-3)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + s))
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path), max_steps=STEPS, per_device_train_batch_size=4, fp16=True,
+        use_cpu=device == "cpu", logging_steps=1, report_to=[], save_strategy="no", dataloader_num_workers=0,
+        seed=0, disable_tqdm=True)
+    weights = _Weights(model)
+    trainer = _PoisonedTrainer(model=model, args=args, train_dataset=_Tokens(), optimizers=(opt, sched),
+                               callbacks=[weights])
+    return trainer, sched, weights
+
+
+def _attach_warnings(trainer) -> list[str]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.train()
+    return [str(w.message) for w in caught if "ampkit.integrations.accelerate.attach" in str(w.message)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fp16_trainer_stepping_an_ampkit_optimizer_without_attach_warns_once(tmp_path, device):
+    trainer, sched, weights = _fp16_trainer(tmp_path, device)
+    if device == "cpu":
+        # Accelerate builds torch's scaler for FP16 on accelerators only (torch.amp.GradScaler("cuda") on a GPU);
+        # the same scaler on the CPU, before train() prepares the optimizer with it.
+        assert trainer.accelerator.scaler is None
+        trainer.accelerator.scaler = torch.amp.GradScaler("cpu")
+    assert isinstance(trainer.accelerator.scaler, torch.amp.GradScaler)
+    caught = _attach_warnings(trainer)
+    assert len(caught) == 1, caught
+    assert "ampkit.optim.AdamW" in caught[0] and "learning-rate schedule advances on skipped steps" in caught[0]
+    # What it warns of: the poisoned step was skipped on the device, yet the Trainer advanced the schedule there.
+    assert trainer.state.global_step == STEPS
+    assert all(torch.equal(a, b) for a, b in zip(weights.after[POISONED_STEP - 1], weights.after[POISONED_STEP]))
+    assert sched.last_epoch == STEPS
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fp16_trainer_with_attach_does_not_warn(tmp_path, device):
+    trainer, sched, _ = _fp16_trainer(tmp_path, device)
+    scaler = ampkit.GradScaler(device, init_scale=2.0**16)
+    attach(trainer.accelerator, scaler)
+    assert _attach_warnings(trainer) == []
+    assert scaler.stats()["skipped_steps"] >= 1 and sched.last_epoch == STEPS - scaler.stats()["skipped_steps"]
 
 
 def test_save_pretrained_of_an_o2_model_round_trips_as_the_docs_say(tmp_path):

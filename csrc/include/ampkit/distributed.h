@@ -1,6 +1,6 @@
 // ampkit::distributed::GradientAllReduce: data-parallel gradient averaging for LibTorch programs (which have no
 // DDP) over any c10d::ProcessGroup (NCCL, Gloo, ...), with optional FP16/BF16 compression that the GradScaler
-// sees, as ampkit.distributed's DDP hooks do in Python.
+// sees, as ampkit.distributed's DDP unscale hooks do in Python.
 //
 //   ampkit::distributed::GradientAllReduce sync(model->parameters(), process_group,
 //       ampkit::distributed::GradientAllReduceOptions().compression(ampkit::distributed::Compression::kFP16),
@@ -43,7 +43,7 @@ struct AMPKIT_API GradientAllReduceOptions {
 // NOTE [Gradient all-reduce]
 // Parameters are put into buckets in reverse order (the order backward produces their grads), one dtype and
 // device per bucket. A bucket is compressed once (each grad cast into a flat buffer of the wire dtype, which is
-// then divided by the world size: the passes and bits of the DDP hooks), all-reduced (SUM) asynchronously, and at
+// then divided by the world size: the passes and bits of the DDP unscale hooks), all-reduced (SUM) asynchronously, and at
 // synchronize() copied back into the grads; with a scaler they are then unscaled and checked in one multi-tensor
 // pass (unscale_and_check_ with the scaler's unscale_factor) and the flag handed to
 // GradScaler::record_unscaled_grads (NOTE [Grads unscaled outside the scaler]), so that unscale_/step neither

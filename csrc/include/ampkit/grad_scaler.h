@@ -223,7 +223,7 @@ class AMPKIT_API GradScaler {
   void mark_stepped(int64_t key);
   // NOTE [Grads unscaled outside the scaler]
   // A gradient all-reduce that decompresses, unscales (by unscale_factor) and checks the grads in one pass
-  // (ampkit.distributed's DDP hooks, ampkit::distributed::GradientAllReduce) records its Inf/NaN flag here (one
+  // (ampkit.distributed's DDP unscale hooks, ampkit::distributed::GradientAllReduce) records its Inf/NaN flag here (one
   // FP32 element, nonzero: a grad held Inf/NaN). Each call keeps its own copy of the flag, taken on the current
   // stream; the first unscale_/step sums them on its own stream after waiting for each (NOTE [Scaler streams]),
   // so buckets may record from different streams and threads (torch runs each DDP bucket's callback on a stream

@@ -11,6 +11,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from .. import _compile, _dtensor
+from .. import integrations as _integrations
 from . import _traced
 
 
@@ -160,6 +161,8 @@ class _FusedOptimizer(torch.optim.Optimizer):
         checked_by_core = self._core_checks_the_group()
         core = _core()
         grad_scale, found_inf = _traced.scalars(self)
+        if found_inf is not None and "step" in self.__dict__:  # a scaler's step through a patched step method
+            _integrations._check_unattached_accelerate(self)
         name = type(self).__name__
         grad_norm = self._global_grad_norm(grad_scale)
         get_state = self.state.get  # dict.get: no default entry created (one hash per parameter)
