@@ -653,7 +653,8 @@ def main() -> None:
             rows += bench_device(device, args.quick)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump([dict(asdict(r), pct_of_inplace_bw=100 * r.gbps / INPLACE_BW[r.device]) for r in rows], f,
+            json.dump([dict(asdict(r), pct_of_inplace_bw=100 * r.gbps / INPLACE_BW[r.device] if r.device in INPLACE_BW
+                       else None) for r in rows], f,
                       indent=1)
     print_table(rows)
 

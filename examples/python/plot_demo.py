@@ -14,6 +14,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib import ticker  # noqa: E402
 
 FP16_MIN_SUBNORMAL_EXP, FP16_MIN_NORMAL_EXP, FP16_MAX_EXP = -24, -14, 15
 
@@ -66,7 +67,13 @@ def main(history: str, out: str, grad_log: str | None = None) -> None:
             ax_scale.scatter([p[0] for p in skipped], [p[2] for p in skipped], marker="x", s=25,
                              label=f"{mode}: skipped steps")
     ax_loss.set(title="training loss", xlabel="step", ylabel="cross-entropy", yscale="log")
-    ax_scale.set(title="loss scale (GradScaler)", xlabel="step", ylabel="scale", yscale="log")
+    ax_scale.set(title="loss scale (GradScaler)", xlabel="step", ylabel="scale")
+    # Loss scales are powers of two: a base-2 axis labelled 2^k at whole powers only (a base-10 log axis puts
+    # cluttered minor labels between 2^16 and 2^17).
+    ax_scale.set_yscale("log", base=2)
+    ax_scale.yaxis.set_major_locator(ticker.LogLocator(base=2, subs=(1.0,)))
+    ax_scale.yaxis.set_minor_locator(ticker.NullLocator())
+    ax_scale.yaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"$2^{{{math.log2(v):.0f}}}$"))
     ax_loss.legend()
     ax_scale.legend(fontsize=8)
     if records:
