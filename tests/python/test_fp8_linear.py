@@ -33,6 +33,59 @@ def dequantized(x: torch.Tensor, dtype: torch.dtype, scale: torch.Tensor | None 
     return q.float() * torch.reciprocal(scale)
 
 
+# NOTE [FP8 GEMM error model]
+# A GEMM of quantized operands, c = sum_k a_k b_k over K terms, against the exact sum of the dequantized operands'
+# products (the reference, in FP64). Every product of two FP8 values is exact (4 x 4 significand bits fit any
+# accumulator), so a result differs from the reference only by
+#   - the accumulation: with a unit roundoff u_acc per addition, in any order or grouping, at most
+#     K * u_acc * S with S = sum_k |a_k b_k| (recursive summation: gamma_(K-1) <= K u, Higham, "Accuracy and
+#     Stability of Numerical Algorithms", 2nd ed., section 4.2; a tensor core that aligns a group of terms to the
+#     largest and truncates the rest loses < u_acc * S per term, the same bound).
+#     CPU: exactly FP32 accumulation of the exact products (NOTE [FP8 GEMM on the CPU]), u_acc = 2^-24.
+#     CUDA: Hopper's FP8 tensor cores keep fewer bits than FP32 between promotions of the partial sums: "limited
+#     to retaining around 14 bits" on H800 (DeepSeek-V3 Technical Report, arXiv:2412.19437, section 3.3.2,
+#     "Increasing Accumulation Precision"), i.e. 13 fraction bits, truncated. cuBLASLt and CUTLASS without fast
+#     accumulation (use_fast_accum=False, as ampkit calls torch._scaled_mm; CUBLASLT_MATMUL_DESC_FAST_ACCUM off)
+#     promote them to FP32 every few k-blocks (DeepSeek-V3: every 128 elements). The bound takes u_acc = 2^-13
+#     over all K, crediting no promotion: exact up to the promotion interval (K <= 128 here), safe beyond.
+#   - the scaling: the kernel multiplies the sum by the dequantizing scales, the reference multiplies each operand
+#     by its own: at most 4 FP32 roundings per product, covered by 5 * 2^-24 * S.
+#   - the output: one rounding, 2^-24 relative to FP32, 2^-8 to BF16 (round to nearest, 8-bit significand). The
+#     GPU's rowwise GEMM writes BF16 only (csrc/ops/fp8_linear.cpp, scaled_mm): on CUDA a rowwise result carries
+#     BF16's rounding whatever the output dtype.
+# The bound stays far tighter than a wrong scale: on this file's inputs (K = 96) the CUDA bound is about 11% of
+# |c| at the median and the CPU's 6e-5; a factor of 2 (100%) fails on 94% of the elements on CUDA, all on the CPU,
+# while a simulated 13-bit truncating accumulation with BF16 output stays within 0.19 of the CUDA bound
+# (test_the_error_model_rejects_a_scale_off_by_two).
+FP32_UNIT, BF16_UNIT = 2.0**-24, 2.0**-8
+ACC_UNIT = {"cpu": FP32_UNIT, "cuda": 2.0**-13}
+OUT_UNIT = {torch.float32: FP32_UNIT, torch.bfloat16: BF16_UNIT}
+
+
+def gemm_bound(a: torch.Tensor, b: torch.Tensor, device: str, out_dtype: torch.dtype, rowwise: bool = False,
+               bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(reference, bound): a @ b^T of the dequantized operands in FP64 (plus bias), and the elementwise bound on
+    |result - reference| of ampkit's FP8 GEMM on `device` writing `out_dtype` (NOTE [FP8 GEMM error model]); a
+    bias is added in `out_dtype`, one more rounding."""
+    device = torch.device(device).type
+    a, b = a.double().cpu(), b.double().cpu()
+    ref = a @ b.t()
+    acc = (a.shape[1] * ACC_UNIT[device] + 5 * FP32_UNIT) * (a.abs() @ b.abs().t())
+    gemm_out = torch.bfloat16 if device == "cuda" and rowwise else out_dtype
+    bound = acc + OUT_UNIT[gemm_out] * (ref.abs() + acc)
+    if bias is not None:
+        ref = ref + bias.double().cpu()
+        bound = bound + OUT_UNIT[out_dtype] * (ref.abs() + bound)
+    return ref, bound
+
+
+def assert_within(got: torch.Tensor, ref_and_bound: tuple[torch.Tensor, torch.Tensor], what: str) -> None:
+    ref, bound = ref_and_bound
+    err = (got.detach().double().cpu() - ref).abs()
+    worst = (err / bound).nan_to_num(nan=0.0, posinf=float("inf")).max().item()
+    assert bool((err <= bound).all()), f"{what}: error up to {worst:.3g} times the bound"
+
+
 def make(device, n=64, k=96, m=48, seed=0, dtype=torch.float32):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(n, k, generator=g).to(device, dtype)
@@ -55,9 +108,12 @@ def test_forward_backward_match_dequantized_reference(device, fmt, tokens):
     y.backward(dy)
     dy_dtype = E5M2 if fmt == "hybrid" else E4M3
     xq, wq, dyq = dequantized(x, E4M3), dequantized(layer.weight.detach(), E4M3), dequantized(dy, dy_dtype)
-    torch.testing.assert_close(y, xq @ wq.t() + layer.bias.detach(), rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(xg.grad, dyq @ wq, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(f8.weight.grad, dyq.t() @ xq, rtol=1e-5, atol=1e-5)
+    # Bounds per device from the error model (NOTE [FP8 GEMM error model]): FP32 accumulation on the CPU, Hopper's
+    # reduced-precision FP8 accumulation on CUDA; every output FP32.
+    f32 = torch.float32
+    assert_within(y, gemm_bound(xq, wq, device, f32, bias=layer.bias.detach()), "y")
+    assert_within(xg.grad, gemm_bound(dyq, wq.t(), device, f32), "dx")
+    assert_within(f8.weight.grad, gemm_bound(dyq.t(), xq.t(), device, f32), "dw")
     torch.testing.assert_close(f8.bias.grad, dy.sum(0), rtol=1e-6, atol=1e-5)
 
 
@@ -102,17 +158,53 @@ def test_rowwise_matches_dequantized_reference(device, fmt, dtype, tokens):
     y.backward(dy)
     dyd = E5M2 if fmt == "hybrid" else E4M3
     w = layer.weight.detach()
-    y_ref = dequantized_rows(x, E4M3) @ dequantized_rows(w, E4M3).t() + layer.bias.detach().float()
-    dx_ref = dequantized_rows(dy, dyd) @ dequantized_rows(w.t(), E4M3).t()
-    dw_ref = dequantized_rows(dy.t(), dyd) @ dequantized_rows(x.t(), E4M3).t()
-    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=1.6e-2, atol=1e-2)
+    # Bounds per device and dtype from the error model (NOTE [FP8 GEMM error model]): on CUDA the rowwise GEMM's
+    # BF16 output and the reduced-precision accumulation, on the CPU FP32 accumulation.
+    y_ref = gemm_bound(dequantized_rows(x, E4M3), dequantized_rows(w, E4M3), device, dtype, rowwise=True,
+                       bias=layer.bias.detach())
+    dx_ref = gemm_bound(dequantized_rows(dy, dyd), dequantized_rows(w.t(), E4M3), device, dtype, rowwise=True)
+    dw_ref = gemm_bound(dequantized_rows(dy.t(), dyd), dequantized_rows(x.t(), E4M3), device, dtype, rowwise=True)
     assert y.dtype == xg.grad.dtype == f8.weight.grad.dtype == dtype
-    torch.testing.assert_close(y.float(), y_ref, **tol)
-    torch.testing.assert_close(xg.grad.float(), dx_ref, **tol)
-    torch.testing.assert_close(f8.weight.grad.float(), dw_ref, **tol)
+    assert_within(y, y_ref, "y")
+    assert_within(xg.grad, dx_ref, "dx")
+    assert_within(f8.weight.grad, dw_ref, "dw")
     # Not the tensorwise result: the scales did differ by row.
     tensorwise = fp8.Float8Linear.from_linear(copy.deepcopy(layer), fp8.CurrentScaling(fp8_format=fmt))
     assert not torch.equal(tensorwise(x), y.detach())
+
+
+# Each device's model, named apart from the devices: these run on the CPU (no `cuda` parametrization).
+MODELS = {"fp32-accumulation": "cpu", "fp8-tensor-core-accumulation": "cuda"}
+
+
+@pytest.mark.parametrize("model_name", list(MODELS))
+@pytest.mark.parametrize("granularity", ["tensorwise", "rowwise"])
+def test_the_error_model_rejects_a_scale_off_by_two(model_name, granularity):
+    """The bounds the FP8 layer tests use, for either device's model (computed here, no device needed), are far
+    tighter than the error of a scale off by a factor of 2: such a result fails on almost every element."""
+    model = MODELS[model_name]
+    x, layer, _ = make("cpu")
+    deq = dequantized if granularity == "tensorwise" else dequantized_rows
+    a, b = deq(x, E4M3), deq(layer.weight.detach(), E4M3)
+    ref, bound = gemm_bound(a, b, model, torch.float32, rowwise=granularity == "rowwise")
+    caught = (ref.abs() > bound).double().mean().item()  # |2c - c| = |c| beyond the bound
+    assert caught >= (0.999 if model == "cpu" else 0.9), caught
+    assert (bound / ref.abs()).median().item() <= (1e-4 if model == "cpu" else 0.15)
+    for wrong in (2.0, 0.5):
+        with pytest.raises(AssertionError, match="times the bound"):
+            assert_within((a * wrong) @ b.t(), (ref, bound), "y")
+    # And loose enough for the model's own device: its accumulation, simulated (each partial sum truncated to
+    # 13 fraction bits on CUDA, rounded to FP32 on the CPU, never promoted), and its output's rounding.
+    acc = torch.zeros_like(ref)
+    for k in range(a.shape[1]):
+        acc = acc + a[:, k:k + 1].double() * b[:, k].double()
+        if model == "cuda":
+            mantissa, exponent = torch.frexp(acc)
+            acc = torch.ldexp(torch.trunc(mantissa * 2.0**14), exponent - 14)
+        else:
+            acc = acc.float().double()
+    out = torch.bfloat16 if model == "cuda" and granularity == "rowwise" else torch.float32
+    assert_within(acc.to(out), (ref, bound), "simulated")
 
 
 def test_rowwise_keeps_small_rows_accurate_beside_outlier_rows():
