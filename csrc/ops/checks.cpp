@@ -50,6 +50,14 @@ void check_float_list(const char* op, const char* arg, at::TensorList list, cons
   }
 }
 
+// Bytes past a 4-byte boundary at which a Byte tensor without data (Meta, fake) starts: its storage offset's, every
+// allocator aligning a storage's base; 0 where the offset is symbolic or the tensor empty.
+int64_t storage_misalignment(const at::Tensor& t) {
+  const auto numel = t.sym_numel().maybe_as_int();
+  const auto offset = t.sym_storage_offset().maybe_as_int();
+  return numel.has_value() && *numel > 0 && offset.has_value() ? *offset % 4 : 0;
+}
+
 void check_list_length(const char* op, const char* name, at::TensorList list, size_t expected, bool required) {
   TORCH_CHECK_VALUE(list.size() == expected || (!required && list.empty()), "ampkit::", op, ": ", name, " must have ",
                     expected, " tensors (one per param)", required ? "" : " or none", ", but has ", list.size());
@@ -370,7 +378,18 @@ void check_step_and_build_descriptors(const char* op, const OptimLists& l, const
                           " elements) must be a contiguous 1-D Byte tensor of ", bytes, " bytes, but has shape ",
                           t.sym_sizes(), t.is_contiguous() ? "" : " (not contiguous)");
         *type = kernels::StateType::kBlockwise8;
-        return alias.add_defined(name, t, index, false, data);
+        void* ptr = alias.add_defined(name, t, index, false, data);
+        // The kernels read the absmaxes (a multiple of 4 bytes past the start) as floats: a state at an odd byte
+        // offset (a view such as buf[1:]) faults on a GPU ("misaligned address"). Refused on every device, so that
+        // a state steps, or is refused, alike on each; on Meta, where there is no data, by its storage offset.
+        const int64_t misalignment = !data            ? storage_misalignment(t)
+                                     : t.numel() == 0 ? 0
+                                                      : static_cast<int64_t>(reinterpret_cast<uintptr_t>(ptr) % 4);
+        TORCH_CHECK_VALUE(misalignment == 0, "ampkit::", op, ": ", name, "[", i,
+                          "] (an 8-bit block-wise state) must have a 4-byte aligned data pointer (its FP32 absmaxes "
+                          "are read as floats), but its data pointer mod 4 is ",
+                          misalignment, " (a view at a byte offset? clone() it)");
+        return ptr;
       };
       kernels::StateType m_type = kernels::StateType::kFloat32;
       kernels::StateType v_type = kernels::StateType::kFloat32;

@@ -12,7 +12,7 @@ import torch
 
 import ampkit
 from ampkit import _C
-from conftest import CUDA_ONLY
+from conftest import CUDA_ONLY, DEVICES
 from test_optim_lean import assert_cuda_steps_as_cpu
 
 U8, BF16, F32 = torch.uint8, torch.bfloat16, torch.float32
@@ -313,6 +313,43 @@ def test_the_ops_refuse_malformed_lean_states_before_writing():
         torch.ops.ampkit.lamb_step_(p, g, [], [], [t.to(BF16) for t in p], [torch.zeros_like(t) for t in p], steps,
                                     lr=1e-3, beta1=0.9, beta2=0.999, weight_decay=0.0, eps=1e-6)
     assert all(torch.equal(a, b) for a, b in zip(p, before)) and all(float(s) == 0 for s in steps)
+
+
+@pytest.mark.parametrize("device", DEVICES + ["meta"])
+@pytest.mark.parametrize("offset", [1, 2, 3])
+def test_an_8bit_state_off_a_4_byte_boundary_is_refused_before_writing(device, offset):
+    # The absmaxes are read as floats: a byte view off a 4-byte boundary faults on a GPU, so every device refuses it
+    # (the Meta kernel by the view's storage offset).
+    torch.manual_seed(5)
+    n, nbytes = 5000, 5200
+    p = [torch.randn(300, device=device), torch.randn(5000, device=device)]
+    g = [torch.randn_like(t) for t in p]
+    steps = [torch.zeros((), device=device) for _ in p]
+    state = _C._blockwise8_quantize(torch.randn(n), True).to(device)
+    buf = torch.zeros(nbytes + offset, dtype=U8, device=device)
+    buf[offset:].copy_(state)
+    shifted = buf[offset:]
+    assert shifted.is_contiguous() and shifted.numel() == nbytes
+    aligned = [torch.zeros(300, device=device), _C._blockwise8_quantize(torch.rand(n), False).to(device)]
+    snapshot = [t.clone() for t in p + g + steps + aligned + [buf]]
+    kw = dict(lr=1e-3, beta1=0.9, beta2=0.999, weight_decay=0.0, eps=1e-8, amsgrad=False, maximize=False,
+              decoupled_weight_decay=True)
+    with pytest.raises(ValueError, match=rf"adamw_step_: exp_avgs\[1\] \(an 8-bit block-wise state\) must have a "
+                                         rf"4-byte aligned data pointer .* but its data pointer mod 4 is {offset}"):
+        torch.ops.ampkit.adamw_step_(p, g, [], [], [torch.zeros(300, device=device), shifted], aligned, [], steps,
+                                     **kw)
+    with pytest.raises(ValueError, match=rf"adamw_step_: exp_avg_sqs\[1\] .* data pointer mod 4 is {offset}"):
+        torch.ops.ampkit.adamw_step_(p, g, [], [], aligned, [torch.zeros(300, device=device), shifted], [], steps,
+                                     **kw)
+    with pytest.raises(ValueError, match=rf"sgd_step_: momentum_buffers\[1\] .* data pointer mod 4 is {offset}"):
+        torch.ops.ampkit.sgd_step_(p, g, [], [], [torch.zeros(300, device=device), shifted], steps, lr=0.1,
+                                   momentum=0.9, dampening=0.0, weight_decay=0.0, nesterov=False, maximize=False)
+    if device != "meta":
+        after = p + g + steps + aligned + [buf]
+        assert all(same_bits(a, b) for a, b in zip(after, snapshot))
+    # The same bytes at an aligned address step.
+    torch.ops.ampkit.adamw_step_(p, g, [], [], [torch.zeros(300, device=device), shifted.clone()], aligned, [],
+                                 steps, **kw)
 
 
 def test_opcheck_the_fused_steps_with_lean_states():
