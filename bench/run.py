@@ -8,10 +8,14 @@ Each row times ampkit and torch interleaved (median of many runs) on the same in
   passes: a copy into a second buffer also pays a write-allocate read of its destination, which an in-place pass
   does not, so %inpl compares like with like and %copy can exceed 100%.
 
-Usage: python bench/run.py [--quick] [--device cpu|cuda|all] [--json PATH]
+Usage: python bench/run.py [--quick] [--no-compile] [--device cpu|cuda|all] [--json PATH] [--jsonl PATH]
        python bench/run.py --traffic [--json PATH]
-       python bench/run.py --lean [--quick] [--device cpu|cuda|all] [--json PATH]
-       python bench/run.py --fp8 [--quick] [--device cpu|cuda|all] [--json PATH]
+       python bench/run.py --lean [--quick] [--device cpu|cuda|all] [--json PATH] [--jsonl PATH]
+       python bench/run.py --fp8 [--quick] [--device cpu|cuda|all] [--json PATH] [--jsonl PATH]
+
+--jsonl writes each row as one JSON line the moment it is measured (flushed), so a run stopped part way keeps
+the rows it had; --json writes the whole list at the end. --no-compile leaves out the torch.compile'd step (its
+compile alone takes minutes on a cold machine).
 
 --traffic prints, for each CUDA kernel, the bytes of tensor data it reads and writes per parameter, counted by
 running the kernels through the emulated host build (no GPU needed: the build's bench/ampkit_traffic), next to
@@ -48,6 +52,19 @@ class Row:
     gbps: float
     pct_of_copy_bw: float
     note: str = ""
+
+    def __post_init__(self) -> None:
+        # A row is complete when it is built: streamed at once (--jsonl) rather than when its section ends.
+        if ROW_STREAM is not None:
+            ROW_STREAM.write(json.dumps(row_dict(self)) + "\n")
+            ROW_STREAM.flush()
+
+
+ROW_STREAM = None  # the --jsonl file, open while the benchmarks run
+
+
+def row_dict(r: Row) -> dict:
+    return dict(asdict(r), pct_of_inplace_bw=100 * r.gbps / INPLACE_BW[r.device] if r.device in INPLACE_BW else 0.0)
 
 
 def _sync(device: str) -> None:
@@ -141,7 +158,7 @@ def measure_bandwidth(device: str, repeats: int) -> float:
     return copy_bw
 
 
-def bench_device(device: str, quick: bool) -> list[Row]:
+def bench_device(device: str, quick: bool, compile_step: bool = True) -> list[Row]:
     rows: list[Row] = []
     repeats = 7 if quick else 25
     inner = 3 if device == "cpu" else 20
@@ -196,7 +213,9 @@ def bench_device(device: str, quick: bool) -> list[Row]:
     rows += bench_grad_stats(device, quick, repeats, copy_bw, dtypes)
     rows += bench_optimizers(device, quick, repeats, copy_bw)
     rows += bench_lamb(device, quick, repeats, copy_bw)
-    rows += bench_compiled_step(device, quick, repeats)
+    if compile_step:
+        rows += bench_compiled_step(device, quick, repeats)
+    rows += bench_fp8_quantize(device, quick, repeats, copy_bw)
     rows += bench_fp8_linear(device, quick, repeats)
 
     scale = torch.full((1,), 1024.0, device=device)
@@ -453,25 +472,27 @@ def bench_lean_optimizers(device: str, quick: bool, repeats: int, copy_bw: float
     # (name, ampkit's options, bytes per parameter, note, the other library's optimizer or None)
     cases = [("adamw_kahan", dict(master_weights="kahan"), 26, "FP32 moments (no equivalent)", None),
              ("adamw_stochastic", dict(master_weights="stochastic"), 22, "FP32 moments (no equivalent)", None)]
+    # The BF16 and 8-bit moments are timed for ampkit alone where the other library is not installed.
     try:
         import optimi
 
-        cases.append(("adamw_kahan_bf16m", dict(master_weights="kahan", **bf16), 18,
-                      "vs torch-optimi AdamW(kahan_sum=True), BF16 moments",
-                      lambda ps: optimi.AdamW(ps, lr=1e-3, kahan_sum=True)))
+        kahan_other = lambda ps: optimi.AdamW(ps, lr=1e-3, kahan_sum=True)  # noqa: E731
+        kahan_note = "vs torch-optimi AdamW(kahan_sum=True), BF16 moments"
     except ImportError:
-        pass
+        kahan_other, kahan_note = None, "BF16 moments (torch-optimi not installed)"
     try:
         from torchao.optim import AdamW8bit, _AdamW
 
-        cases.append(("adamw_stochastic_bf16m", dict(master_weights="stochastic", **bf16), 14,
-                      "vs torchao _AdamW(bf16_stochastic_round=True), BF16 moments",
-                      lambda ps: _AdamW(ps, lr=1e-3, bf16_stochastic_round=True)))
-        cases.append(("adamw_stochastic_8bit", dict(master_weights="stochastic", **u8), 10.0625,
-                      "vs torchao AdamW8bit(bf16_stochastic_round=True)",
-                      lambda ps: AdamW8bit(ps, lr=1e-3, bf16_stochastic_round=True)))
+        sr_other = lambda ps: _AdamW(ps, lr=1e-3, bf16_stochastic_round=True)  # noqa: E731
+        sr_note = "vs torchao _AdamW(bf16_stochastic_round=True), BF16 moments"
+        u8_other = lambda ps: AdamW8bit(ps, lr=1e-3, bf16_stochastic_round=True)  # noqa: E731
+        u8_note = "vs torchao AdamW8bit(bf16_stochastic_round=True)"
     except ImportError:
-        pass
+        sr_other, sr_note = None, "BF16 moments (torchao not installed)"
+        u8_other, u8_note = None, "8-bit block-wise moments (torchao not installed)"
+    cases += [("adamw_kahan_bf16m", dict(master_weights="kahan", **bf16), 18, kahan_note, kahan_other),
+              ("adamw_stochastic_bf16m", dict(master_weights="stochastic", **bf16), 14, sr_note, sr_other),
+              ("adamw_stochastic_8bit", dict(master_weights="stochastic", **u8), 10.0625, u8_note, u8_other)]
     for name, options, bytes_per_param, note, make_other in cases:
         ours = ampkit.optim.AdamW(_params_with_grads(shapes, device, torch.bfloat16), lr=1e-3, **options)
         if make_other is None:
@@ -483,6 +504,36 @@ def bench_lean_optimizers(device: str, quick: bool, repeats: int, copy_bw: float
         gbps = bytes_per_param * numel / (a_ms * 1e-3) / 1e9
         rows.append(Row(name, device, "flat" if len(shapes) == 1 else "transformer", "bfloat16", a_ms, t_ms,
                         t_ms / a_ms, gbps, 100 * gbps / copy_bw, note))
+    return rows
+
+
+def bench_fp8_quantize(device: str, quick: bool, repeats: int, copy_bw: float) -> list[Row]:
+    """ampkit's fp8_quantize of a BF16 activation to E4M3 with a tensorwise scale (q and the amax in one pass, and
+    with ``transpose=True`` the transposed copy in the same pass) against the same in torch ops: the amax, the
+    saturating cast, and for the transpose a contiguous copy of q^T. Minimum bytes per element: read 2, write 1
+    (2 with the transpose)."""
+    rows: list[Row] = []
+    inner = 3 if device == "cpu" else 20
+    tokens, k = (2048, 1024) if quick or device == "cpu" else (8192, 4096)
+    torch.manual_seed(0)
+    x = torch.randn(tokens, k, device=device, dtype=torch.bfloat16)
+    scale = torch.full((), 64.0, device=device)
+    fp8, fp8_max = torch.float8_e4m3fn, torch.finfo(torch.float8_e4m3fn).max
+    for transpose in (False, True):
+        def ours() -> None:
+            torch.ops.ampkit.fp8_quantize(x, scale, fp8, transpose)
+
+        def theirs() -> None:
+            x.abs().amax()
+            q = (x.float() * scale).clamp(-fp8_max, fp8_max).to(fp8)
+            if transpose:
+                q.t().contiguous()
+
+        a_ms, t_ms = time_pair(device, [ours, theirs], repeats, inner)
+        gbps = (4 if transpose else 3) * tokens * k / (a_ms * 1e-3) / 1e9
+        rows.append(Row("fp8_quantize", device, f"{tokens}x{k}", "bf16>e4m3" + ("+T" if transpose else ""), a_ms,
+                        t_ms, t_ms / a_ms, gbps, 100 * gbps / copy_bw,
+                        "tensorwise, q and amax" + (" and q^T" if transpose else "") + " in one pass vs torch ops"))
     return rows
 
 
@@ -622,11 +673,16 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="smaller inputs and fewer repeats")
     parser.add_argument("--device", default="all", choices=["cpu", "cuda", "all"])
     parser.add_argument("--json", metavar="PATH", help="write the rows as a JSON list of objects")
+    parser.add_argument("--jsonl", metavar="PATH",
+                        help="write each row as one JSON line the moment it is measured (flushed)")
+    parser.add_argument("--no-compile", dest="compile_step", action="store_false",
+                        help="leave out the torch.compile'd training step (amp_step_compiled)")
     parser.add_argument("--traffic", action="store_true",
                         help="bytes per parameter each CUDA kernel moves, counted in the emulated build")
     parser.add_argument("--lean", action="store_true",
                         help="only the BF16 optimizer rows without an FP32 master, against torch-optimi and torchao")
-    parser.add_argument("--fp8", action="store_true", help="only the FP8 linear layer rows, against BF16 nn.Linear")
+    parser.add_argument("--fp8", action="store_true",
+                        help="only the FP8 rows: fp8_quantize against torch ops, the FP8 layer against BF16 nn.Linear")
     args = parser.parse_args()
     if args.traffic:
         rows = traffic_rows()
@@ -642,20 +698,26 @@ def main() -> None:
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "none"
     print(f"ampkit bench: torch {torch.__version__}, {platform.processor() or platform.machine()}, "
           f"{torch.get_num_threads()} CPU threads, GPU {gpu}, build {ampkit.build_info()}", file=sys.stderr)
+    global ROW_STREAM
+    ROW_STREAM = open(args.jsonl, "w") if args.jsonl else None
     rows: list[Row] = []
-    for device in devices:
-        if args.lean:
+    try:
+        for device in devices:
             repeats = 7 if args.quick else 25
-            rows += bench_lean_optimizers(device, args.quick, repeats, measure_bandwidth(device, repeats))
-        elif args.fp8:
-            rows += bench_fp8_linear(device, args.quick, 7 if args.quick else 25)
-        else:
-            rows += bench_device(device, args.quick)
+            if args.lean:
+                rows += bench_lean_optimizers(device, args.quick, repeats, measure_bandwidth(device, repeats))
+            elif args.fp8:
+                rows += bench_fp8_quantize(device, args.quick, repeats, measure_bandwidth(device, repeats))
+                rows += bench_fp8_linear(device, args.quick, repeats)
+            else:
+                rows += bench_device(device, args.quick, args.compile_step)
+    finally:
+        if ROW_STREAM is not None:
+            ROW_STREAM.close()
+            ROW_STREAM = None
     if args.json:
         with open(args.json, "w") as f:
-            json.dump([dict(asdict(r), pct_of_inplace_bw=100 * r.gbps / INPLACE_BW[r.device] if r.device in INPLACE_BW
-                       else None) for r in rows], f,
-                      indent=1)
+            json.dump([row_dict(r) for r in rows], f, indent=1)
     print_table(rows)
 
 
