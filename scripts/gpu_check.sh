@@ -7,21 +7,25 @@
 #                                    runs every step, and reports each step that needs a device as SKIP
 #
 # What runs here and what does not: the device builds only what runs on it (libampkit, ampkit._C, the Catch2
-# `cuda` tests, the C++ demo) for one architecture, sanitizers off, every core; then the `cuda` ctest label (the
-# real kernels bitwise against the CPU kernels), pytest's CUDA tests (`-m cuda`: every test that skips without a
-# device, plus the `cuda` parametrizations; see tests/python/conftest.py), the C++ and Python demos on FP16 and
-# bench/run.py --device cuda with host-sync counts. Everything that needs no GPU (the emulated kernels under the
+# `cuda` tests, the C++ demo) for one architecture with the CUDA kernels forced on (a build that finds no nvcc
+# fails, rather than passing as CPU-only), sanitizers off, every core; then, in this order, the `cuda` ctest label
+# (the real kernels bitwise against the CPU kernels), pytest's CUDA tests (`-m cuda`: every test that skips
+# without a device, plus the `cuda` parametrizations; see tests/python/conftest.py; 90 s per test at most, on
+# several workers when pytest-xdist is there, so a hang costs one test), bench/run.py --device cuda --quick
+# without the compiled step (host-sync counts; one JSON line per row as it is measured), and the C++ and Python
+# demos on FP16. Everything that needs no GPU (the emulated kernels under the
 # sanitizers, the rest of ctest and pytest, the CPU bench rows, --traffic, the CPU examples) runs on the CPU
 # hosts: scripts/test.sh, bench/run.py --device cpu, bench/run.py --traffic.
 #
 # Output: each step prints `PASS|FAIL|SKIP name (N s)` the moment it ends (a killed run still shows what it did),
 # and keeps going after a failure; the summary at the end (environment, statuses, failing tests, the bench table)
-# fits in the last 12,000 characters. Under $OUT (default out/) at most 8 files, rewritten after every step:
-# summary.txt, logs.tar.gz (every step's log), bench_cuda.json, history_fp16.csv.
+# fits in the last 12,000 characters (its longest parts, the bench table and the failing tests, come first and are
+# capped, the step statuses last). Under $OUT (default out/) at most 8 files, rewritten after every step:
+# summary.txt, logs.tar.gz (every step's log), bench_cuda.jsonl (one row a line, as measured), history_fp16.csv.
 #
 # Environment: OUT, PYTHON (default python3), AMPKIT_CUDA_ARCHS (default 90), JOBS (default: every core),
 # AMPKIT_BUILD_DIR (default build-gpu/), GPU_CHECK_BUDGET_S (default 540: no step starts a timeout past it),
-# BENCH_ARGS (extra bench/run.py arguments).
+# PYTEST_WORKERS (default 4, with pytest-xdist), BENCH_ARGS (extra bench/run.py arguments).
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 DRY_RUN=0
@@ -34,14 +38,16 @@ OUT="${OUT:-$ROOT/out}"
 # Logs are written outside $OUT and packed into one tar there after every step (at most 8 files come back).
 LOGS="$(mktemp -d)/logs"
 mkdir -p "$OUT" "$LOGS"
-rm -f "$OUT/summary.txt" "$OUT/logs.tar.gz" "$OUT/bench_cuda.json" "$OUT/history_fp16.csv"
+rm -f "$OUT/summary.txt" "$OUT/logs.tar.gz" "$OUT/bench_cuda.jsonl" "$OUT/history_fp16.csv"
 PY="${PYTHON:-python3}"
-JOBS="${JOBS:-$(nproc)}"
+# The cores this process may use: nproc also obeys OMP_NUM_THREADS, which a test environment may set to 1.
+CORES=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)
+JOBS="${JOBS:-$CORES}"
 # The limits are the GPU host's (16 cores). A dry run on fewer cores scales every timeout and the budget by
 # GPU_CHECK_TIME_SCALE (default there: 16 / cores, times 2 for a shared machine), so the plan is checked, not the
 # speed of the host.
 if [ "$DRY_RUN" = 1 ]; then
-  SCALE="${GPU_CHECK_TIME_SCALE:-$(( (16 + $(nproc) - 1) / $(nproc) * 2 ))}"
+  SCALE="${GPU_CHECK_TIME_SCALE:-$(( (16 + CORES - 1) / CORES * 2 ))}"
 else
   SCALE="${GPU_CHECK_TIME_SCALE:-1}"
 fi
@@ -112,10 +118,11 @@ step() {
     local why="exit $rc"
     [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ] && why="timed out after ${limit} s"
     record FAIL "$name" "$took" "$why, log logs/$(basename "$log")"
-    # The failing tests by name (ctest and pytest), then the log's last lines.
+    # The failing tests by name (ctest and pytest's short summary), at most 15 lines of 200 characters a step,
+    # then the log's last lines.
     local names
     names=$(grep -E '^FAILED |^ERROR |\(Failed\)|\(SEGFAULT\)|\(Subprocess aborted\)|\(Timeout\)|\*\*\*Exception' \
-      "$log" | head -n 20)
+      "$log" | sort -u | head -n 15 | cut -c 1-200)
     [ -n "$names" ] && failed_tests+=("$name:" "$names")
     tail -n 15 "$log"
   fi
@@ -128,7 +135,7 @@ export -f has_device
 
 {
   echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)$([ "$DRY_RUN" = 1 ] && echo ', dry run (no device)')"
-  echo "host: $(nproc) cores, $(uname -m); GPU: $(nvidia-smi --query-gpu=name,driver_version,memory.total \
+  echo "host: $CORES cores, $(uname -m); GPU: $(nvidia-smi --query-gpu=name,driver_version,memory.total \
     --format=csv,noheader 2>/dev/null || echo none)"
   "$PY" -c "import sys, torch; print('python', sys.version.split()[0], '| torch', torch.__version__, '| cuda', \
 torch.version.cuda, '| device', torch.cuda.get_device_name() if torch.cuda.is_available() else None)" 2>&1
@@ -153,23 +160,31 @@ build() {
     command -v ninja >/dev/null && gen+=(-G Ninja)
     command -v ccache >/dev/null && gen+=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
   fi
+  # AMPKIT_WITH_CUDA=ON, not AUTO: without nvcc the configure fails instead of building a CPU-only ampkit
+  # whose CUDA tests would all skip.
   cmake -S "$ROOT" -B "$AMPKIT_BUILD_DIR" "${gen[@]}" -DPython3_EXECUTABLE="$(command -v "$PY")" \
-    -DCMAKE_BUILD_TYPE=Release -DAMPKIT_BUILD_TESTS=ON -DAMPKIT_EMULATED_SANITIZE=OFF \
+    -DCMAKE_BUILD_TYPE=Release -DAMPKIT_BUILD_TESTS=ON -DAMPKIT_EMULATED_SANITIZE=OFF -DAMPKIT_WITH_CUDA=ON \
     -DAMPKIT_CUDA_ARCHS="$AMPKIT_CUDA_ARCHS" &&
   cmake --build "$AMPKIT_BUILD_DIR" -j "$JOBS" --target ampkit ampkit_python test_ops_cuda &&
   rm -rf "$PKG" && mkdir -p "$PKG" &&
   tar -C "$ROOT/python" --exclude='ampkit/lib' --exclude='ampkit/include' --exclude='ampkit/share' \
     --exclude='ampkit/_C*' --exclude='__pycache__' -cf - ampkit | tar -xf - -C "$PKG" &&
   cmake --install "$AMPKIT_BUILD_DIR" --prefix "$PKG/ampkit" >/dev/null &&
-  (cd /tmp && "$PY" -c "import ampkit, torch; print('ampkit', ampkit.build_info())")
+  (cd /tmp && "$PY" -c "
+import sys, ampkit
+info = ampkit.build_info()
+print('ampkit', ampkit.__file__, info)
+sys.exit(0 if info['cuda_compiled'] else 'ampkit.build_info() reports no CUDA kernels compiled')")
 }
 export -f build
-# Expected: the dry runs of 2026-12-05 built this in 290 s (torch 2.13) and 264 s (2.11) on 2 cores, cold: about
-# 35 s on 16, plus configure and link (bench/results/2026-12-05_dry-run_gpu-check_torch-2.13.0_2.11.0.txt).
+# Expected on the GPU host: ~70 s. The dry runs of 2026-12-05 built this in 290 s (torch 2.13) and 264 s (2.11)
+# on 2 cores, cold: about 35 s on 16, plus configure and link
+# (bench/results/2026-12-05_dry-run_gpu-check_torch-2.13.0_2.11.0.txt).
 step "build (sm_$AMPKIT_CUDA_ARCHS: libampkit, ampkit._C, cuda tests)" 70 330 0 build.log build
 printf '%s\n' "${status[@]}" | grep -q "^FAIL build" && BUILD_OK=0
 
 # 2. The cuda label: the real kernels against the CPU kernels. A dry run lists the tests (none: an error).
+# Expected on the GPU host: ~25 s.
 if [ "$DRY_RUN" = 1 ]; then
   ctest_cuda_listed() {  # -N ignores --no-tests: count the selection
     ctest --test-dir "$AMPKIT_BUILD_DIR" -N -L cuda | tee /dev/stderr | grep -Eq "^Total Tests: [1-9]"
@@ -182,9 +197,24 @@ else
 fi
 
 # 3. pytest's CUDA tests. Without a device they are all skipped: the dry run checks that every module collects
-# with the device's packages and that the selection is not empty.
+# with the device's packages and that the selection is not empty. -v names each test as it ends (a failure shows
+# before the step does), --durations the slowest. With pytest-timeout (the GPU host has it), no test runs past 90 s;
+# with pytest-xdist too, the tests run on PYTEST_WORKERS processes sharing the GPU and a test past its time ends
+# its worker (the thread method: a hang inside a CUDA call never returns to Python for a signal), which xdist
+# reports as that test's failure and replaces: a hang costs one test, not the step.
+# Expected on the GPU host: ~90 s.
 pytest_cuda() {
-  "$PY" -m pytest -q -rfEs -m cuda -p no:cacheprovider --junitxml="$LOGS/pytest_cuda.xml" tests/python "$@"
+  local args=(-v -rfE --durations=25)
+  if "$PY" -c "import pytest_timeout" 2>/dev/null; then
+    args+=(-p timeout --timeout=90)
+    if "$PY" -c "import xdist" 2>/dev/null; then
+      args+=(-n "${PYTEST_WORKERS:-4}" --timeout-method=thread)
+    fi
+  else
+    echo "pytest-timeout is not installed: no per-test timeout, one process"
+  fi
+  echo "pytest ${args[*]}"
+  "$PY" -m pytest "${args[@]}" -m cuda -p no:cacheprovider --junitxml="$LOGS/pytest_cuda.xml" tests/python "$@"
   local rc=$?
   [ "$rc" -eq 5 ] && echo "pytest -m cuda selected no test" && return 5
   return "$rc"
@@ -192,9 +222,21 @@ pytest_cuda() {
 export -f pytest_cuda
 step "pytest -m cuda" 90 240 1 pytest_cuda.log pytest_cuda
 
-# 4. The demos on FP16 (the C++ one built against the installed package, as a user's program).
 DIGITS="$DEPS/digits.bin"
 export DIGITS BENCH_ARGS="${BENCH_ARGS:-}"
+
+# 4. The CUDA bench rows with host-sync counts (--quick; the compiled step left out: its compile alone takes minutes
+# cold), each row a JSON line in $OUT/bench_cuda.jsonl the moment it is measured, so a run stopped at its timeout
+# keeps the rows it had. A dry run runs the same command: no CUDA device, so no row, the arguments and imports
+# checked. Expected on the GPU host: ~60 s.
+bench_cuda() {
+  "$PY" bench/run.py --device cuda --quick --no-compile --jsonl "$OUT/bench_cuda.jsonl" ${BENCH_ARGS:-}
+}
+export -f bench_cuda
+step "bench --device cuda --quick" 60 150 1 bench_cuda.log bench_cuda
+
+# 5. The demos on FP16 (the C++ one built against the installed package, as a user's program).
+# Expected on the GPU host: ~40 s (C++, its build included) and ~30 s (Python).
 demo_cpp() {
   source "$ROOT/scripts/common.sh" && build_examples >/dev/null || return 1
   [ -f "$DIGITS" ] || { echo "no $DIGITS: run scripts/stage_gpu_deps.sh"; return 1; }
@@ -211,32 +253,39 @@ demo_py() {
 export -f demo_py
 step "demo (Python, CUDA graph)" 30 120 1 demo_py.log demo_py
 
-# 5. The CUDA bench rows with host-sync counts.
-bench_cuda() {
-  [ "$DRY_RUN" = 1 ] && { "$PY" bench/run.py --help >/dev/null; return; }
-  "$PY" bench/run.py --device cuda --json "$OUT/bench_cuda.json" ${BENCH_ARGS:-}
-}
-export -f bench_cuda
-step "bench --device cuda" 90 200 1 bench_cuda.log bench_cuda
 
+# The summary, within the last 12,000 characters of the output: lines cut at 200 characters, the bench table at
+# 45 rows, the failing tests at 15 lines a step; the longest parts first and the step statuses last. Printed whole
+# up to 11,000 characters (a full bench table and three failing steps: about 9,000), else its last 11,000, which
+# keep the failing tests and the statuses; summary.txt keeps all of it.
+SUMMARY_TAIL="$(dirname "$LOGS")/summary_tail.txt"
 {
   echo
   echo "==== gpu_check summary ($(date -u +%Y-%m-%d), $((SECONDS - T0)) s$([ "$DRY_RUN" = 1 ] && echo ', dry run'))"
-  head -n 4 "$LOGS/env.txt"
-  grep -hE "^[0-9]+ (passed|failed|skipped)|^=+ .*(passed|failed|skipped|deselected|error)" "$LOGS/pytest_cuda.log" \
-    2>/dev/null | tail -n 1
-  grep -hE "tests passed|tests failed|^Total Tests" "$LOGS/ctest_cuda.log" 2>/dev/null | tail -n 1
-  printf '%s\n' "${status[@]}"
+  head -n 4 "$LOGS/env.txt" | cut -c 1-200
+  if [ -f "$LOGS/bench_cuda.log" ] && grep -q "^name" "$LOGS/bench_cuda.log"; then
+    grep -A 45 "^name" "$LOGS/bench_cuda.log" | cut -c 1-200
+  elif [ -s "$OUT/bench_cuda.jsonl" ]; then
+    echo "bench: stopped after $(wc -l <"$OUT/bench_cuda.jsonl") rows, in bench_cuda.jsonl"
+  fi
+  [ -f "$LOGS/demo_cpp.log" ] && grep -A 4 "^mode" "$LOGS/demo_cpp.log" | cut -c 1-200
+  [ -f "$LOGS/demo_py.log" ] && [ "$DRY_RUN" = 0 ] && tail -n 6 "$LOGS/demo_py.log" | cut -c 1-200
   if [ "${#failed_tests[@]}" -gt 0 ]; then
     echo "failing tests:"
     printf '  %s\n' "${failed_tests[@]}"
   fi
-  if [ -f "$LOGS/bench_cuda.log" ] && grep -q "^name" "$LOGS/bench_cuda.log"; then
-    grep -A 60 "^name" "$LOGS/bench_cuda.log"
-  fi
-  [ -f "$LOGS/demo_cpp.log" ] && grep -A 4 "^mode" "$LOGS/demo_cpp.log"
-  [ -f "$LOGS/demo_py.log" ] && [ "$DRY_RUN" = 0 ] && tail -n 6 "$LOGS/demo_py.log"
-} | tee -a "$SUMMARY"
+  grep -hE "^[0-9]+ (passed|failed|skipped)|^=+ .*(passed|failed|skipped|deselected|error)" "$LOGS/pytest_cuda.log" \
+    2>/dev/null | tail -n 1 | cut -c 1-200
+  grep -hE "tests passed|tests failed|^Total Tests" "$LOGS/ctest_cuda.log" 2>/dev/null | tail -n 1
+  printf '%s\n' "${status[@]}"
+} >"$SUMMARY_TAIL"
+cat "$SUMMARY_TAIL" >>"$SUMMARY"
+if [ "$(wc -c <"$SUMMARY_TAIL")" -le 11000 ]; then
+  cat "$SUMMARY_TAIL"
+else
+  echo "(the summary's last 11,000 characters; all of it in summary.txt)"
+  tail -c 11000 "$SUMMARY_TAIL"
+fi
 pack_logs
 rm -rf "$(dirname "$LOGS")"
 echo "files: $(cd "$OUT" && ls | tr '\n' ' ')"

@@ -1,8 +1,12 @@
 """The GPU check's plan, checked where there is no GPU: `pytest -m cuda` (what scripts/gpu_check.sh runs on the
-device) selects exactly the tests that need a device, and the suite collects on a host that lacks the optional
-test dependencies the GPU host lacks (expecttest, tensorboard)."""
+device) selects exactly the tests that need a device, the suite collects on a host that lacks the optional
+test dependencies the GPU host lacks (expecttest, tensorboard), the steps run in their order, and the bench
+streams its rows and runs without the comparison libraries."""
 from __future__ import annotations
 
+import importlib.util
+import io
+import json
 import os
 import subprocess
 import sys
@@ -74,3 +78,43 @@ def test_gpu_check_refuses_to_run_without_a_device_unless_dry_run(tmp_path):
         r = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh")], env=env, capture_output=True, text=True,
                            timeout=120)
         assert r.returncode == 2 and "--dry-run" in r.stderr, r.stdout + r.stderr
+
+
+def test_gpu_check_plan_order_and_the_device_build():
+    """build, ctest's cuda label, pytest, the bench, then the demos; the build forces the CUDA kernels on and fails
+    unless ampkit reports them compiled; pytest runs each test under a timeout, on xdist's workers when there;
+    the bench runs quick, without the compile, streaming its rows."""
+    script = (ROOT / "scripts" / "gpu_check.sh").read_text()
+    steps = [line.split('"')[1].split()[0] for line in script.splitlines() if line.lstrip().startswith('step "')]
+    order = list(dict.fromkeys(steps))  # ctest appears twice (dry run, device)
+    assert order == ["build", "ctest", "pytest", "bench", "demo"], order
+    assert "-DAMPKIT_WITH_CUDA=ON" in script and "info['cuda_compiled']" in script
+    assert "-p timeout --timeout=90" in script and "-n \"${PYTEST_WORKERS:-4}\"" in script
+    assert "--durations=25" in script
+    assert "--quick --no-compile --jsonl" in script
+
+
+def _bench_run():
+    spec = importlib.util.spec_from_file_location("ampkit_bench_run", ROOT / "bench" / "run.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_bench_streams_each_row_as_a_json_line_and_needs_no_other_library(monkeypatch):
+    """Each row is written and flushed the moment it is built (a bench stopped at its timeout keeps its rows); the
+    BF16 and 8-bit moment rows and the fp8_quantize rows run for ampkit alone without torchao or torch-optimi."""
+    run = _bench_run()
+    for name in ("torchao", "torchao.optim", "optimi"):
+        monkeypatch.setitem(sys.modules, name, None)  # import raises ImportError
+    stream = io.StringIO()
+    monkeypatch.setattr(run, "ROW_STREAM", stream)
+    rows = run.bench_fp8_quantize("cpu", True, 1, 1.0)
+    assert [json.loads(line)["dtype"] for line in stream.getvalue().splitlines()] == ["bf16>e4m3", "bf16>e4m3+T"]
+    rows += run.bench_lean_optimizers("cpu", True, 1, 1.0)
+    lines = [json.loads(line) for line in stream.getvalue().splitlines()]
+    assert [line["name"] for line in lines] == [r.name for r in rows]
+    assert {"adamw_stochastic_bf16m", "adamw_stochastic_8bit", "adamw_kahan_bf16m"} <= {r.name for r in rows}
+    assert all(r.ampkit_ms > 0 for r in rows)
+    assert "not installed" in next(r.note for r in rows if r.name == "adamw_stochastic_8bit")
