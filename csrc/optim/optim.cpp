@@ -35,41 +35,35 @@ void check_group_options(const char* optimizer, size_t first,
 }
 
 // NOTE [Group options]
-// A param group carrying options takes LibTorch's rule (torch::optim::Optimizer::add_param_group since torch 2.9,
-// the Python rule of torch.optim as far as C++ can tell it): each option the group leaves at its constructor's
-// value (Options(), SGDOptions(1e-3) as LibTorch's SGD) is the optimizer's default, any other value is the
-// group's own. So Adam(groups{AdamOptions().weight_decay(0.1)}, AdamOptions().lr(2e-3)) gives that group lr 2e-3,
-// and an SGDOptions(0.01) group under SGDOptions(1e-3).momentum(0.9) gets momentum 0.9. As in LibTorch, an option
-// set explicitly to its constructor's value cannot be told from an unset one: it takes the default. lr_tensor is
-// the group's when defined.
-template <typename Options>
-const Options& constructor_options() {
-  static const Options fresh = [] {
-    if constexpr (std::is_default_constructible_v<Options>) {
-      return Options();
-    } else {
-      return Options(1e-3);
-    }
-  }();
-  return fresh;
-}
-
-// Gives each group that carries options (groups[i] became group first + i) the merge of NOTE [Group options].
+// A param group carrying options takes the options it sets (a setter or the lr constructor ran) and the optimizer's
+// defaults for every other: torch.optim's rule in Python, and LibTorch's since torch 2.13 (its add_param_group
+// merges a group's options with the defaults; torch 2.11 keeps a group's options as given). So
+// Adam(groups{AdamOptions().weight_decay(.11)}, AdamOptions().lr(2e-3)) gives that group lr 2e-3, and an
+// SGDOptions(0.01) group under SGDOptions(1e-3).momentum(0.9) gets momentum 0.9. LibTorch tells a set option by
+// comparing it with the constructor's value, so there a group that sets weight_decay(0) (or, here, FP32 moments
+// under 8-bit defaults) gets the default; ampkit records the setter instead (AMPKIT_OPTION), so the group keeps
+// what it set, as in Python. lr and lr_tensor are one option, the learning rate: a group setting either takes
+// neither from the defaults. An lr_tensor taken from the defaults is the defaults' tensor itself, shared, as
+// torch.optim shares a tensor lr between groups that inherit it.
 template <typename Options>
 void merge_group_options(std::vector<torch::optim::OptimizerParamGroup>& added, size_t first,
                          const std::vector<torch::optim::OptimizerParamGroup>& groups, const Options& defaults) {
-  const Options& fresh = constructor_options<Options>();
   for (size_t i = 0; i < groups.size(); ++i) {
     if (!groups[i].has_options()) {
       continue;
     }
     const auto& own = static_cast<const Options&>(groups[i].options());
     auto merged = std::make_unique<Options>(defaults);
-    Options::for_each_option([&](const char*, auto member) {
-      if (!detail::same_value(own.*member, fresh.*member)) {
-        (*merged).*member = own.*member;
+    Options::for_each_option([&](const char*, auto value, auto set) {
+      if (own.*set) {
+        (*merged).*value = own.*value;
+        (*merged).*set = true;
       }
     });
+    if (own.lr_is_set() || own.lr_tensor_is_set()) {  // the learning rate is the group's: both of its spellings
+      merged->lr(own.lr());
+      merged->lr_tensor(own.lr_tensor());
+    }
     added.at(first + i).set_options(std::move(merged));
   }
 }

@@ -1,12 +1,13 @@
 // ampkit::optim's param groups and options as LibTorch's own: a group carrying options takes the optimizer's
-// defaults for every option it leaves at its constructor's value (NOTE [Group options] in csrc/optim/optim.cpp),
-// as torch::optim's optimizers do since torch 2.13 (checked side by side where the torch built against has that
-// rule), and options and param states compare with operator== as LibTorch's do.
+// defaults for every option it does not set (NOTE [Group options] in csrc/optim/optim.cpp), as torch::optim's
+// optimizers do since torch 2.13 (checked side by side where the torch built against has that rule; ampkit also
+// keeps an option set to its constructor's value, as Python does), and options and param states compare with
+// operator== as LibTorch's do.
 #include "support/catch_torch.h"
 
 #include <torch/version.h>
 
-#include "support/test_helpers.h"
+#include "support/libtorch_compare.h"
 
 namespace {
 
@@ -41,13 +42,6 @@ std::vector<at::Tensor> copies(const std::vector<at::Tensor>& ps) {
     out.push_back(p.detach().clone().requires_grad_());
   }
   return out;
-}
-
-void set_grads(std::vector<at::Tensor>& ps, int step) {
-  torch::manual_seed(500 + step);
-  for (auto& p : ps) {
-    p.mutable_grad() = torch::randn(p.sizes());
-  }
 }
 
 }  // namespace
@@ -113,6 +107,49 @@ TEST_CASE("optim groups: options a group leaves unset come from the optimizer's 
   }
 }
 
+TEST_CASE("optim groups: an option a group sets is its own, even at its constructor's value", "[optim][cpu]") {
+  auto ps = fresh_params(4, 3);
+  using AO = ampkit::optim::AdamOptions;
+  // LibTorch (2.13) takes these for unset, since they equal the constructor's; ampkit records the setter.
+  ampkit::optim::Adam opt(
+      {OptimizerParamGroup({ps[0]}, own(AO().weight_decay(0.0))),
+       OptimizerParamGroup({ps[1]},
+                           own(AO(1e-3).exp_avg_dtype(at::kFloat).master_weights(ampkit::optim::MasterWeights::kAuto))),
+       OptimizerParamGroup({ps[2]}, own(AO().amsgrad(false)))},
+      AO(2e-3)
+          .weight_decay(1e-4)
+          .exp_avg_dtype(at::kByte)
+          .master_weights(ampkit::optim::MasterWeights::stochastic())
+          .amsgrad(true));
+  CHECK(options_of<AO>(opt, 0).weight_decay() == 0.0);
+  CHECK(options_of<AO>(opt, 0).lr() == 2e-3);  // not set: the default
+  CHECK(options_of<AO>(opt, 1).lr() == 1e-3);
+  CHECK(options_of<AO>(opt, 1).exp_avg_dtype() == at::kFloat);
+  CHECK(options_of<AO>(opt, 1).master_weights() == ampkit::optim::MasterWeights::kAuto);
+  CHECK(options_of<AO>(opt, 1).weight_decay() == 1e-4);
+  CHECK_FALSE(options_of<AO>(opt, 2).amsgrad());
+  CHECK(options_of<AO>(opt, 2).exp_avg_dtype() == at::kByte);
+}
+
+TEST_CASE("optim groups: lr and lr_tensor are one option", "[optim][cpu]") {
+  auto ps = fresh_params(5, 3);
+  using AWO = ampkit::optim::AdamWOptions;
+  const auto shared = torch::full({1}, 1e-3);
+  ampkit::optim::AdamW opt({OptimizerParamGroup({ps[0]}, own(AWO(1e-5))),  // its lr, not the defaults' tensor
+                            OptimizerParamGroup({ps[1]}, own(AWO().weight_decay(0.0))),
+                            OptimizerParamGroup({ps[2]}, own(AWO().lr_tensor(torch::full({1}, 5e-4))))},
+                           AWO().lr_tensor(shared));
+  CHECK(options_of<AWO>(opt, 0).lr() == 1e-5);
+  CHECK_FALSE(options_of<AWO>(opt, 0).lr_tensor().defined());
+  CHECK(options_of<AWO>(opt, 1).lr_tensor().is_same(shared));  // inherited: the defaults' tensor, as in torch.optim
+  CHECK(options_of<AWO>(opt, 2).lr_tensor().item<float>() == 5e-4f);
+  // The group with lr 1e-5 steps by it (AdamW's first step moves each weight by about lr).
+  const auto before = ps[0].detach().clone();
+  ampkit::test::set_step_grads(ps, 0);
+  opt.step();
+  CHECK((ps[0].detach() - before).abs().max().item<double>() < 2e-5);
+}
+
 namespace {
 
 // The options LibTorch's and ampkit's Adam/AdamW share, compared.
@@ -123,22 +160,6 @@ void same_adam_options(const Theirs& t, const Ours& o) {
   CHECK(t.eps() == o.eps());
   CHECK(t.weight_decay() == o.weight_decay());
   CHECK(t.amsgrad() == o.amsgrad());
-}
-
-// Steps both optimizers over the same grads and checks the weights agree to FP32 rounding (ampkit's fused kernel
-// and LibTorch's ATen ops round in different places): an option lost in a group moves the weights far more.
-template <typename Theirs, typename Ours>
-void steps_agree(Theirs& theirs, std::vector<at::Tensor>& tp, Ours& ours, std::vector<at::Tensor>& op) {
-  for (int step = 0; step < 4; ++step) {
-    set_grads(tp, step);
-    set_grads(op, step);
-    theirs.step();
-    ours.step();
-  }
-  for (size_t i = 0; i < tp.size(); ++i) {
-    INFO("param " << i);
-    CHECK(torch::allclose(op[i].detach(), tp[i].detach(), 1e-5, 1e-6));
-  }
 }
 
 }  // namespace
@@ -166,7 +187,7 @@ TEST_CASE("optim groups: the groups of torch::optim's Adam, AdamW and SGD and am
       INFO("group " << g);
       same_adam_options(options_of<TO>(theirs, g), options_of<AO>(ours, g));
     }
-    steps_agree(theirs, tp, ours, op);
+    ampkit::test::steps_agree(theirs, tp, ours, op, 0, 4);
   }
   SECTION("AdamW") {
     using TO = torch::optim::AdamWOptions;
@@ -181,7 +202,7 @@ TEST_CASE("optim groups: the groups of torch::optim's Adam, AdamW and SGD and am
       INFO("group " << g);
       same_adam_options(options_of<TO>(theirs, g), options_of<AO>(ours, g));
     }
-    steps_agree(theirs, tp, ours, op);
+    ampkit::test::steps_agree(theirs, tp, ours, op, 0, 4);
   }
   SECTION("SGD") {
     using TO = torch::optim::SGDOptions;
@@ -204,7 +225,7 @@ TEST_CASE("optim groups: the groups of torch::optim's Adam, AdamW and SGD and am
       CHECK(t.weight_decay() == o.weight_decay());
       CHECK(t.nesterov() == o.nesterov());
     }
-    steps_agree(theirs, tp, ours, op);
+    ampkit::test::steps_agree(theirs, tp, ours, op, 0, 4);
   }
 }
 
@@ -233,7 +254,7 @@ TEST_CASE("optim options and param states: operator== as LibTorch's", "[optim][c
   SECTION("param states after steps: equal to a copy, unequal after any entry changes") {
     auto ps = fresh_params(3, 2);
     ampkit::optim::Adam opt(ps, ampkit::optim::AdamOptions().amsgrad(true));
-    set_grads(ps, 0);
+    ampkit::test::set_step_grads(ps, 0);
     opt.step();
     const auto& state = *ampkit::optim::state_of<ampkit::optim::AdamParamState>(opt, ps[0]);
     ampkit::optim::AdamParamState c = state;
@@ -247,7 +268,7 @@ TEST_CASE("optim options and param states: operator== as LibTorch's", "[optim][c
     CHECK_FALSE(state == c);
     CHECK_FALSE(state == *ampkit::optim::state_of<ampkit::optim::AdamParamState>(opt, ps[1]));
     ampkit::optim::SGD sgd(ps, ampkit::optim::SGDOptions(0.1).momentum(0.9));
-    set_grads(ps, 1);
+    ampkit::test::set_step_grads(ps, 1);
     sgd.step();
     const auto& s = *ampkit::optim::state_of<ampkit::optim::SGDParamState>(sgd, ps[1]);
     ampkit::optim::SGDParamState same = s;

@@ -7,11 +7,14 @@
 
 #include <sstream>
 
+#include "support/libtorch_compare.h"
 #include "support/test_helpers.h"
 
 using ampkit::test::bits_equal;
 using ampkit::test::load_from;
 using ampkit::test::saved;
+using ampkit::test::set_step_grads;
+using ampkit::test::steps_agree;
 
 namespace {
 
@@ -22,13 +25,6 @@ std::vector<at::Tensor> make_params(at::ScalarType dtype, int seed) {
     ps.push_back(torch::randn(shape).to(dtype).requires_grad_());
   }
   return ps;
-}
-
-void set_grads(std::vector<at::Tensor>& ps, int step) {
-  torch::manual_seed(2000 + step);
-  for (auto& p : ps) {
-    p.mutable_grad() = torch::randn(p.sizes()).to(p.scalar_type());
-  }
 }
 
 std::vector<at::Tensor> clone_params(const std::vector<at::Tensor>& ps, at::ScalarType dtype) {
@@ -53,23 +49,6 @@ void check_adam_state(const TorchState& theirs, const ampkit::optim::AdamParamSt
   }
 }
 
-// Runs `theirs` (a LibTorch optimizer) and `ours` over the same grads from the same weights, and checks the
-// weights agree to FP32 rounding: ampkit's fused kernel and LibTorch's ATen ops round in different places.
-template <typename Theirs, typename Ours>
-void steps_agree(Theirs& theirs, std::vector<at::Tensor>& tp, Ours& ours, std::vector<at::Tensor>& op, int first,
-                 int last) {
-  for (int step = first; step < last; ++step) {
-    set_grads(tp, step);
-    set_grads(op, step);
-    theirs.step();
-    ours.step();
-  }
-  for (size_t i = 0; i < tp.size(); ++i) {
-    INFO("param " << i);
-    REQUIRE(torch::allclose(op[i].detach(), tp[i].detach(), 1e-5, 1e-6));
-  }
-}
-
 }  // namespace
 
 TEST_CASE("optim: archives of LibTorch's Adam and AdamW load into ampkit's, and the next steps follow LibTorch's",
@@ -81,7 +60,7 @@ TEST_CASE("optim: archives of LibTorch's Adam and AdamW load into ampkit's, and 
     torch::optim::Adam theirs(tp,
                               torch::optim::AdamOptions(1e-2).betas({0.8, 0.99}).weight_decay(0.05).amsgrad(amsgrad));
     for (int step = 0; step < 3; ++step) {
-      set_grads(tp, step);
+      set_step_grads(tp, step);
       theirs.step();
     }
     op = clone_params(tp, at::kFloat);
@@ -107,7 +86,7 @@ TEST_CASE("optim: archives of LibTorch's Adam and AdamW load into ampkit's, and 
   SECTION("AdamW") {
     torch::optim::AdamW theirs(tp, torch::optim::AdamWOptions(1e-2).weight_decay(0.1).amsgrad(amsgrad));
     for (int step = 0; step < 4; ++step) {
-      set_grads(tp, step);
+      set_step_grads(tp, step);
       theirs.step();
     }
     op = clone_params(tp, at::kFloat);
@@ -137,7 +116,7 @@ TEST_CASE("optim: archives of LibTorch's SGD load into ampkit's, and the next st
                                    .weight_decay(0.01)
                                    .nesterov(nesterov));
   for (int step = 0; step < 3; ++step) {
-    set_grads(tp, step);
+    set_step_grads(tp, step);
     theirs.step();
   }
   auto op = clone_params(tp, at::kFloat);
@@ -171,7 +150,7 @@ TEST_CASE("optim: LibTorch's optimizers load ampkit's archives and then step as 
           op, ampkit::optim::AdamOptions(1e-2).betas({0.85, 0.995}).weight_decay(0.02).amsgrad(true));
     }
     for (int step = 0; step < 3; ++step) {
-      set_grads(op, step);
+      set_step_grads(op, step);
       ours->step();
     }
     auto tp = clone_params(op, at::kFloat);
@@ -204,7 +183,7 @@ TEST_CASE("optim: LibTorch's optimizers load ampkit's archives and then step as 
     ampkit::optim::SGD skipped_first(first_two, ampkit::optim::SGDOptions(0.05).momentum(0.9).dampening(0.3));
     std::vector<at::Tensor> rest = {op[2], op[3]};
     ampkit::optim::SGD stepped(rest, ampkit::optim::SGDOptions(0.05).momentum(0.9).dampening(0.3));
-    set_grads(op, 0);
+    set_step_grads(op, 0);
     skipped_first.set_amp_scaling(torch::ones({}), torch::ones({}));
     skipped_first.step();
     skipped_first.set_amp_scaling({}, {});
@@ -230,7 +209,7 @@ TEST_CASE("optim: LibTorch's optimizers load ampkit's archives and then step as 
     // ampkit reads its own archive of an unfilled state back as no state, and continues alike.
     ampkit::optim::SGD again({op[0]}, ampkit::optim::SGDOptions(0.05).momentum(0.9));
     again.set_amp_scaling(torch::ones({}), torch::ones({}));
-    set_grads(op, 9);
+    set_step_grads(op, 9);
     again.step();
     again.set_amp_scaling({}, {});
     ampkit::optim::SGD reloaded({tp[0]}, ampkit::optim::SGDOptions(1.0));
@@ -244,7 +223,7 @@ TEST_CASE("optim: an FP32 LibTorch run continues in O2 from its archive, masters
   auto tp = make_params(at::kFloat, 4);
   torch::optim::AdamW theirs(tp, torch::optim::AdamWOptions(1e-2));
   for (int step = 0; step < 3; ++step) {
-    set_grads(tp, step);
+    set_step_grads(tp, step);
     theirs.step();
   }
   const std::string archive = saved(theirs);
@@ -269,7 +248,7 @@ TEST_CASE("optim: an FP32 LibTorch run continues in O2 from its archive, masters
     CHECK(s->exp_avg().scalar_type() == at::kFloat);  // states stay FP32 for a BF16 weight
   }
   for (int step = 3; step < 6; ++step) {
-    set_grads(op, step);  // BF16 grads; LibTorch's run gets the same values in FP32
+    set_step_grads(op, step);  // BF16 grads; LibTorch's run gets the same values in FP32
     for (size_t i = 0; i < tp.size(); ++i) {
       tp[i].mutable_grad() = op[i].grad().to(at::kFloat);
       rounded[i].mutable_grad() = op[i].grad().clone();
@@ -296,7 +275,7 @@ TEST_CASE("optim: archives that are not of this optimizer's kind are refused, na
           "[optim][cpu]") {
   auto ps = make_params(at::kFloat, 5);
   ampkit::optim::Adam adam(ps, ampkit::optim::AdamOptions(1e-2));
-  set_grads(ps, 0);
+  set_step_grads(ps, 0);
   adam.step();
   const auto* s = ampkit::optim::state_of<ampkit::optim::AdamParamState>(adam, ps[0]);
   const auto exp_avg = s->exp_avg().clone();
@@ -311,7 +290,7 @@ TEST_CASE("optim: archives that are not of this optimizer's kind are refused, na
   };
   auto tp = clone_params(ps, at::kFloat);
   torch::optim::SGD sgd(tp, torch::optim::SGDOptions(0.5).momentum(0.9));
-  set_grads(tp, 0);
+  set_step_grads(tp, 0);
   sgd.step();
   REQUIRE_THROWS_WITH(load_from(adam, saved(sgd)),
                       Catch::Contains("ampkit::optim::AdamOptions::serialize: the options in the archive must hold "

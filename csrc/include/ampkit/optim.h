@@ -29,6 +29,34 @@
 
 namespace ampkit::optim {
 
+// TORCH_ARG, recording that the setter ran: an option a param group sets is the group's, every other the optimizer's
+// default (NOTE [Group options] in csrc/optim/optim.cpp). Writing through the non-const getter records nothing.
+#define AMPKIT_OPTION(T, name)                                          \
+ public:                                                                \
+  inline auto name(const T& new_##name)->decltype(*this) { /* NOLINT */ \
+    this->name##_ = new_##name;                                         \
+    this->name##_set_ = true;                                           \
+    return *this;                                                       \
+  }                                                                     \
+  inline auto name(T&& new_##name)->decltype(*this) { /* NOLINT */      \
+    this->name##_ = std::move(new_##name);                              \
+    this->name##_set_ = true;                                           \
+    return *this;                                                       \
+  }                                                                     \
+  inline const T& name() const noexcept { /* NOLINT */                  \
+    return this->name##_;                                               \
+  }                                                                     \
+  inline T& name() noexcept { /* NOLINT */                              \
+    return this->name##_;                                               \
+  }                                                                     \
+  inline bool name##_is_set() const noexcept { /* NOLINT */             \
+    return this->name##_set_;                                           \
+  }                                                                     \
+                                                                        \
+ private:                                                               \
+  bool name##_set_ = false;                                             \
+  T name##_ /* NOLINT */
+
 using AmpScalingOptimizer = ::ampkit::AmpScalingOptimizer;
 
 // The scaler's grad_scale and found_inf held for the next step() of an ampkit optimizer (AmpScalingOptimizer).
@@ -56,9 +84,8 @@ class AMPKIT_API ScaledStep : public AmpScalingOptimizer {
 template <class Derived, class Options, class State>
 class AMPKIT_API FusedOptimizer : public torch::optim::Optimizer, public ScaledStep {
  public:
-  // Adds a param group with its own options (torch::optim::Optimizer::add_param_group gives a group of a custom
-  // optimizer the defaults instead of the options it carries); a group carrying another optimizer's options is
-  // refused, as in the constructor.
+  // Adds a param group: the options it sets, the defaults for the others (NOTE [Group options]); a group carrying
+  // another optimizer's options is refused, as in the constructor.
   void add_param_group(const torch::optim::OptimizerParamGroup& param_group);
   // Checks every param group (options, parameter dtypes) before anything is written or created: a step that
   // raises leaves every parameter and state as it was. Then one core::step per group, with the scaler's
@@ -77,8 +104,8 @@ class AMPKIT_API FusedOptimizer : public torch::optim::Optimizer, public ScaledS
   void init_master_params();
 
  protected:
-  // Checks the defaults (core::check_config) and keeps the options each group carries; a group carrying another
-  // optimizer's options is refused.
+  // Checks the defaults (core::check_config) and gives each group the options it sets and the defaults for the
+  // others (NOTE [Group options]); a group carrying another optimizer's options is refused.
   FusedOptimizer(const std::vector<torch::optim::OptimizerParamGroup>& param_groups, Options defaults);
 
   // Called by step() once every group is checked, before the first is written: nothing here.
@@ -88,45 +115,46 @@ class AMPKIT_API FusedOptimizer : public torch::optim::Optimizer, public ScaledS
 template <bool kDecoupled>
 struct AMPKIT_API AdamOptionsT : public torch::optim::OptimizerCloneableOptions<AdamOptionsT<kDecoupled>> {
   using betas_t = std::tuple<double, double>;
-  AdamOptionsT(double lr = 1e-3) : lr_(lr) {}
-  TORCH_ARG(double, lr) = 1e-3;
-  TORCH_ARG(betas_t, betas) = std::make_tuple(0.9, 0.999);
-  TORCH_ARG(double, eps) = 1e-8;
-  TORCH_ARG(double, weight_decay) = kDecoupled ? 1e-2 : 0.0;
-  TORCH_ARG(bool, amsgrad) = false;
-  TORCH_ARG(bool, maximize) = false;
-  TORCH_ARG(MasterWeights, master_weights) = MasterWeights::kAuto;
+  AdamOptionsT() = default;
+  AdamOptionsT(double lr) : lr_set_(true), lr_(lr) {}  // NOLINT(google-explicit-constructor): as LibTorch's
+  AMPKIT_OPTION(double, lr) = 1e-3;
+  AMPKIT_OPTION(betas_t, betas) = std::make_tuple(0.9, 0.999);
+  AMPKIT_OPTION(double, eps) = 1e-8;
+  AMPKIT_OPTION(double, weight_decay) = kDecoupled ? 1e-2 : 0.0;
+  AMPKIT_OPTION(bool, amsgrad) = false;
+  AMPKIT_OPTION(bool, maximize) = false;
+  AMPKIT_OPTION(MasterWeights, master_weights) = MasterWeights::kAuto;
   // The moments' dtypes: at::kFloat, at::kBFloat16, or at::kByte for 8-bit block-wise states (parameters of
   // kBlockwise8MinNumel elements or more; FP32 below). NOTE [8-bit block-wise states] in kernels/blockwise8.h.
-  TORCH_ARG(at::ScalarType, exp_avg_dtype) = at::kFloat;
-  TORCH_ARG(at::ScalarType, exp_avg_sq_dtype) = at::kFloat;
+  AMPKIT_OPTION(at::ScalarType, exp_avg_dtype) = at::kFloat;
+  AMPKIT_OPTION(at::ScalarType, exp_avg_sq_dtype) = at::kFloat;
   // A step the GradScaler unscales stores the unscaled grads back (as torch's fused optimizers); false leaves
   // them scaled and saves that write.
-  TORCH_ARG(bool, write_unscaled_grads) = true;
+  AMPKIT_OPTION(bool, write_unscaled_grads) = true;
   // Defined: a one-element tensor learning rate that replaces lr (torch.optim's tensor lr): on the parameters'
   // device the kernels read it there (an LR schedule inside a captured CUDA graph). Saved with the options.
-  TORCH_ARG(at::Tensor, lr_tensor);
+  AMPKIT_OPTION(at::Tensor, lr_tensor);
 
  public:
   double get_lr() const override { return lr(); }
   void set_lr(const double lr) override { this->lr(lr); }
   void serialize(torch::serialize::OutputArchive& archive) const override;
   void serialize(torch::serialize::InputArchive& archive) override;
-  // Calls visit(name, member pointer) once per option, in declaration order: the list that param groups' merge
-  // with the defaults (LibTorch's rule, NOTE [Group options]) and operator== read.
+  // Calls visit(name, value member, set flag member) once per option, in declaration order: the list that param
+  // groups' merge with the defaults (NOTE [Group options]) and operator== read.
   template <class Visit>
   static void for_each_option(Visit&& visit) {
-    visit("lr", &AdamOptionsT::lr_);
-    visit("betas", &AdamOptionsT::betas_);
-    visit("eps", &AdamOptionsT::eps_);
-    visit("weight_decay", &AdamOptionsT::weight_decay_);
-    visit("amsgrad", &AdamOptionsT::amsgrad_);
-    visit("maximize", &AdamOptionsT::maximize_);
-    visit("master_weights", &AdamOptionsT::master_weights_);
-    visit("exp_avg_dtype", &AdamOptionsT::exp_avg_dtype_);
-    visit("exp_avg_sq_dtype", &AdamOptionsT::exp_avg_sq_dtype_);
-    visit("write_unscaled_grads", &AdamOptionsT::write_unscaled_grads_);
-    visit("lr_tensor", &AdamOptionsT::lr_tensor_);
+    visit("lr", &AdamOptionsT::lr_, &AdamOptionsT::lr_set_);
+    visit("betas", &AdamOptionsT::betas_, &AdamOptionsT::betas_set_);
+    visit("eps", &AdamOptionsT::eps_, &AdamOptionsT::eps_set_);
+    visit("weight_decay", &AdamOptionsT::weight_decay_, &AdamOptionsT::weight_decay_set_);
+    visit("amsgrad", &AdamOptionsT::amsgrad_, &AdamOptionsT::amsgrad_set_);
+    visit("maximize", &AdamOptionsT::maximize_, &AdamOptionsT::maximize_set_);
+    visit("master_weights", &AdamOptionsT::master_weights_, &AdamOptionsT::master_weights_set_);
+    visit("exp_avg_dtype", &AdamOptionsT::exp_avg_dtype_, &AdamOptionsT::exp_avg_dtype_set_);
+    visit("exp_avg_sq_dtype", &AdamOptionsT::exp_avg_sq_dtype_, &AdamOptionsT::exp_avg_sq_dtype_set_);
+    visit("write_unscaled_grads", &AdamOptionsT::write_unscaled_grads_, &AdamOptionsT::write_unscaled_grads_set_);
+    visit("lr_tensor", &AdamOptionsT::lr_tensor_, &AdamOptionsT::lr_tensor_set_);
   }
 };
 using AdamOptions = AdamOptionsT<false>;
@@ -179,18 +207,18 @@ using Adam = AdamT<false>;
 using AdamW = AdamT<true>;
 
 struct AMPKIT_API SGDOptions : public torch::optim::OptimizerCloneableOptions<SGDOptions> {
-  SGDOptions(double lr) : lr_(lr) {}
-  TORCH_ARG(double, lr);
-  TORCH_ARG(double, momentum) = 0;
-  TORCH_ARG(double, dampening) = 0;
-  TORCH_ARG(double, weight_decay) = 0;
-  TORCH_ARG(bool, nesterov) = false;
-  TORCH_ARG(bool, maximize) = false;
-  TORCH_ARG(MasterWeights, master_weights) = MasterWeights::kAuto;
+  SGDOptions(double lr) : lr_set_(true), lr_(lr) {}  // NOLINT(google-explicit-constructor): as LibTorch's
+  AMPKIT_OPTION(double, lr);
+  AMPKIT_OPTION(double, momentum) = 0;
+  AMPKIT_OPTION(double, dampening) = 0;
+  AMPKIT_OPTION(double, weight_decay) = 0;
+  AMPKIT_OPTION(bool, nesterov) = false;
+  AMPKIT_OPTION(bool, maximize) = false;
+  AMPKIT_OPTION(MasterWeights, master_weights) = MasterWeights::kAuto;
   // The momentum buffer's dtype, as AdamOptionsT's exp_avg_dtype.
-  TORCH_ARG(at::ScalarType, momentum_dtype) = at::kFloat;
-  TORCH_ARG(bool, write_unscaled_grads) = true;  // as AdamOptionsT's
-  TORCH_ARG(at::Tensor, lr_tensor);              // as AdamOptionsT's
+  AMPKIT_OPTION(at::ScalarType, momentum_dtype) = at::kFloat;
+  AMPKIT_OPTION(bool, write_unscaled_grads) = true;  // as AdamOptionsT's
+  AMPKIT_OPTION(at::Tensor, lr_tensor);              // as AdamOptionsT's
 
  public:
   double get_lr() const override { return lr(); }
@@ -200,16 +228,16 @@ struct AMPKIT_API SGDOptions : public torch::optim::OptimizerCloneableOptions<SG
   // As AdamOptionsT's.
   template <class Visit>
   static void for_each_option(Visit&& visit) {
-    visit("lr", &SGDOptions::lr_);
-    visit("momentum", &SGDOptions::momentum_);
-    visit("dampening", &SGDOptions::dampening_);
-    visit("weight_decay", &SGDOptions::weight_decay_);
-    visit("nesterov", &SGDOptions::nesterov_);
-    visit("maximize", &SGDOptions::maximize_);
-    visit("master_weights", &SGDOptions::master_weights_);
-    visit("momentum_dtype", &SGDOptions::momentum_dtype_);
-    visit("write_unscaled_grads", &SGDOptions::write_unscaled_grads_);
-    visit("lr_tensor", &SGDOptions::lr_tensor_);
+    visit("lr", &SGDOptions::lr_, &SGDOptions::lr_set_);
+    visit("momentum", &SGDOptions::momentum_, &SGDOptions::momentum_set_);
+    visit("dampening", &SGDOptions::dampening_, &SGDOptions::dampening_set_);
+    visit("weight_decay", &SGDOptions::weight_decay_, &SGDOptions::weight_decay_set_);
+    visit("nesterov", &SGDOptions::nesterov_, &SGDOptions::nesterov_set_);
+    visit("maximize", &SGDOptions::maximize_, &SGDOptions::maximize_set_);
+    visit("master_weights", &SGDOptions::master_weights_, &SGDOptions::master_weights_set_);
+    visit("momentum_dtype", &SGDOptions::momentum_dtype_, &SGDOptions::momentum_dtype_set_);
+    visit("write_unscaled_grads", &SGDOptions::write_unscaled_grads_, &SGDOptions::write_unscaled_grads_set_);
+    visit("lr_tensor", &SGDOptions::lr_tensor_, &SGDOptions::lr_tensor_set_);
   }
 };
 
@@ -261,18 +289,19 @@ class AMPKIT_API SGD : public FusedOptimizer<SGD, SGDOptions, SGDParamState> {
 // AdamParamState (step, exp_avg, exp_avg_sq, master_param / param_remainder).
 struct AMPKIT_API LAMBOptions : public torch::optim::OptimizerCloneableOptions<LAMBOptions> {
   using betas_t = std::tuple<double, double>;
-  LAMBOptions(double lr = 1e-3) : lr_(lr) {}
-  TORCH_ARG(double, lr) = 1e-3;
-  TORCH_ARG(betas_t, betas) = std::make_tuple(0.9, 0.999);
-  TORCH_ARG(double, eps) = 1e-6;
-  TORCH_ARG(double, weight_decay) = 0.01;
-  TORCH_ARG(bool, bias_correction) = true;
-  TORCH_ARG(bool, adam_w_mode) = true;
-  TORCH_ARG(bool, grad_averaging) = true;
-  TORCH_ARG(double, max_grad_norm) = 1.0;  // 0: no clipping
-  TORCH_ARG(bool, use_nvlamb) = false;
-  TORCH_ARG(MasterWeights, master_weights) = MasterWeights::kAuto;
-  TORCH_ARG(at::Tensor, lr_tensor);  // as AdamOptionsT's
+  LAMBOptions() = default;
+  LAMBOptions(double lr) : lr_set_(true), lr_(lr) {}  // NOLINT(google-explicit-constructor)
+  AMPKIT_OPTION(double, lr) = 1e-3;
+  AMPKIT_OPTION(betas_t, betas) = std::make_tuple(0.9, 0.999);
+  AMPKIT_OPTION(double, eps) = 1e-6;
+  AMPKIT_OPTION(double, weight_decay) = 0.01;
+  AMPKIT_OPTION(bool, bias_correction) = true;
+  AMPKIT_OPTION(bool, adam_w_mode) = true;
+  AMPKIT_OPTION(bool, grad_averaging) = true;
+  AMPKIT_OPTION(double, max_grad_norm) = 1.0;  // 0: no clipping
+  AMPKIT_OPTION(bool, use_nvlamb) = false;
+  AMPKIT_OPTION(MasterWeights, master_weights) = MasterWeights::kAuto;
+  AMPKIT_OPTION(at::Tensor, lr_tensor);  // as AdamOptionsT's
 
  public:
   double get_lr() const override { return lr(); }
@@ -282,17 +311,17 @@ struct AMPKIT_API LAMBOptions : public torch::optim::OptimizerCloneableOptions<L
   // As AdamOptionsT's.
   template <class Visit>
   static void for_each_option(Visit&& visit) {
-    visit("lr", &LAMBOptions::lr_);
-    visit("betas", &LAMBOptions::betas_);
-    visit("eps", &LAMBOptions::eps_);
-    visit("weight_decay", &LAMBOptions::weight_decay_);
-    visit("bias_correction", &LAMBOptions::bias_correction_);
-    visit("adam_w_mode", &LAMBOptions::adam_w_mode_);
-    visit("grad_averaging", &LAMBOptions::grad_averaging_);
-    visit("max_grad_norm", &LAMBOptions::max_grad_norm_);
-    visit("use_nvlamb", &LAMBOptions::use_nvlamb_);
-    visit("master_weights", &LAMBOptions::master_weights_);
-    visit("lr_tensor", &LAMBOptions::lr_tensor_);
+    visit("lr", &LAMBOptions::lr_, &LAMBOptions::lr_set_);
+    visit("betas", &LAMBOptions::betas_, &LAMBOptions::betas_set_);
+    visit("eps", &LAMBOptions::eps_, &LAMBOptions::eps_set_);
+    visit("weight_decay", &LAMBOptions::weight_decay_, &LAMBOptions::weight_decay_set_);
+    visit("bias_correction", &LAMBOptions::bias_correction_, &LAMBOptions::bias_correction_set_);
+    visit("adam_w_mode", &LAMBOptions::adam_w_mode_, &LAMBOptions::adam_w_mode_set_);
+    visit("grad_averaging", &LAMBOptions::grad_averaging_, &LAMBOptions::grad_averaging_set_);
+    visit("max_grad_norm", &LAMBOptions::max_grad_norm_, &LAMBOptions::max_grad_norm_set_);
+    visit("use_nvlamb", &LAMBOptions::use_nvlamb_, &LAMBOptions::use_nvlamb_set_);
+    visit("master_weights", &LAMBOptions::master_weights_, &LAMBOptions::master_weights_set_);
+    visit("lr_tensor", &LAMBOptions::lr_tensor_, &LAMBOptions::lr_tensor_set_);
   }
 };
 
@@ -331,7 +360,7 @@ bool same_value(const T& a, const T& b) {
 template <class T>
 bool same_options(const T& a, const T& b) {
   bool same = true;
-  T::for_each_option([&](const char*, auto member) { same = same && same_value(a.*member, b.*member); });
+  T::for_each_option([&](const char*, auto member, auto) { same = same && same_value(a.*member, b.*member); });
   return same;
 }
 template <class T>
