@@ -8,10 +8,12 @@
 
 #include <algorithm>
 #include <chrono>
+#include <exception>
 #include <cstdio>
 #include <functional>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <utility>
 
 #include "ampkit/autocast.h"
@@ -51,7 +53,7 @@ CpuUnits cpu_units() {
 // backward still runs through a slow reference path (two DCGAN batches: 1.4 s in BF16, 40.6 s in FP16). So the
 // first precision_support(CPU) of a process times, per dtype, a small conv2d (2 x 16 x 16 x 16, 3x3, 16 channels)
 // and a linear (64 x 256 x 256), each forward and backward, the best of three runs after one, on private inputs (the
-// global RNG is not touched), outside autocast, inference mode and Python modes; about 10 ms where every dtype has fast kernels,
+// global RNG is not touched), on a thread of its own (none of the caller's autograd hooks, modes or autocast); about 10 ms where every dtype has fast kernels,
 // a few tens where one has none. A dtype counts as fast with its units and no op 3 times or more slower than in the
 // fastest of the three dtypes for that op (against all three, so that one slow FP32 timing cannot make a slow
 // dtype look fast); the advice compares FP16 with BF16 op by op. Factors of 3 stand far above the timing's noise.
@@ -91,8 +93,27 @@ struct CpuProbe {
   ProbeTimes fp32, bf16, fp16;
 };
 
+// On a thread of its own, which starts with none of the caller's thread-local state: no saved-tensor hooks (a
+// non-reentrant checkpoint's), anomaly mode, autocast, grad mode or Python modes reach the probe's autograd.
+CpuProbe run_probe() {
+  CpuProbe p;
+  std::exception_ptr failed;
+  std::thread worker([&] {
+    try {
+      p = CpuProbe{probe(c10::kFloat), probe(c10::kBFloat16), probe(c10::kHalf)};
+    } catch (...) {
+      failed = std::current_exception();
+    }
+  });
+  worker.join();
+  if (failed) {
+    std::rethrow_exception(failed);
+  }
+  return p;
+}
+
 const CpuProbe& cpu_probe() {
-  static const CpuProbe p{probe(c10::kFloat), probe(c10::kBFloat16), probe(c10::kHalf)};
+  static const CpuProbe p = run_probe();
   return p;
 }
 

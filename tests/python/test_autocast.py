@@ -367,6 +367,27 @@ def test_precision_support_on_the_cpu_takes_units_and_a_measured_probe():
         ampkit.precision_support("tpu")
 
 
+def test_the_cpu_probe_runs_none_of_the_callers_autograd_hooks():
+    """The probe times its own autograd on a thread of its own: a caller's saved-tensor hooks (a non-reentrant
+    checkpoint's) never see its tensors, and FP16 autocast entered inside a checkpoint recomputes alike."""
+    hooks = _run_fresh(  # the process's first precision_support, under saved-tensor hooks
+        "packed = []\n"
+        "with torch.autograd.graph.saved_tensors_hooks(lambda t: packed.append(t.shape) or t, lambda t: t):\n"
+        "    ampkit.precision_support('cpu')\n"
+        "print(len(packed))\n")
+    assert hooks.stdout.splitlines()[0] == "0"
+    checkpointed = _run_fresh(  # the process's first probe, from FP16 autocast inside a non-reentrant checkpoint
+        "from torch.utils.checkpoint import checkpoint\n"
+        "lin = torch.nn.Linear(8, 8)\n"
+        "def block(x):\n"
+        "    with ampkit.autocast('cpu', dtype=torch.float16):\n"
+        "        return lin(x).float().tanh()\n"
+        "x = torch.randn(4, 8, requires_grad=True)\n"
+        "checkpoint(block, x, use_reentrant=False).sum().backward()\n"
+        "print(x.grad.shape)\n")
+    assert checkpointed.stdout.splitlines()[0] == "torch.Size([4, 8])"
+
+
 def test_fp16_is_not_called_fast_where_torchs_own_fp16_convolution_is_slow():
     """Timed here with torch alone: where FP16 conv2d forward and backward is 10 times or more slower than BF16 (a
     CPU with AVX512-FP16 but no fast FP16 convolution kernel in torch), precision_support must not call FP16 fast,
