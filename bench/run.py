@@ -541,7 +541,7 @@ def bench_fp8_linear(device: str, quick: bool, repeats: int) -> list[Row]:
     """ampkit.fp8.Float8Linear (current scaling, tensorwise and rowwise: quantize every operand, three FP8 GEMMs)
     against a BF16 nn.Linear of the same shape (the "torch" column), forward and backward of a BF16 input, and the
     forward alone. On the CPU the FP8 GEMMs run as FP32 GEMMs of the exactly widened operands (NOTE [FP8 GEMM on
-    the CPU]); speedup is BF16's time over FP8's (above 1: FP8 faster). gbps here is the FP8 layer's GFLOP/s."""
+    the CPU]); speedup is BF16's time over FP8's (above 1: FP8 faster); the note gives the FP8 layer's GFLOP/s."""
     from ampkit import fp8
 
     rows: list[Row] = []
@@ -565,9 +565,10 @@ def bench_fp8_linear(device: str, quick: bool, repeats: int) -> list[Row]:
                     return call
 
                 a_ms, t_ms = time_pair(device, [run(f8), run(bf16)], repeats, 3)
+                # A GEMM, not a pass over memory: no bandwidth columns; its GFLOP/s in the note.
                 rows.append(Row("fp8_linear", device, f"{tokens}x{k}x{n}", f"{granularity[:3]} {what}", a_ms, t_ms,
-                                t_ms / a_ms, flops / (a_ms * 1e-3) / 1e9, 0.0,
-                                f"{granularity} FP8 vs BF16 nn.Linear, {what}; gbps = GFLOP/s"))
+                                t_ms / a_ms, 0.0, 0.0, f"{granularity} FP8 vs BF16 nn.Linear, {what}, "
+                                f"{flops / (a_ms * 1e-3) / 1e9:.1f} GFLOP/s"))
     return rows
 
 

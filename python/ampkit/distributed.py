@@ -29,6 +29,8 @@ is all-reduced in place.
 """
 # No `from __future__ import annotations`: DDP checks the hooks' annotations against dist.GradBucket and
 # torch.futures.Future themselves.
+import warnings
+import weakref
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -65,6 +67,8 @@ def _state(state: Any, hook: str) -> HookState:
 
 
 _CAST_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+# The scalers a torch-named hook has said once that it leaves the grads to.
+_warned_scaled: "weakref.WeakSet[GradScaler]" = weakref.WeakSet()
 
 
 def _compress(buffer: torch.Tensor, dtype: torch.dtype, world_size: int, exact: bool) -> tuple[torch.Tensor, bool]:
@@ -85,6 +89,12 @@ def _compress_hook(dtype: torch.dtype, hook: str, state: Any,
                    bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """torch's compression hook: the reduced copy written back into the bucket, scaled as it came."""
     st = _state(state, hook)
+    if st.scaler is not None and st.scaler.is_enabled() and st.scaler not in _warned_scaled:
+        _warned_scaled.add(st.scaler)
+        warnings.warn(f"ampkit.distributed.{hook} leaves the grads scaled, as torch's hook of that name does: the "
+                      "scaler given as its state unscales them in its own unscale_/step. For the unscale fused into "
+                      f"the hook's decompression (one pass fewer), register {hook.replace('_hook', '_unscale_hook')} "
+                      "instead.", UserWarning, stacklevel=2)
     group = st.process_group if st.process_group is not None else dist.group.WORLD
     buffer = bucket.buffer()
     compressed, _ = _compress(buffer, dtype, group.size(), exact=True)

@@ -5,6 +5,7 @@
 #include <ATen/autocast_mode.h>
 #include <torch/library.h>
 
+#include <new>
 #include <sstream>
 #include <thread>
 
@@ -422,11 +423,13 @@ TEST_CASE("decorate: a module held by value is decorated once, its own parameter
   auto loss = model.forward(x.to(at::kBFloat16)).to(at::kFloat).square().mean();
   loss.backward();
   REQUIRE_NOTHROW(opt.step());
-  // New modules held by value (at the same stack address, one after the other) are not the decorated one.
+  // New modules held by value at one address, one after the other (built in one buffer), are not the decorated one.
+  alignas(ByValueNet) unsigned char slot[sizeof(ByValueNet)];
   for (int i = 0; i < 3; ++i) {
-    ByValueNet other;
-    REQUIRE_NOTHROW(ampkit::decorate(other, ampkit::OptLevel::kO2, at::kBFloat16));
-    CHECK(other.fc1->weight.scalar_type() == at::kBFloat16);
+    auto* other = new (slot) ByValueNet();
+    REQUIRE_NOTHROW(ampkit::decorate(*other, ampkit::OptLevel::kO2, at::kBFloat16));
+    CHECK(other->fc1->weight.scalar_type() == at::kBFloat16);
+    other->~ByValueNet();
   }
 }
 
