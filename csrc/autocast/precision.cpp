@@ -15,6 +15,7 @@
 #include <string>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "ampkit/autocast.h"
 #include "precision_cuda.h"
@@ -52,23 +53,26 @@ CpuUnits cpu_units() {
 // Instruction flags do not tell how fast torch runs a dtype on the CPU: with AVX512-FP16, torch's FP16 convolution
 // backward still runs through a slow reference path (two DCGAN batches: 1.4 s in BF16, 40.6 s in FP16). So the
 // first precision_support(CPU) of a process times, per dtype, a small conv2d (2 x 16 x 16 x 16, 3x3, 16 channels)
-// and a linear (64 x 256 x 256), each forward and backward, the best of three runs after one, on private inputs (the
+// and a linear (64 x 256 x 256), each forward and backward, the best of three rounds after one, the dtypes
+// interleaved within each round, on private inputs (the
 // global RNG is not touched), on a thread of its own (none of the caller's autograd hooks, modes or autocast); about 10 ms where every dtype has fast kernels,
 // a few tens where one has none. A dtype counts as fast with its units and no op 3 times or more slower than in the
 // fastest of the three dtypes for that op (against all three, so that one slow FP32 timing cannot make a slow
 // dtype look fast); the advice compares FP16 with BF16 op by op. Factors of 3 stand far above the timing's noise.
-double best_ms(const std::function<void()>& run) {
-  double best = 0;
-  for (int i = 0; i < 4; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    run();
-    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    best = i == 1 ? ms : std::min(best, ms);  // run 0 warms up
-  }
-  return best;
+double elapsed_ms(const std::function<void()>& run) {
+  const auto t0 = std::chrono::steady_clock::now();
+  run();
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
-ProbeTimes probe(c10::ScalarType dtype) {
+struct CpuProbe {
+  ProbeTimes fp32, bf16, fp16;
+};
+
+// The three dtypes timed interleaved, round by round (fp32, bf16, fp16, fp32, ...), each its best of rounds 1-3
+// (round 0 warms up): a burst of other work on the machine slows every dtype of a round alike, and cannot make one
+// dtype look fast against the others.
+CpuProbe probe() {
   const at::AutoGradMode grad(true);
   const c10::InferenceMode not_inference(false);
   const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
@@ -76,22 +80,33 @@ ProbeTimes probe(c10::ScalarType dtype) {
   const c10::impl::ExcludeDispatchKeyGuard no_python(
       c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot}));
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(/*seed_in=*/0);
-  const auto make = [&](at::IntArrayRef shape) {
-    return at::randn(shape, gen, at::TensorOptions().dtype(at::kFloat)).to(dtype).requires_grad_();
+  struct Inputs {
+    at::Tensor x, w, a, b;
   };
-  const at::Tensor x = make({2, 16, 16, 16});
-  const at::Tensor w = make({16, 16, 3, 3});
-  const at::Tensor a = make({64, 256});
-  const at::Tensor b = make({256, 256});
-  ProbeTimes t;
-  t.conv2d_ms = best_ms([&] { at::conv2d(x, w, {}, 1, 1).sum().backward(); });
-  t.linear_ms = best_ms([&] { at::matmul(a, b).sum().backward(); });
-  return t;
+  const c10::ScalarType dtypes[3] = {c10::kFloat, c10::kBFloat16, c10::kHalf};
+  std::vector<Inputs> inputs;
+  for (const c10::ScalarType dtype : dtypes) {
+    const auto make = [&](at::IntArrayRef shape) {
+      return at::randn(shape, gen, at::TensorOptions().dtype(at::kFloat)).to(dtype).requires_grad_();
+    };
+    inputs.push_back({make({2, 16, 16, 16}), make({16, 16, 3, 3}), make({64, 256}), make({256, 256})});
+  }
+  ProbeTimes best[3];
+  for (int round = 0; round < 4; ++round) {
+    for (int d = 0; d < 3; ++d) {
+      const Inputs& in = inputs[d];
+      const double conv = elapsed_ms([&] { at::conv2d(in.x, in.w, {}, 1, 1).sum().backward(); });
+      const double linear = elapsed_ms([&] { at::matmul(in.a, in.b).sum().backward(); });
+      if (round == 1 || (round > 1 && conv < best[d].conv2d_ms)) {
+        best[d].conv2d_ms = conv;
+      }
+      if (round == 1 || (round > 1 && linear < best[d].linear_ms)) {
+        best[d].linear_ms = linear;
+      }
+    }
+  }
+  return {best[0], best[1], best[2]};
 }
-
-struct CpuProbe {
-  ProbeTimes fp32, bf16, fp16;
-};
 
 // On a thread of its own, which starts with none of the caller's thread-local state: no saved-tensor hooks (a
 // non-reentrant checkpoint's), anomaly mode, autocast, grad mode or Python modes reach the probe's autograd.
@@ -100,7 +115,7 @@ CpuProbe run_probe() {
   std::exception_ptr failed;
   std::thread worker([&] {
     try {
-      p = CpuProbe{probe(c10::kFloat), probe(c10::kBFloat16), probe(c10::kHalf)};
+      p = probe();
     } catch (...) {
       failed = std::current_exception();
     }
