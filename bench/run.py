@@ -19,7 +19,9 @@ compile alone takes minutes on a cold machine).
 
 --traffic prints, for each CUDA kernel, the bytes of tensor data it reads and writes per parameter, counted by
 running the kernels through the emulated host build (no GPU needed: the build's bench/ampkit_traffic), next to
-the minimum the design promises.
+the minimum the design promises, and what the emulator's memory-transaction model makes of the same launches:
+sector efficiency against its goal, shared-memory wavefronts per request, global atomics per million elements,
+the modelled fraction of copy bandwidth, and the source position that wastes the most sectors.
 """
 from __future__ import annotations
 
@@ -690,9 +692,20 @@ def main() -> None:
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(rows, f, indent=1)
-        print(f"{'kernel':<20} {'dtype':<28} {'bytes/param':>11} {'minimum':>8}")
+        # NOTE [Memory transaction model] (kernels/cuda/emulation_model.cpp): sectors = the share of the 32-byte
+        # sectors moved that the kernel asked for (goal beside it), wavefr = shared-memory passes per request,
+        # atom/M = global atomics per million elements (same = on an address another lane also updates),
+        # sh.atom/M = shared-memory atomics per million elements, model bw = the minimum bytes over the sector
+        # bytes moved: the modelled fraction of copy bandwidth. "<" marks a row below its goal.
+        print(f"{'kernel':<38} {'dtype':<28} {'bytes/param':>11} {'minimum':>8} {'sectors':>8} {'goal':>5} "
+              f"{'wavefr':>6} {'atom/M':>8} {'same/M':>8} {'sh.atom/M':>9} {'model bw':>8}  worst site")
         for r in rows:
-            print(f"{r['kernel']:<20} {r['dtype']:<28} {r['bytes_per_param']:11.4g} {r['min_bytes_per_param']:8.4g}")
+            flag = "" if r["sector_efficiency"] >= r["goal"] else " <"
+            print(f"{r['kernel']:<38} {r['dtype']:<28} {r['bytes_per_param']:11.4g} {r['min_bytes_per_param']:8.4g} "
+                  f"{100 * r['sector_efficiency']:7.1f}% {100 * r['goal']:4.0f}% "
+                  f"{r['shared_wavefronts_per_request']:6.2f} {r['global_atomics_per_M']:8.1f} "
+                  f"{r['same_address_atomics_per_M']:8.1f} {r['shared_atomics_per_M']:9.0f} "
+                  f"{100 * r['modelled_copy_bw_fraction']:7.1f}%  {r['worst_site']}{flag}")
         return
     devices = ["cpu", "cuda"] if args.device == "all" else [args.device]
     devices = [d for d in devices if d == "cpu" or torch.cuda.is_available()]

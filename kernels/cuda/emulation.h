@@ -167,32 +167,62 @@ unsigned __match_any_sync(unsigned mask, T value, const char* file = __builtin_F
   return static_cast<unsigned>(
       d::warp_op(d::WarpOp{d::WarpKind::kMatchAny, mask, bits, 0, 32, static_cast<int>(sizeof(T)), file, line}));
 }
+// Bit counts as the device computes them.
+inline int __popc(unsigned x) { return __builtin_popcount(x); }
+inline int __ffs(int x) { return __builtin_ffs(x); }
 // The lanes of the caller's warp that have not exited (fibers do not diverge, so a lane in another branch counts).
 inline unsigned __activemask() { return ampkit::kernels::emulation::detail::active_mask(); }
 
 // The device intrinsics the kernels use, as the host computes them (a fiber is never interrupted inside one).
-template <typename T>
-inline T ampkit_emulated_atomic_add(T* address, T value) {
+// Atomics tell the memory-transaction model (emulation_runtime.h) where they land, with their caller's position.
+#define AMPKIT_EMULATED_SITE const char *file = __builtin_FILE(), int line = __builtin_LINE()
+namespace ampkit::kernels::emulation::detail {
+template <typename T, typename Op>
+inline T emulated_atomic(T* address, Op op, const char* file, int line) {
+  // The read and write below are the atomic's, not requests of their own: the recorder ignores the
+  // instrumentation's reports until model_atomic_done() (both out of line, so that the compiler keeps the order).
+  const bool recording = model_recording;
+  if (recording) {
+    model_record(address, sizeof(T), Access::kAtomic, file, line);
+  }
   const T old = *address;
-  *address = old + value;
+  *address = op(old);
+  if (recording) {
+    model_atomic_done();
+  }
   return old;
 }
-inline int atomicAdd(int* address, int value) { return ampkit_emulated_atomic_add(address, value); }
-inline unsigned atomicAdd(unsigned* address, unsigned value) { return ampkit_emulated_atomic_add(address, value); }
-inline unsigned long long atomicAdd(unsigned long long* address, unsigned long long value) {
-  return ampkit_emulated_atomic_add(address, value);
+}  // namespace ampkit::kernels::emulation::detail
+template <typename T>
+inline T ampkit_emulated_atomic_add(T* address, T value, const char* file, int line) {
+  return ampkit::kernels::emulation::detail::emulated_atomic(
+      address, [value](T old) { return static_cast<T>(old + value); }, file, line);
 }
-inline float atomicAdd(float* address, float value) { return ampkit_emulated_atomic_add(address, value); }
-inline double atomicAdd(double* address, double value) { return ampkit_emulated_atomic_add(address, value); }
-inline unsigned atomicMax(unsigned* address, unsigned value) {
-  const unsigned old = *address;
-  *address = old < value ? value : old;
-  return old;
+template <typename T>
+inline T ampkit_emulated_atomic_max(T* address, T value, const char* file, int line) {
+  return ampkit::kernels::emulation::detail::emulated_atomic(
+      address, [value](T old) { return old < value ? value : old; }, file, line);
 }
-inline unsigned long long atomicMax(unsigned long long* address, unsigned long long value) {
-  const unsigned long long old = *address;
-  *address = old < value ? value : old;
-  return old;
+inline int atomicAdd(int* address, int value, AMPKIT_EMULATED_SITE) {
+  return ampkit_emulated_atomic_add(address, value, file, line);
+}
+inline unsigned atomicAdd(unsigned* address, unsigned value, AMPKIT_EMULATED_SITE) {
+  return ampkit_emulated_atomic_add(address, value, file, line);
+}
+inline unsigned long long atomicAdd(unsigned long long* address, unsigned long long value, AMPKIT_EMULATED_SITE) {
+  return ampkit_emulated_atomic_add(address, value, file, line);
+}
+inline float atomicAdd(float* address, float value, AMPKIT_EMULATED_SITE) {
+  return ampkit_emulated_atomic_add(address, value, file, line);
+}
+inline double atomicAdd(double* address, double value, AMPKIT_EMULATED_SITE) {
+  return ampkit_emulated_atomic_add(address, value, file, line);
+}
+inline unsigned atomicMax(unsigned* address, unsigned value, AMPKIT_EMULATED_SITE) {
+  return ampkit_emulated_atomic_max(address, value, file, line);
+}
+inline unsigned long long atomicMax(unsigned long long* address, unsigned long long value, AMPKIT_EMULATED_SITE) {
+  return ampkit_emulated_atomic_max(address, value, file, line);
 }
 inline double __dadd_rn(double a, double b) { return a + b; }
 inline double __dmul_rn(double a, double b) { return a * b; }

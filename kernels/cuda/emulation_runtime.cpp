@@ -442,9 +442,13 @@ cudaError_t run_blocks(dim3 grid, dim3 block, size_t dynamic_shared_bytes, void 
       }
       if (s.failed) {
         abandon_block(s);
+        model_abandon_block();
         result = s.failure;
         break;
       }
+    }
+    if (model_recording && !s.failed) {
+      model_end_block(n);
     }
   }
   asan_unpoison(s.arena, kArenaBytes);

@@ -45,6 +45,40 @@ FiberStats fiber_stats();
 // Static shared memory per block, as on every GPU without an opt-in; dynamic shared memory has the same limit.
 constexpr size_t kMaxSharedBytes = 48 * 1024;
 
+// ---- the memory-transaction model (NOTE [Memory transaction model] in emulation_model.cpp) -------------------
+// What the warps of the launches run on this host thread while the model records asked of the memory system:
+// warp-level requests and the 32-byte sectors they touch in global memory, shared-memory requests and the
+// wavefronts their bank conflicts cost, atomics and how many of them land on an address another lane of the same
+// instruction also updates.
+struct MemoryModel {
+  uint64_t global_requests = 0;    // warp-level load or store instructions on tensor data (global_load/global_store)
+  uint64_t global_sectors = 0;     // 32-byte sectors they touch, counted per instruction (no cache)
+  uint64_t global_bytes = 0;       // distinct bytes they ask for, counted per instruction
+  uint64_t shared_requests = 0;    // warp-level shared-memory loads and stores
+  uint64_t shared_wavefronts = 0;  // passes they take: the most distinct 4-byte words one of the 32 banks serves
+  uint64_t global_atomics = 0;     // lane operations
+  uint64_t global_atomic_conflicts = 0;  // of those, ones on an address another lane of the same instruction hits
+  uint64_t shared_atomics = 0;
+  uint64_t shared_atomic_conflicts = 0;
+  // The global site with the most sectors beyond its bytes ("file:line", empty if none), and its figures.
+  std::string worst_site;
+  uint64_t worst_site_sectors = 0;
+  uint64_t worst_site_bytes = 0;
+
+  double sector_efficiency() const {
+    return global_sectors == 0 ? 1.0 : static_cast<double>(global_bytes) / (32.0 * static_cast<double>(global_sectors));
+  }
+  double wavefronts_per_request() const {
+    return shared_requests == 0 ? 0.0 : static_cast<double>(shared_wavefronts) / static_cast<double>(shared_requests);
+  }
+};
+
+// Starts (true) or stops recording on this host thread; starting clears what was recorded. Shared-memory
+// requests are seen only in code built with the model's instrumentation (emulation_model_hooks.cpp).
+void set_memory_model(bool on);
+// What was recorded since the model started or was last read, then clears it (recording goes on).
+MemoryModel take_memory_model();
+
 namespace detail {
 
 // Runs `body(ctx)` as every thread of every block of the grid (the caller checked the configuration).
@@ -71,6 +105,17 @@ struct WarpOp {
 };
 uint64_t warp_op(const WarpOp& op);
 unsigned active_mask();
+
+// The memory-transaction model's recorder: on while set_memory_model(true) holds on this host thread.
+inline thread_local bool model_recording = false;
+enum class Access : uint8_t { kLoad, kStore, kAtomic };
+// One lane's access to `bytes` bytes at `p` from the source position file:line (global memory, or shared
+// memory when `p` lies in the block's shared memory). An atomic's record holds back the instrumentation's reports
+// of its own read and write until model_atomic_done().
+void model_record(const void* p, uint32_t bytes, Access kind, const char* file, int line);
+void model_atomic_done();
+// The same for an access seen by the instrumentation (the site is a code address): shared memory only.
+void model_record_instrumented(uintptr_t pc, uintptr_t p, uint32_t bytes, bool store);
 
 }  // namespace detail
 }  // namespace ampkit::kernels::emulation

@@ -106,6 +106,10 @@ void yield_to_host(Scheduler& s);
 // Names of a thread and of the running block, for reports.
 std::string thread_name(const uint3& t);
 std::string block_name();
+// The memory-transaction model (emulation_model.cpp): a block ran to its end, or was abandoned.
+void model_end_block(int n_threads);
+void model_abandon_block();
+
 // The message for a block in which no fiber can run: the first waiting thread and a thread it waits for.
 std::string stuck_message(const Scheduler& s);
 

@@ -49,21 +49,36 @@ cudaError_t launch_kernel_shared(void (*kernel)(Params...), dim3 grid, dim3 bloc
 }
 
 // Every read and write of tensor data goes through these two, so that the emulated build can count the bytes a
-// kernel moves (bench/run.py --traffic). On the GPU they are plain accesses.
+// kernel moves (bench/run.py --traffic) and tell the memory-transaction model where each lane's access lands, with
+// the caller's source position (NOTE [Memory transaction model]). On the GPU they are plain accesses.
+#if defined(AMPKIT_CUDA_EMULATION)
+template <typename T>
+AMPKIT_INLINE T global_load(const T* p, AMPKIT_EMULATED_SITE) {
+  emulation::traffic.read += sizeof(T);
+  if (emulation::detail::model_recording) {
+    emulation::detail::model_record(p, sizeof(T), emulation::detail::Access::kLoad, file, line);
+  }
+  return *p;
+}
+
+template <typename T>
+AMPKIT_INLINE void global_store(T* p, const T& v, AMPKIT_EMULATED_SITE) {
+  emulation::traffic.written += sizeof(T);
+  if (emulation::detail::model_recording) {
+    emulation::detail::model_record(p, sizeof(T), emulation::detail::Access::kStore, file, line);
+  }
+  *p = v;
+}
+#else
 template <typename T>
 __device__ AMPKIT_INLINE T global_load(const T* p) {
-#if defined(AMPKIT_CUDA_EMULATION)
-  emulation::traffic.read += sizeof(T);
-#endif
   return *p;
 }
 
 template <typename T>
 __device__ AMPKIT_INLINE void global_store(T* p, const T& v) {
-#if defined(AMPKIT_CUDA_EMULATION)
-  emulation::traffic.written += sizeof(T);
-#endif
   *p = v;
 }
+#endif
 
 }  // namespace ampkit::kernels::cuda
