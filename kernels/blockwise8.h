@@ -145,4 +145,42 @@ AMPKIT_HOST_DEVICE AMPKIT_INLINE uint8_t blockwise8_code(float x, float scale, c
   return static_cast<uint8_t>(in - down_value >= (map[up] - down_value) * 0.5f ? up : code);
 }
 
+// NOTE [Quantizer search tree]
+// The same code as blockwise8_code, found through the map laid out as the search visits it (Eytzinger order):
+// tree[1] is the first threshold (map[128]), the node n of level l (2^l <= n < 2^(l+1)) holds map[(2(n - 2^l) + 1)
+// * (128 >> l)], and its children are 2n and 2n + 1; tree[0] holds map[0]. The search compares with the same values
+// in the same order as blockwise8_code, so the code is the same; and the two map values the final rounding needs
+// are the last threshold it went up at (else map[0]) and the last it stayed below (else map[255]), carried along
+// instead of read again. On a GPU the map lives in shared memory: the lanes of a warp read the thresholds of one
+// level side by side (levels 0-5 take 1-32 consecutive words, one per bank: no bank conflict; level 6 at most two
+// words per bank, level 7 four), where blockwise8_code's reads of map[code + 2^k] fall in one bank for 2^k >= 32,
+// and its two final reads anywhere (tests/cpp/test_functors.cpp compares the two on every code's neighbourhood).
+AMPKIT_HOST_DEVICE AMPKIT_INLINE int blockwise8_tree_source(int node) {  // the map index tree[node] holds
+  if (node == 0) {
+    return 0;
+  }
+  int level = 0;
+  while ((node >> (level + 1)) != 0) {
+    ++level;
+  }
+  return (2 * (node - (1 << level)) + 1) * (128 >> level);
+}
+
+AMPKIT_HOST_DEVICE AMPKIT_INLINE uint8_t blockwise8_code_tree(float x, float scale, const float* tree, float map_last) {
+  const float in = x / scale;
+  float down_value = tree[0];  // map[code] for the code found so far
+  float up_value = map_last;   // map[code + 1], or map[255] while the search has gone up at every step
+  int node = 1;
+  for (int level = 0; level < 8; ++level) {  // a constant trip count: unrolled by nvcc and the host compilers
+    const float threshold = tree[node];
+    const bool go_up = in >= threshold;
+    down_value = go_up ? threshold : down_value;
+    up_value = go_up ? up_value : threshold;
+    node = 2 * node + (go_up ? 1 : 0);
+  }
+  const int code = node - kQuantBlock;
+  const int up = code + 1 > 255 ? 255 : code + 1;
+  return static_cast<uint8_t>(in - down_value >= (up_value - down_value) * 0.5f ? up : code);
+}
+
 }  // namespace ampkit::kernels

@@ -98,7 +98,9 @@ struct LambMomentsChunkOp {
     if (dev.skipped()) {
       return;
     }
-    const LambStepFactors f = LambStepFactors::at_step(op.p, *static_cast<const float*>(a.data[kStepIdx][t]) + 1.f);
+    const LambStepFactors f = block_factors<LambStepFactors>([&] {  // NOTE [Step factors once per block]
+      return LambStepFactors::at_step(op.p, *static_cast<const float*>(a.data[kStepIdx][t]) + 1.f);
+    });
     const float divisor =
         lamb_grad_divisor(dev.grad_scale != nullptr ? *dev.grad_scale : 1.f, grad_norm, op.p.max_grad_norm);
     float* m = static_cast<float*>(a.data[kExpAvgIdx][t]);
@@ -213,7 +215,9 @@ struct LambApplyChunkOp {
     if (dev.skipped()) {
       return;
     }
-    const LambStepFactors f = LambStepFactors::at_step(op.p, *static_cast<const float*>(a.data[kStepIdx][t]) + 1.f);
+    const LambStepFactors f = block_factors<LambStepFactors>([&] {  // NOTE [Step factors once per block]
+      return LambStepFactors::at_step(op.p, *static_cast<const float*>(a.data[kStepIdx][t]) + 1.f);
+    });
     // The tensor's norms, summed once by tensor_norms_kernel.
     double w_sq = 0.0;
     double u_sq = 0.0;

@@ -323,7 +323,8 @@ __device__ const uint32_t kBlockwise8Maps[2 * kQuantBlock] = {AMPKIT_QMAP_SIGNED
 struct StateStream {
   void* base;  // of the whole tensor; nullptr: no such stream
   DType type;
-  const float* map;       // 8-bit: the map in shared memory
+  const float* map;       // 8-bit: the map in shared memory (dequantization)
+  const float* tree;      // 8-bit: the same map in search order, in shared memory (NOTE [Quantizer search tree])
   int64_t absmax_offset;  // 8-bit: bytes from base to the absmaxes
 
   __device__ AMPKIT_INLINE float* absmax(int64_t block) const {
@@ -334,25 +335,32 @@ struct StateStream {
 // NOTE [State-block chunk loop]
 // A tensor whose moments are not both FP32 (exp_avg_dtype / exp_avg_sq_dtype: BF16, or 8-bit block-wise) takes
 // this loop: each warp walks the chunk's 256-element quantization blocks (chunks start at multiples of 256), each
-// lane 8 consecutive elements of a block. A lane loads its 8 moments as FP32 (an 8-bit block's absmax read once),
-// runs the optimizer's formulas on each element with the weight kept as the launch keeps it (master, remainder,
-// Kahan, stochastic rounding, or the parameter), and keeps the new moments in registers; the warp then reduces
-// the block's new absmax with shuffles and every lane quantizes its 8 values (lane 0 stores the absmax). BF16
-// moments are rounded to nearest even. The same per-element operations as the CPU loop (csrc/ops/cpu/
-// optim_loops.h: NOTE [Weight-block loop]): the bits agree.
+// lane 8 elements of a block, 32 apart (element j * 32 + lane, j = 0..7), so that every load and store of the warp
+// touches 32 consecutive elements: whole 32-byte sectors (NOTE [Memory transaction model]; lanes walking 8
+// consecutive elements each touch 8 to 16 times the sectors). A lane loads its 8 moments as FP32 (an 8-bit block's
+// absmax read once), runs the optimizer's formulas on each element with the weight kept as the launch keeps it
+// (master, remainder, Kahan, stochastic rounding, or the parameter), and keeps the new moments in registers; the
+// warp then reduces the block's new absmax with shuffles and every lane quantizes its 8 values through the map in
+// search order (NOTE [Quantizer search tree]: the lanes' lookups fall in distinct shared-memory banks); lane 0
+// stores the absmax. BF16 moments are rounded to nearest even. The same per-element operations as the CPU loop
+// (csrc/ops/cpu/optim_loops.h: NOTE [Weight-block loop]): the bits agree.
 template <typename T, typename Args, typename Body>
 __device__ void for_each_state_block(const Args& a, int t, int64_t start, int64_t n, const GradIn& gin,
                                      const WeightOut& out, const Body& body) {
   constexpr int kPer = kQuantBlock / 32;  // elements per lane
   AMPKIT_SHARED(float, maps, 2 * kQuantBlock);
+  AMPKIT_SHARED(float, trees, 2 * kQuantBlock);
   for (int i = threadIdx.x; i < 2 * kQuantBlock; i += blockDim.x) {
+    const int which = i / kQuantBlock * kQuantBlock;
     maps[i] = bit_cast<float>(kBlockwise8Maps[i]);
+    trees[i] = bit_cast<float>(kBlockwise8Maps[which + blockwise8_tree_source(i - which)]);
   }
   __syncthreads();
   const int64_t numel = a.numel[t];
   const int64_t absmax_offset = blockwise8_blocks(numel) * kQuantBlock;
-  const StateStream ms{a.data[kExpAvgIdx][t], a.dtype[kExpAvgIdx][t], maps, absmax_offset};
-  const StateStream vs{a.data[kExpAvgSqIdx][t], a.dtype[kExpAvgSqIdx][t], maps + kQuantBlock, absmax_offset};
+  const StateStream ms{a.data[kExpAvgIdx][t], a.dtype[kExpAvgIdx][t], maps, trees, absmax_offset};
+  const StateStream vs{a.data[kExpAvgSqIdx][t], a.dtype[kExpAvgSqIdx][t], maps + kQuantBlock, trees + kQuantBlock,
+                       absmax_offset};
   auto* param = static_cast<T*>(a.data[kParamIdx][t]) + start;
   auto* grad = static_cast<T*>(a.data[kGradIdx][t]) + start;
   auto* master = a.data[kMasterIdx][t] ? static_cast<float*>(a.data[kMasterIdx][t]) + start : nullptr;
@@ -386,7 +394,7 @@ __device__ void for_each_state_block(const Args& a, int t, int64_t start, int64_
     return s.map[global_load(static_cast<const uint8_t*>(s.base) + e)] * scale;
   };
   // The block's new values x[] stored back; 8-bit: with the warp's absmax.
-  auto store_state = [&](const StateStream& s, int64_t i0, int valid, int64_t block, const float* x) {
+  auto store_state = [&](const StateStream& s, int64_t b0, int valid, int64_t block, const float* x) {
     if (s.type == DType::kUInt8) {
       float absmax = 0.f;
       for (int j = 0; j < valid; ++j) {
@@ -400,13 +408,15 @@ __device__ void for_each_state_block(const Args& a, int t, int64_t start, int64_
       if (lane == 0) {
         global_store(s.absmax(block), scale);
       }
+      const float map_last = s.map[kQuantBlock - 1];  // a broadcast
       for (int j = 0; j < valid; ++j) {
-        global_store(static_cast<uint8_t*>(s.base) + start + i0 + j, blockwise8_code(x[j], scale, s.map));
+        global_store(static_cast<uint8_t*>(s.base) + start + b0 + j * 32 + lane,
+                     blockwise8_code_tree(x[j], scale, s.tree, map_last));
       }
       return;
     }
     for (int j = 0; j < valid; ++j) {
-      const int64_t e = start + i0 + j;
+      const int64_t e = start + b0 + j * 32 + lane;
       if (s.type == DType::kFloat32) {
         global_store(static_cast<float*>(s.base) + e, x[j]);
       } else {
@@ -415,10 +425,13 @@ __device__ void for_each_state_block(const Args& a, int t, int64_t start, int64_
     }
   };
   for (int64_t qb = threadIdx.x / 32; qb < blocks; qb += warps) {  // uniform over the warp
-    const int64_t i0 = qb * kQuantBlock + lane * kPer;             // the lane's first element in the chunk
-    const int64_t left = n - i0;
-    const int valid = left <= 0 ? 0 : left >= kPer ? kPer : static_cast<int>(left);
-    const int64_t block = (start + qb * kQuantBlock) / kQuantBlock;  // of the tensor
+    const int64_t b0 = qb * kQuantBlock;                           // the block's first element in the chunk
+    const int64_t left = n - b0;                                   // of the block's elements, in the chunk
+    // The lane's elements b0 + j * 32 + lane that exist: j < valid.
+    const int valid = left <= lane                    ? 0
+                      : left - lane > 32 * (kPer - 1) ? kPer
+                                                      : static_cast<int>((left - lane + 31) / 32);
+    const int64_t block = (start + b0) / kQuantBlock;  // of the tensor
     // An 8-bit block's absmax: read once (lane 0) and broadcast.
     float m_scale = ms.base && ms.type == DType::kUInt8 && lane == 0 ? global_load(ms.absmax(block)) : 0.f;
     float v_scale = vs.base && vs.type == DType::kUInt8 && lane == 0 ? global_load(vs.absmax(block)) : 0.f;
@@ -427,7 +440,7 @@ __device__ void for_each_state_block(const Args& a, int t, int64_t start, int64_
     float mv[kPer];
     float vv[kPer];
     for (int j = 0; j < valid; ++j) {
-      const int64_t i = i0 + j;
+      const int64_t i = b0 + j * 32 + lane;
       mv[j] = ms.base ? load_state(ms, i, m_scale) : 0.f;
       vv[j] = vs.base ? load_state(vs, i, v_scale) : 0.f;
       const float w0 = weight.load(i);
@@ -441,10 +454,10 @@ __device__ void for_each_state_block(const Args& a, int t, int64_t start, int64_
       weight.store(i, w0, w);
     }
     if (ms.base) {
-      store_state(ms, i0, valid, block, mv);
+      store_state(ms, b0, valid, block, mv);
     }
     if (vs.base) {
-      store_state(vs, i0, valid, block, vv);
+      store_state(vs, b0, valid, block, vv);
     }
   }
 }
@@ -510,7 +523,9 @@ struct AdamChunkOp {
       return;
     }
     const float step = *static_cast<const float*>(a.data[kStepIdx][t]) + 1.f;
-    const AdamStepFactors f = AdamStepFactors::at_step(op.p, dev.lr_or(op.p.lr), step);
+    const AdamStepFactors f = block_factors<AdamStepFactors>([&] {
+      return AdamStepFactors::at_step(op.p, dev.lr_or(op.p.lr), step);
+    });  // NOTE [Step factors once per block]
     dispatch_dtype(
         a, t, start, n, dev.grad_in(op.p.write_unscaled_grads, op.p.tail_width), WeightOut{store, step_reached(a, t)},
         [&](float& w, float g, float* m, float* v, float* vmax, bool tail) { op(w, g, *m, *v, vmax, f, tail); });

@@ -87,6 +87,21 @@ struct DeviceScalars {
   __device__ double lr_or(double lr_arg) const { return lr != nullptr ? static_cast<double>(*lr) : lr_arg; }
 };
 
+// NOTE [Step factors once per block]
+// A tensor's per-step factors (the bias-correction powers of NOTE [Bias-correction powers]: tens of double-double
+// products) are the same for every thread of a block, whose chunk belongs to one tensor: thread 0 computes them
+// and hands them to the others through shared memory, instead of all 512 threads computing them. A chunk functor
+// calls this once, before any of its threads may return.
+template <typename Factors, typename Compute>
+__device__ AMPKIT_INLINE Factors block_factors(const Compute& compute) {
+  AMPKIT_SHARED(Factors, shared_factors, 1);
+  if (threadIdx.x == 0) {
+    shared_factors[0] = compute();
+  }
+  __syncthreads();
+  return shared_factors[0];
+}
+
 // Step counts live in their own one-element tensors; they are bumped after the update kernel (which reads them).
 constexpr int kMaxStepsPerLaunch = 2000;
 struct StepList {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kernels/amp_functors.h"
+#include "kernels/blockwise8.h"
 #include "kernels/fp8_functors.h"
 #include "kernels/optim_functors.h"
 #include "kernels/stochastic_rounding.h"
@@ -466,4 +467,64 @@ TEST_CASE("fp8_from_float: the nearest FP8 value, ties to even, saturating, over
     }
     CHECK(checked > (uint64_t{1} << 32) / 997);
   }
+}
+
+TEST_CASE("blockwise8_code_tree: the search tree gives blockwise8_code's code on every map value's neighbourhood",
+          "[functors][cpu]") {
+  // NOTE [Quantizer search tree]. Inputs: each map value and its float neighbours, the midpoints between map
+  // values and their neighbours (where the final rounding decides), the ends, specials, and random values.
+  using namespace ampkit::kernels;
+  for (const bool is_signed : {true, false}) {
+    const float* map = blockwise8_map(is_signed);
+    float tree[kQuantBlock];
+    for (int n = 0; n < kQuantBlock; ++n) {
+      tree[n] = map[blockwise8_tree_source(n)];
+    }
+    std::vector<float> inputs = {0.f,
+                                 -0.f,
+                                 1.f,
+                                 -1.f,
+                                 2.f,
+                                 -2.f,
+                                 std::numeric_limits<float>::infinity(),
+                                 -std::numeric_limits<float>::infinity(),
+                                 std::numeric_limits<float>::quiet_NaN(),
+                                 1e-30f,
+                                 -1e-30f,
+                                 FLT_MIN,
+                                 FLT_TRUE_MIN};
+    for (int i = 0; i < kQuantBlock; ++i) {
+      for (const float v : {map[i], i + 1 < kQuantBlock ? 0.5f * (map[i] + map[i + 1]) : map[i]}) {
+        float lo = v;
+        float hi = v;
+        for (int k = 0; k < 3; ++k) {
+          inputs.push_back(lo);
+          inputs.push_back(hi);
+          lo = std::nextafter(lo, -INFINITY);
+          hi = std::nextafter(hi, INFINITY);
+        }
+      }
+    }
+    std::mt19937 rng(8);
+    std::uniform_real_distribution<float> u(-1.25f, 1.25f);
+    for (int i = 0; i < 200000; ++i) {
+      inputs.push_back(std::ldexp(u(rng), -static_cast<int>(rng() % 12)));
+    }
+    int checked = 0;
+    for (const float x : inputs) {
+      for (const float scale : {1.f, 0.75f, 3e-5f}) {
+        const float xs = x * scale;  // x / scale lands on (or next to) the intended input
+        REQUIRE(blockwise8_code_tree(xs, scale, tree, map[kQuantBlock - 1]) == blockwise8_code(xs, scale, map));
+        ++checked;
+      }
+    }
+    CHECK(checked > 600000);
+  }
+  // The layout itself: the root is map[128], level 1 holds map[64] and map[192], the last level the odd indices.
+  CHECK(blockwise8_tree_source(0) == 0);
+  CHECK(blockwise8_tree_source(1) == 128);
+  CHECK(blockwise8_tree_source(2) == 64);
+  CHECK(blockwise8_tree_source(3) == 192);
+  CHECK(blockwise8_tree_source(128) == 1);
+  CHECK(blockwise8_tree_source(255) == 255);
 }
