@@ -41,27 +41,64 @@ TEST_CASE("emulated fp8_quantize: q, q_t and amax match the CPU kernel bit for b
         const auto x = fp8_input(rows, cols, xdtype, rows * 100 + cols);
         const auto scale = rowwise ? torch::rand({rows, 1}) * 300.f : scalar_f32(0.37f);
         const auto [q, amax, q_t] = ampkit::fp8_quantize(x, scale, fp8, true);
-        auto q_emu = at::full({rows, cols}, 0x55, at::kByte);
-        auto q_t_emu = at::full({cols, rows}, 0x55, at::kByte);
-        float amax_emu = 0.f;
-        const kern::Fp8QuantizeParams p{x.data_ptr(),
-                                        dtype_of(xdtype),
-                                        rows,
-                                        cols,
-                                        scale.data_ptr<float>(),
-                                        rowwise,
-                                        q_emu.data_ptr<uint8_t>(),
-                                        q_t_emu.data_ptr<uint8_t>(),
-                                        &amax_emu,
-                                        format_of(fp8)};
-        REQUIRE(kern::launch_fp8_quantize(p, nullptr).ok());
-        REQUIRE(torch::equal(q_emu, q.view(at::kByte)));
-        REQUIRE(torch::equal(q_t_emu, q_t->view(at::kByte)));
-        REQUIRE(bits_equal(scalar_f32(amax_emu), amax.reshape({1})));
+        // With the transposed copy (the tiled path, NOTE [FP8 quantize kernel]) and without it.
+        for (const bool transpose : {true, false}) {
+          INFO((transpose ? "with" : "without") << " the transposed copy");
+          auto q_emu = at::full({rows, cols}, 0x55, at::kByte);
+          auto q_t_emu = at::full({cols, rows}, 0x55, at::kByte);
+          float amax_emu = 0.f;
+          const kern::Fp8QuantizeParams p{x.data_ptr(),
+                                          dtype_of(xdtype),
+                                          rows,
+                                          cols,
+                                          scale.data_ptr<float>(),
+                                          rowwise,
+                                          q_emu.data_ptr<uint8_t>(),
+                                          transpose ? q_t_emu.data_ptr<uint8_t>() : nullptr,
+                                          &amax_emu,
+                                          format_of(fp8)};
+          REQUIRE(kern::launch_fp8_quantize(p, nullptr).ok());
+          REQUIRE(torch::equal(q_emu, q.view(at::kByte)));
+          if (transpose) {
+            REQUIRE(torch::equal(q_t_emu, q_t->view(at::kByte)));
+          } else {
+            REQUIRE(torch::equal(q_t_emu, at::full({cols, rows}, 0x55, at::kByte)));  // untouched
+          }
+          REQUIRE(bits_equal(scalar_f32(amax_emu), amax.reshape({1})));
+        }
       }
     }
   }
 }
+
+#if !defined(AMPKIT_MTA_CHUNK_SIZE)  // (4096 blocks: once, in the build with the real chunk size; about 15 s)
+TEST_CASE("emulated fp8_quantize: more 32 x 32 tiles than blocks, each block walking several", "[emulated]") {
+  // 4101 tiles (one column of them) against a grid of at most 4096 blocks; the last tile row and the tile column
+  // partial.
+  const int64_t rows = 32 * 4100 + 5;
+  const int64_t cols = 8;
+  const auto x = fp8_input(rows, cols, at::kBFloat16, 4101);
+  const auto scale = scalar_f32(2.5f);
+  const auto [q, amax, q_t] = ampkit::fp8_quantize(x, scale, at::ScalarType::Float8_e4m3fn, true);
+  auto q_emu = at::full({rows, cols}, 0x55, at::kByte);
+  auto q_t_emu = at::full({cols, rows}, 0x55, at::kByte);
+  float amax_emu = 0.f;
+  const kern::Fp8QuantizeParams p{x.data_ptr(),
+                                  kern::DType::kBFloat16,
+                                  rows,
+                                  cols,
+                                  scale.data_ptr<float>(),
+                                  false,
+                                  q_emu.data_ptr<uint8_t>(),
+                                  q_t_emu.data_ptr<uint8_t>(),
+                                  &amax_emu,
+                                  kern::Fp8Format::kE4M3};
+  REQUIRE(kern::launch_fp8_quantize(p, nullptr).ok());
+  REQUIRE(torch::equal(q_emu, q.view(at::kByte)));
+  REQUIRE(torch::equal(q_t_emu, q_t->view(at::kByte)));
+  REQUIRE(bits_equal(scalar_f32(amax_emu), amax.reshape({1})));
+}
+#endif
 
 TEST_CASE("emulated fp8_compute_scale matches the CPU kernel on edge amaxes", "[emulated]") {
   const auto amax = torch::tensor({0.f, -0.f, kInf, kNaN, 1e-45f, 1e-40f, 1e-12f, 1.f, 448.f, 3.4e38f});
