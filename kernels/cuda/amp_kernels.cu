@@ -173,20 +173,29 @@ struct CastChunkOp {
 };
 
 // The chunk functor of grad_stats (NOTE [Gradient statistics], [Deterministic norm]). Each thread sums its lane
-// in registers and stores it; the histogram is counted in the block's shared memory and added to the tensor's
-// counter row once per bin and block, the other counts go there with one atomic per thread (integers and a
-// maximum: any order gives the same result).
+// in registers and stores it. The histogram is counted in the block's shared memory with one atomic per distinct
+// bin of a warp instruction (the lanes of a bin found by __match_any_sync, the lowest adds their count) and added
+// to the tensor's counter row once per bin and block; the other counts (integers and a maximum: any order gives
+// the same result) are reduced over the warp by shuffles and over the block in shared memory, and go to the
+// counter row with one atomic each per block. No atomic is made per element on a shared address.
 struct GradStatsChunkOp {
   // Streams of the chunk table: the grads, the tensor's first row of partial sums, the tensor's counter row.
   static constexpr int kGradsIdx = 0;
   static constexpr int kPartialRowsIdx = 1;
   static constexpr int kCounterRowsIdx = 2;
+  static constexpr int kNoBin = kGradHistBins;  // a lane with no element to count this round
 
   const float* inv_scale;
   const double* partials_base;
 
+  struct Counts {  // trivial, as a __shared__ array's type must be
+    unsigned long long non_finite;
+    unsigned long long zeros;
+    uint32_t max_bits;  // of the largest |x| (a non-negative float's bits order as the float)
+  };
+
   template <typename T, typename Args>
-  __device__ void chunk(const Args& args, int t, int64_t start, int64_t n, unsigned* hist) const {
+  __device__ Counts chunk(const Args& args, int t, int64_t start, int64_t n, unsigned* hist) const {
     const T* g = static_cast<const T*>(args.data[kGradsIdx][t]) + start;
     auto* row = static_cast<unsigned long long*>(args.data[kCounterRowsIdx][t]);
     double* first_partial = static_cast<double*>(args.data[kPartialRowsIdx][t]);
@@ -196,56 +205,86 @@ struct GradStatsChunkOp {
       row[kGradStatsCounterColumns - 1] = static_cast<unsigned long long>(args.numel[t]);
     }
     const float inv = inv_scale != nullptr ? *inv_scale : 1.f;
+    const int lane = static_cast<int>(threadIdx.x % 32);
     double sum = 0.0;
-    unsigned long long non_finite = 0;
-    unsigned long long zeros = 0;
+    Counts c{0, 0, 0};
     float max_abs = 0.f;
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {  // lane threadIdx.x (NOTE [Deterministic norm])
-      const float x = cuda::to_opmath(cuda::global_load(g + i));
-      if (is_non_finite(x)) {
-        ++non_finite;
-      } else if (x == 0.f) {
-        ++zeros;
-      } else {
-        const double xd = static_cast<double>(x);
-        sum = __dadd_rn(sum, __dmul_rn(xd, xd));  // no contraction: the CPU's order and rounding
-        const float a = x < 0.f ? -x : x;
-        max_abs = a > max_abs ? a : max_abs;
-        atomicAdd(hist + grad_hist_bin(x, inv), 1u);
+    // Lane threadIdx.x (NOTE [Deterministic norm]); the loop runs while its warp has an element, so that every
+    // lane takes part in the match.
+    for (int64_t i = threadIdx.x; i - lane < n; i += blockDim.x) {
+      int bin = kNoBin;
+      if (i < n) {
+        const float x = cuda::to_opmath(cuda::global_load(g + i));
+        if (is_non_finite(x)) {
+          ++c.non_finite;
+        } else if (x == 0.f) {
+          ++c.zeros;
+        } else {
+          const double xd = static_cast<double>(x);
+          sum = __dadd_rn(sum, __dmul_rn(xd, xd));  // no contraction: the CPU's order and rounding
+          const float a = x < 0.f ? -x : x;
+          max_abs = a > max_abs ? a : max_abs;
+          bin = grad_hist_bin(x, inv);
+        }
+      }
+      const unsigned peers = __match_any_sync(0xffffffffu, bin);
+      if (bin != kNoBin && __ffs(static_cast<int>(peers)) - 1 == lane) {
+        atomicAdd(hist + bin, static_cast<unsigned>(__popc(peers)));
       }
     }
     cuda::global_store(first_partial + chunk * kNormLanes + threadIdx.x, sum);
-    if (non_finite != 0) {
-      atomicAdd(row + kStatNonFinite, non_finite);
-    }
-    if (zeros != 0) {
-      atomicAdd(row + kStatZeros, zeros);
-    }
-    if (max_abs > 0.f) {
-      atomicMax(row, static_cast<unsigned long long>(bit_cast<uint32_t>(max_abs)));
-    }
+    c.max_bits = bit_cast<uint32_t>(max_abs);
+    return c;
   }
 
   template <typename Args>
   __device__ void operator()(const Args& args, int t, int64_t start, int64_t n) const {
     AMPKIT_SHARED(unsigned, hist, kGradHistBins);  // at most kChunkSize per bin
+    AMPKIT_SHARED(Counts, warp_counts, cuda::kBlockThreads / 32);
     for (int b = threadIdx.x; b < kGradHistBins; b += blockDim.x) {
       hist[b] = 0u;
     }
     __syncthreads();
+    Counts c{0, 0, 0};
     switch (args.dtype[kGradsIdx][t]) {
       case DType::kFloat16:
-        chunk<__half>(args, t, start, n, hist);
+        c = chunk<__half>(args, t, start, n, hist);
         break;
       case DType::kBFloat16:
-        chunk<__nv_bfloat16>(args, t, start, n, hist);
+        c = chunk<__nv_bfloat16>(args, t, start, n, hist);
         break;
       default:
-        chunk<float>(args, t, start, n, hist);
+        c = chunk<float>(args, t, start, n, hist);
         break;
+    }
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) {
+      c.non_finite += __shfl_xor_sync(0xffffffffu, c.non_finite, offset);
+      c.zeros += __shfl_xor_sync(0xffffffffu, c.zeros, offset);
+      const uint32_t other = __shfl_xor_sync(0xffffffffu, c.max_bits, offset);
+      c.max_bits = other > c.max_bits ? other : c.max_bits;
+    }
+    if (threadIdx.x % 32 == 0) {
+      warp_counts[threadIdx.x / 32] = c;
     }
     __syncthreads();
     auto* row = static_cast<unsigned long long*>(args.data[kCounterRowsIdx][t]);
+    if (threadIdx.x == 0) {
+      for (unsigned w = 1; w < blockDim.x / 32; ++w) {
+        c.non_finite += warp_counts[w].non_finite;
+        c.zeros += warp_counts[w].zeros;
+        c.max_bits = warp_counts[w].max_bits > c.max_bits ? warp_counts[w].max_bits : c.max_bits;
+      }
+      if (c.non_finite != 0) {
+        atomicAdd(row + kStatNonFinite, c.non_finite);
+      }
+      if (c.zeros != 0) {
+        atomicAdd(row + kStatZeros, c.zeros);
+      }
+      if (c.max_bits != 0) {
+        atomicMax(row, static_cast<unsigned long long>(c.max_bits));
+      }
+    }
     for (int b = threadIdx.x; b < kGradHistBins; b += blockDim.x) {
       if (hist[b] != 0u) {
         atomicAdd(row + 4 + b, static_cast<unsigned long long>(hist[b]));
