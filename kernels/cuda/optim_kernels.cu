@@ -462,10 +462,11 @@ __device__ void for_each_state_block(const Args& a, int t, int64_t start, int64_
   }
 }
 
-template <typename Args, typename Body>
+// kStateBlocks: the kernel of the tensors whose moments are not both FP32 (NOTE [Moment storage kernels]).
+template <bool kStateBlocks, typename Args, typename Body>
 __device__ void dispatch_dtype(const Args& a, int t, int64_t start, int64_t n, const GradIn& gin, const WeightOut& out,
                                const Body& body) {
-  if (a.dtype[kExpAvgIdx][t] != DType::kFloat32 || a.dtype[kExpAvgSqIdx][t] != DType::kFloat32) {
+  if constexpr (kStateBlocks) {
     switch (a.dtype[kParamIdx][t]) {  // NOTE [State-block chunk loop]
       case DType::kFloat16:
         for_each_state_block<__half>(a, t, start, n, gin, out, body);
@@ -478,30 +479,31 @@ __device__ void dispatch_dtype(const Args& a, int t, int64_t start, int64_t n, c
         break;
     }
     return;
-  }
-  switch (a.dtype[kParamIdx][t]) {
-    case DType::kFloat16:
-      for_each_element<__half, WeightStore::kDirect>(a, t, start, n, gin, out, body);
-      break;
-    case DType::kBFloat16:
-      switch (out.store) {
-        case WeightStore::kRemainder:
-          for_each_element<__nv_bfloat16, WeightStore::kRemainder>(a, t, start, n, gin, out, body);
-          break;
-        case WeightStore::kKahan:
-          for_each_element<__nv_bfloat16, WeightStore::kKahan>(a, t, start, n, gin, out, body);
-          break;
-        case WeightStore::kStochastic:
-          for_each_element<__nv_bfloat16, WeightStore::kStochastic>(a, t, start, n, gin, out, body);
-          break;
-        default:
-          for_each_element<__nv_bfloat16, WeightStore::kDirect>(a, t, start, n, gin, out, body);
-          break;
-      }
-      break;
-    default:
-      for_each_element<float, WeightStore::kDirect>(a, t, start, n, gin, out, body);
-      break;
+  } else {
+    switch (a.dtype[kParamIdx][t]) {
+      case DType::kFloat16:
+        for_each_element<__half, WeightStore::kDirect>(a, t, start, n, gin, out, body);
+        break;
+      case DType::kBFloat16:
+        switch (out.store) {
+          case WeightStore::kRemainder:
+            for_each_element<__nv_bfloat16, WeightStore::kRemainder>(a, t, start, n, gin, out, body);
+            break;
+          case WeightStore::kKahan:
+            for_each_element<__nv_bfloat16, WeightStore::kKahan>(a, t, start, n, gin, out, body);
+            break;
+          case WeightStore::kStochastic:
+            for_each_element<__nv_bfloat16, WeightStore::kStochastic>(a, t, start, n, gin, out, body);
+            break;
+          default:
+            for_each_element<__nv_bfloat16, WeightStore::kDirect>(a, t, start, n, gin, out, body);
+            break;
+        }
+        break;
+      default:
+        for_each_element<float, WeightStore::kDirect>(a, t, start, n, gin, out, body);
+        break;
+    }
   }
 }
 
@@ -512,6 +514,7 @@ __device__ AMPKIT_INLINE uint32_t step_reached(const Args& a, int t) {
   return step != nullptr ? static_cast<uint32_t>(*step + 1.f) : 0u;
 }
 
+template <bool kStateBlocks>
 struct AdamChunkOp {
   AdamOp op;
   DeviceScalars dev;
@@ -526,12 +529,13 @@ struct AdamChunkOp {
     const AdamStepFactors f = block_factors<AdamStepFactors>([&] {
       return AdamStepFactors::at_step(op.p, dev.lr_or(op.p.lr), step);
     });  // NOTE [Step factors once per block]
-    dispatch_dtype(
+    dispatch_dtype<kStateBlocks>(
         a, t, start, n, dev.grad_in(op.p.write_unscaled_grads, op.p.tail_width), WeightOut{store, step_reached(a, t)},
         [&](float& w, float g, float* m, float* v, float* vmax, bool tail) { op(w, g, *m, *v, vmax, f, tail); });
   }
 };
 
+template <bool kStateBlocks>
 struct SgdChunkOp {
   SgdOp op;
   DeviceScalars dev;
@@ -546,31 +550,31 @@ struct SgdChunkOp {
     p.lr = dev.lr_or(p.lr);
     const SgdOp step_op(p);
     const bool first = a.data[kStepIdx][t] == nullptr || *static_cast<const float*>(a.data[kStepIdx][t]) == 0.f;
-    dispatch_dtype(a, t, start, n, dev.grad_in(p.write_unscaled_grads, p.tail_width),
-                   WeightOut{store, step_reached(a, t)},
-                   [&](float& w, float g, float* buf, float*, float*, bool tail) { step_op(w, g, buf, first, tail); });
+    dispatch_dtype<kStateBlocks>(
+        a, t, start, n, dev.grad_in(p.write_unscaled_grads, p.tail_width), WeightOut{store, step_reached(a, t)},
+        [&](float& w, float g, float* buf, float*, float*, bool tail) { step_op(w, g, buf, first, tail); });
   }
 };
 
 // NOTE [Kernel parameter budget] states how many tensors one optimizer launch takes.
-static_assert(cuda::MultiTensorArgsFor<kStreams, AdamChunkOp>::kMaxTensors == 192 &&
-                  cuda::MultiTensorArgsFor<kStreams, SgdChunkOp>::kMaxTensors == 192,
+static_assert(cuda::MultiTensorArgsFor<kStreams, AdamChunkOp<false>>::kMaxTensors == 192 &&
+                  cuda::MultiTensorArgsFor<kStreams, AdamChunkOp<true>>::kMaxTensors == 192 &&
+                  cuda::MultiTensorArgsFor<kStreams, SgdChunkOp<false>>::kMaxTensors == 192 &&
+                  cuda::MultiTensorArgsFor<kStreams, SgdChunkOp<true>>::kMaxTensors == 192,
               "the optimizer steps take 192 tensors per launch");
 
 }  // namespace
 
 LaunchStatus launch_adam_step(const OptimTensor* tensors, int64_t n, const AdamParams& params, const float* grad_scale,
                               const float* found_inf, const float* lr, cudaStream_t stream) {
-  return launch_step(tensors, n,
-                     AdamChunkOp{AdamOp{params}, DeviceScalars{grad_scale, found_inf, lr}, weight_store(tensors, n)},
-                     found_inf, stream);
+  return launch_step_by_storage<AdamChunkOp>(tensors, n, found_inf, stream, AdamOp{params},
+                                             DeviceScalars{grad_scale, found_inf, lr}, weight_store(tensors, n));
 }
 
 LaunchStatus launch_sgd_step(const OptimTensor* tensors, int64_t n, const SgdParams& params, const float* grad_scale,
                              const float* found_inf, const float* lr, cudaStream_t stream) {
-  return launch_step(tensors, n,
-                     SgdChunkOp{SgdOp{params}, DeviceScalars{grad_scale, found_inf, lr}, weight_store(tensors, n)},
-                     found_inf, stream);
+  return launch_step_by_storage<SgdChunkOp>(tensors, n, found_inf, stream, SgdOp{params},
+                                            DeviceScalars{grad_scale, found_inf, lr}, weight_store(tensors, n));
 }
 
 }  // namespace ampkit::kernels

@@ -151,11 +151,9 @@ LaunchStatus launch_passes(const OptimTensor* tensors, int64_t n, const ChunkOp&
   return cuda::multi_tensor_apply<kStreams>(heads, n, op, stream);
 }
 
-// The pass of `op`, then every step count += 1 (unless *found_inf != 0).
-template <typename ChunkOp>
-LaunchStatus launch_step(const OptimTensor* tensors, int64_t n, const ChunkOp& op, const float* found_inf,
-                         cudaStream_t stream) {
-  LaunchStatus status = launch_passes(tensors, n, op, stream);
+// Every step count += 1 (unless *found_inf != 0), after the passes that read them; adds to `status`.
+inline void launch_increment_steps(const OptimTensor* tensors, int64_t n, const float* found_inf, cudaStream_t stream,
+                                   LaunchStatus& status) {
   StepList steps;
   steps.n = 0;
   auto flush = [&]() {
@@ -174,6 +172,47 @@ LaunchStatus launch_step(const OptimTensor* tensors, int64_t n, const ChunkOp& o
   }
   if (status.ok() && steps.n > 0) {
     flush();
+  }
+}
+
+// The pass of `op`, then every step count += 1 (unless *found_inf != 0).
+template <typename ChunkOp>
+LaunchStatus launch_step(const OptimTensor* tensors, int64_t n, const ChunkOp& op, const float* found_inf,
+                         cudaStream_t stream) {
+  LaunchStatus status = launch_passes(tensors, n, op, stream);
+  launch_increment_steps(tensors, n, found_inf, stream, status);
+  return status;
+}
+
+// NOTE [Moment storage kernels]
+// A tensor whose moments are not both FP32 (BF16 or 8-bit: NOTE [State-block chunk loop]) and one whose moments are
+// FP32 run different loops; in one kernel, the state-block loop's registers (a lane's 8 moments of each kind in
+// flight) would set the register allocation of the whole kernel, and ptxas spilled the Adam kernel for every
+// tensor. So each step is two kernels, one per kind of moment storage (`Op<false>`: FP32 moments, `Op<true>`: the
+// state-block loop), each launched over the tensors of its kind (in list order), then the step counts.
+template <template <bool> class ChunkOp, typename... Members>
+LaunchStatus launch_step_by_storage(const OptimTensor* tensors, int64_t n, const float* found_inf, cudaStream_t stream,
+                                    const Members&... members) {
+  std::vector<OptimTensor> fp32_moments;
+  std::vector<OptimTensor> state_blocks;
+  for (int64_t i = 0; i < n; ++i) {
+    const bool blocks =
+        tensors[i].exp_avg_type != StateType::kFloat32 || tensors[i].exp_avg_sq_type != StateType::kFloat32;
+    (blocks ? state_blocks : fp32_moments).push_back(tensors[i]);
+  }
+  LaunchStatus status;
+  if (!fp32_moments.empty()) {
+    status = launch_passes(fp32_moments.data(), static_cast<int64_t>(fp32_moments.size()), ChunkOp<false>{members...},
+                           stream);
+  }
+  if (status.ok() && !state_blocks.empty()) {
+    const LaunchStatus more = launch_passes(state_blocks.data(), static_cast<int64_t>(state_blocks.size()),
+                                            ChunkOp<true>{members...}, stream);
+    status.error = more.error;
+    status.launches += more.launches;
+  }
+  if (status.ok()) {
+    launch_increment_steps(tensors, n, found_inf, stream, status);
   }
   return status;
 }
