@@ -5,7 +5,8 @@ of the optimizers and the grad checks of the scaler are elementwise, so each ran
 ``p._local_tensor`` shares storage with the DTensor ``p`` and ``p.grad._local_tensor`` with its grad, so writes to
 them are writes to the DTensors. Optimizer states are kept as DTensors of the parameter's layout (as torch.optim
 keeps them: ``zeros_like`` of a DTensor is a DTensor), so that ``state_dict()`` and
-``torch.distributed.checkpoint`` see the same state as with torch.optim; ``step`` stays a plain scalar tensor.
+``torch.distributed.checkpoint`` see the same state as with torch.optim; ``step`` stays a plain scalar tensor. An
+8-bit state is packed per local shard instead (NOTE [8-bit states of DTensor parameters] below).
 
 An Inf/NaN in a sharded grad is seen only by the rank that holds that shard: ``all_reduce_found_inf`` all-reduces
 found_inf (MAX) over the mesh dimensions the grads are not replicated on, as torch's DTensor does for
@@ -90,6 +91,104 @@ def local_grads(params: list, where: str = "ampkit") -> Iterator[list]:
             lp.grad = old
 
 
+# NOTE [8-bit states of DTensor parameters]
+# An 8-bit moment (NOTE [8-bit block-wise states] in kernels/blockwise8.h) is one packed uint8 tensor: the codes of
+# its blocks of 256 elements, then their FP32 absmaxes. It cannot be sharded like its parameter, so each rank keeps
+# the packed state of its local shard: the blocks are laid out per local shard, block 0 starting at the shard's
+# first element. Whether a moment is 8-bit is decided by the whole parameter (4096 elements or more, as without
+# sharding), so that every rank holds the same kind of state for it; a rank whose shard is small gets a packed state
+# all the same (an empty shard an empty one).
+# For state_dict() and torch.distributed.checkpoint the packed states of one parameter form a DTensor of shape
+# (s_1, ..., s_k, B) on the parameter's mesh: one row per shard, s_i the size of the i-th mesh dimension the
+# parameter is sharded on (placement Shard(i - 1) there, Replicate where the parameter is replicated), B the bytes
+# of the packed state of the largest local shard; a rank's row is its packed state, then zero padding. DCP saves
+# each rank's row and loads it back into the same rank under the same sharding, bit for bit. A checkpoint of
+# another number of shards has another shape: DCP refuses it (its "Size mismatch between saved ... and current"
+# names the state and both shapes) and load_state_dict refuses it too (naming the optimizer, the state and both
+# shapes), never reading one rank's blocks as another's. A DTensor state of the same shape from another layout of
+# the same number of shards (a parameter sharded on another dimension) cannot be told apart: resume on the
+# sharding the checkpoint was saved from.
+# For a parameter sharded on dim 0 (FSDP2), where every local shard's numel is a multiple of 256 the blocks are
+# those of the unsharded parameter and a sharded step is bit-identical to an unsharded one; otherwise the blocks
+# that straddle a shard boundary are cut in two, each part quantized with its own absmax, and the steps differ by
+# that quantization.
+_QUANT_BLOCK = 256  # kQuantBlock, kernels/blockwise8.h
+_BLOCK_BYTES = _QUANT_BLOCK + 4  # a block's codes and its FP32 absmax
+BLOCKWISE8_MIN_NUMEL = 4096  # kBlockwise8MinNumel, csrc/include/ampkit/ops.h
+_MOMENTS = ("exp_avg", "exp_avg_sq", "momentum_buffer")
+
+
+def blockwise8_bytes(numel: int) -> int:
+    """The bytes of the packed 8-bit state of ``numel`` elements (``ampkit::blockwise8_state_bytes``)."""
+    return -(-numel // _QUANT_BLOCK) * _BLOCK_BYTES
+
+
+def is_packed(key: str, value: object) -> bool:
+    """Whether state entry ``key`` holds an 8-bit state (a moment kept as uint8)."""
+    return key in _MOMENTS and torch.is_tensor(value) and value.dtype == torch.uint8
+
+
+def _packed_layout(p: torch.Tensor, where: str = "ampkit") -> tuple:
+    """The global shape and placements of the packed states of the DTensor parameter ``p``; a shard larger than the
+    first (a placement that does not chunk as torch.chunk) raises NotImplementedError."""
+    from torch.distributed.tensor import Replicate, Shard
+    mesh = p.device_mesh
+    sizes = list(p.shape)
+    rows, placements = [], []
+    for dim, placement in enumerate(p.placements):
+        if isinstance(placement, Replicate):
+            placements.append(Replicate())
+            continue
+        if isinstance(placement, Shard):  # chunked as torch.chunk: the first shard is the largest
+            d = placement.dim % max(len(sizes), 1)
+            sizes[d] = -(-sizes[d] // mesh.size(dim))
+        placements.append(Shard(len(rows)))
+        rows.append(mesh.size(dim))
+    largest = 1
+    for s in sizes:
+        largest *= s
+    if p._local_tensor.numel() > largest:
+        raise NotImplementedError(
+            f"{where}: 8-bit states of a DTensor parameter of shape {tuple(p.shape)} with placements "
+            f"{tuple(p.placements)}, whose local shard of {p._local_tensor.numel()} elements is larger than the "
+            f"first shard ({largest}); use torch.bfloat16 states for this sharding")
+    return tuple(rows) + (blockwise8_bytes(largest),), tuple(placements)
+
+
+def wrap_packed(value: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """The packed state ``value`` of ``p``'s local shard as this rank's row of the DTensor of NOTE [8-bit states of
+    DTensor parameters] (no communication). A row made by :func:`packed_zeros` is used as it is, without a copy."""
+    from torch.distributed.tensor import DTensor
+    shape, placements = _packed_layout(p)
+    local_shape = (1,) * (len(shape) - 1) + shape[-1:]
+    row = value._base
+    if not (row is not None and tuple(row.shape) == local_shape and row.data_ptr() == value.data_ptr()
+            and row.is_contiguous()):
+        row = torch.zeros(local_shape, dtype=torch.uint8, device=value.device)
+        row.view(-1)[:value.numel()].copy_(value)
+    stride = tuple(torch.empty(shape, device="meta").stride())
+    return DTensor.from_local(row, p.device_mesh, placements, run_check=False, shape=torch.Size(shape), stride=stride)
+
+
+def packed_zeros(p: torch.Tensor, where: str) -> torch.Tensor:
+    """A new packed state of zeros for ``p``'s local shard: a view of its zero-padded row (:func:`wrap_packed`)."""
+    shape, _ = _packed_layout(p, where)
+    row = torch.zeros((1,) * (len(shape) - 1) + shape[-1:], dtype=torch.uint8, device=p._local_tensor.device)
+    return row.view(-1)[:blockwise8_bytes(p._local_tensor.numel())]
+
+
+def packed_local(value: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """The packed state of ``p``'s local shard held by the packed DTensor ``value``: a view of this rank's row (the
+    fused step updates it in place)."""
+    return value._local_tensor.reshape(-1)[:blockwise8_bytes(p._local_tensor.numel())]
+
+
+def wrap_state(key: str, value: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """A state entry made on ``p``'s local shard, as a DTensor: a packed 8-bit state by :func:`wrap_packed`,
+    another by :func:`wrap_like`."""
+    return wrap_packed(value, p) if is_packed(key, value) else wrap_like(value, p)
+
+
 def wrap_like(value: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
     """A state tensor made on ``p``'s local shard, as a DTensor of ``p``'s layout (no communication)."""
     from torch.distributed.tensor import DTensor
@@ -99,11 +198,23 @@ def wrap_like(value: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
                               stride=p.stride())
 
 
-def local_entry(value: torch.Tensor, p: torch.Tensor, where: str) -> torch.Tensor:
-    """The local shard of a state entry loaded for the DTensor parameter ``p``; a DTensor entry must have ``p``'s
-    layout (else its shard would be another part of the tensor than ``p``'s)."""
+def local_entry(key: str, value: torch.Tensor, p: torch.Tensor, where: str) -> torch.Tensor:
+    """The local shard of state entry ``key`` loaded for the DTensor parameter ``p``; a DTensor entry must have
+    ``p``'s layout (else its shard would be another part of the tensor than ``p``'s), a packed 8-bit one the layout
+    of NOTE [8-bit states of DTensor parameters] (else it was saved under another sharding)."""
     if not is_dtensor(value):
         return value
+    if is_packed(key, value):
+        shape, placements = _packed_layout(p)
+        if value.device_mesh != p.device_mesh or tuple(value.placements) != placements or tuple(value.shape) != shape:
+            raise ValueError(
+                f"{where}: an 8-bit state of shape {tuple(value.shape)} with placements {tuple(value.placements)}, "
+                f"but a parameter of shape {tuple(p.shape)} with placements {tuple(p.placements)} keeps its 8-bit "
+                f"states in shape {shape} with placements {placements} (one row of packed blocks per shard): it was "
+                "saved under another sharding (another number of ranks?). 8-bit states are packed per local shard "
+                "and load only into the sharding they were saved from; to reshard, load them there into an "
+                "optimizer with FP32 moments (load_state_dict dequantizes each shard) and save that")
+        return packed_local(value, p)
     if value.device_mesh != p.device_mesh or tuple(value.placements) != tuple(p.placements):
         raise ValueError(f"{where}: a DTensor state with placements {tuple(value.placements)} for a parameter with "
                          f"placements {tuple(p.placements)} (or on another mesh); redistribute it to the "
@@ -111,15 +222,18 @@ def local_entry(value: torch.Tensor, p: torch.Tensor, where: str) -> torch.Tenso
     return value._local_tensor
 
 
-def local_state(state: dict) -> dict:
-    """A copy of a parameter's state with DTensor entries replaced by their local shards."""
-    return {k: v._local_tensor if is_dtensor(v) else v for k, v in state.items()}
+def local_state(state: dict, p: torch.Tensor) -> dict:
+    """A copy of the state of parameter ``p`` with DTensor entries replaced by their local shards (a packed 8-bit
+    state by the packed state of ``p``'s local shard)."""
+    return {k: (packed_local(v, p) if is_packed(k, v) else v._local_tensor) if is_dtensor(v) else v
+            for k, v in state.items()}
 
 
 def store_state(p: torch.Tensor, state: dict, before: dict, after: dict) -> None:
     """Writes back into ``state`` what the core changed in ``after`` (a ``local_state`` copy, ``before`` as it
-    was passed): new or replaced tensors are wrapped as DTensors of ``p``'s layout (``step`` stays a plain scalar,
-    as torch.optim keeps it), removed entries are removed; untouched entries keep their DTensor objects."""
+    was passed): new or replaced tensors are wrapped as DTensors of ``p``'s layout, packed 8-bit states as NOTE
+    [8-bit states of DTensor parameters] says (``step`` stays a plain scalar, as torch.optim keeps it), removed
+    entries are removed; untouched entries keep their DTensor objects."""
     for key in list(state):
         if key not in after:
             del state[key]
@@ -127,7 +241,7 @@ def store_state(p: torch.Tensor, state: dict, before: dict, after: dict) -> None
         if key in before and before[key] is value:
             continue
         if key != "step" and is_dtensor(p) and torch.is_tensor(value) and not is_dtensor(value):
-            value = wrap_like(value, p)
+            value = wrap_state(key, value, p)
         state[key] = value
 
 
@@ -188,3 +302,4 @@ def all_reduce_found_inf(found_infs: Iterable[torch.Tensor], params: Iterable[to
     for group in groups:
         for t in flags:
             dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+

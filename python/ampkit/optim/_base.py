@@ -38,8 +38,9 @@ class _FusedOptimizer(torch.optim.Optimizer):
     _master_modes: tuple[str, ...] = ("remainder", "stochastic", "kahan")
     _core_checks_first = True  # step() runs nothing before the core's checks of a group (LAMB: its grad norm)
     # The group options that pick the moments' dtypes (torch.float32, torch.bfloat16, torch.uint8: NOTE [8-bit
-    # block-wise states] in kernels/blockwise8.h); None is FP32.
+    # block-wise states] in kernels/blockwise8.h); None is FP32. _state_dtype_entries: the state entry of each.
     _state_dtype_keys: tuple[str, ...] = ()
+    _state_dtype_entries: tuple[str, ...] = ()
 
     def add_param_group(self, param_group: dict) -> None:
         """torch.optim's add_param_group, with the group's values checked (with the defaults it will take) before
@@ -109,7 +110,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
                     _core()._optim_init_master(p, self.state[p])
                     continue
                 state = self.state[p]
-                before = _dtensor.local_state(state)
+                before = _dtensor.local_state(state, p)
                 after = dict(before)
                 _core()._optim_init_master(_dtensor.local(p), after)
                 _dtensor.store_state(p, state, before, after)
@@ -135,11 +136,6 @@ class _FusedOptimizer(torch.optim.Optimizer):
             self._check_group(group)
             if not checked_by_core:
                 self._check_tensors(group)
-            if any(group.get(k) is torch.uint8 for k in self._state_dtype_keys) and _dtensor.any_dtensor(
-                    group["params"]):
-                raise NotImplementedError(
-                    f"{type(self).__name__}: 8-bit states (torch.uint8) with DTensor parameters (FSDP2): a packed "
-                    "state is not sharded like its parameter; use torch.bfloat16 states there")
 
     def _check_tensors(self, group: dict) -> None:
         name = type(self).__name__
@@ -193,15 +189,34 @@ class _FusedOptimizer(torch.optim.Optimizer):
         """The global grad norm a step needs before its first update (LAMB's clipping); None: not needed."""
         return None
 
+    def _packed_entries(self, group: dict) -> list:
+        """The state entries the group keeps as 8-bit states (on parameters of 4096 elements or more)."""
+        return [entry for key, entry in zip(self._state_dtype_keys, self._state_dtype_entries)
+                if group.get(key) is torch.uint8]
+
     def _local_step(self, group: dict, params: list, states: list, grad_scale, found_inf) -> None:
         """The step of a group holding DTensor parameters: the core updates each rank's local shards (params,
-        grads and states share storage with the DTensors); states it creates are stored as DTensors."""
+        grads and states share storage with the DTensors); states it creates are stored as DTensors. 8-bit states
+        follow the whole parameter (NOTE [8-bit states of DTensor parameters] in ampkit/_dtensor.py): they are
+        made here, with the step count, for every shard of a parameter of 4096 elements or more, small shards
+        included (the core would keep FP32 for those)."""
         name = type(self).__name__
-        before = [_dtensor.local_state(st) for st in states]
+        core = _core()
+        before = [_dtensor.local_state(st, p) for p, st in zip(params, states)]
         after = [dict(b) for b in before]
+        packed = self._packed_entries(group)
+        for p, a in zip(params, after):
+            missing = [k for k in packed if k not in a]
+            if (not missing or not _dtensor.is_dtensor(p) or p.numel() < _dtensor.BLOCKWISE8_MIN_NUMEL
+                    or not core._optim_takes_fused(_dtensor.local(p))):
+                continue
+            if "step" not in a:  # a moment present without a step would be taken for a loaded one (SGD)
+                a["step"] = torch.ops.ampkit.make_optim_state(_dtensor.local(p), ["step"])[0]
+            for k in missing:
+                a[k] = _dtensor.packed_zeros(p, name)
         with _dtensor.local_grads(params, name) as local_params:
-            _core()._optim_step(self._kind, name, group, local_params, after, grad_scale, found_inf,
-                                self.write_unscaled_grads, None)
+            core._optim_step(self._kind, name, group, local_params, after, grad_scale, found_inf,
+                             self.write_unscaled_grads, None)
         for p, st, b, a in zip(params, states, before, after):
             _dtensor.store_state(p, st, b, a)
 
@@ -242,7 +257,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
                        if torch.is_tensor(v) or k == "step" and isinstance(v, (int, float))]
             if _dtensor.is_dtensor(p):  # DTensor states (torch.optim's, DCP's) are checked on local shards
                 where = f"{name}.load_state_dict: state[{pid!r}]"
-                entries = [(k, _dtensor.local_entry(v, p, f"{where}[{k!r}]")) for k, v in entries]
+                entries = [(k, _dtensor.local_entry(k, v, p, f"{where}[{k!r}]")) for k, v in entries]
             core._optim_check_loaded_state(self._kind, name, group, f"state[{pid!r}]", _dtensor.local(p), entries)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -269,11 +284,27 @@ class _FusedOptimizer(torch.optim.Optimizer):
             # it is already in the group's dtype).
             for key, value in saved.get(pid, {}).items():
                 if _dtensor.is_dtensor(p):
-                    loaded = core._optim_loaded_entry(self._kind, name, group, key, _dtensor.local(value),
-                                                      _dtensor.local(p))
-                    self.state[p][key] = loaded if key == "step" else _dtensor.wrap_like(loaded, p)
+                    self.state[p][key] = self._loaded_shard_entry(group, key, value, p, pid)
                 else:
                     self.state[p][key] = core._optim_loaded_entry(self._kind, name, group, key, value, p)
+
+    def _loaded_shard_entry(self, group: dict, key: str, value: torch.Tensor, p: torch.Tensor, pid) -> torch.Tensor:
+        """A loaded state entry of the DTensor parameter ``p``, converted on its local shard as the core converts a
+        plain parameter's and wrapped as a DTensor again. An 8-bit state follows the whole parameter (NOTE [8-bit
+        states of DTensor parameters] in ampkit/_dtensor.py): where the core would keep FP32 for a small shard, the
+        shard's packed state is kept bit for bit, or its moment quantized, here."""
+        core = _core()
+        lp = _dtensor.local(p)
+        local = _dtensor.local_entry(key, value, p, f"{type(self).__name__}.load_state_dict: state[{pid!r}][{key!r}]")
+        if (key in self._packed_entries(group) and lp.numel() < _dtensor.BLOCKWISE8_MIN_NUMEL <= p.numel()
+                and core._optim_takes_fused(lp)):
+            if local.dtype != torch.uint8:  # in the parameter's layout first: a packed state is in memory order
+                moment = torch.empty_like(lp, dtype=torch.float32).copy_(local)
+                local = core._blockwise8_quantize(moment, key != "exp_avg_sq")
+            loaded = local.to(lp.device, copy=True)
+        else:
+            loaded = core._optim_loaded_entry(self._kind, type(self).__name__, group, key, local, lp)
+        return loaded if key == "step" else _dtensor.wrap_state(key, loaded, p)
 
     def __setstate__(self, state: dict) -> None:
         # torch.optim's defaults for keys an older torch did not save, and Python-number steps made tensors.

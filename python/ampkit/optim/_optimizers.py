@@ -24,6 +24,7 @@ class Adam(_FusedOptimizer):
     _decoupled_default = False
     _flags = ("amsgrad", "maximize", "decoupled_weight_decay")
     _state_dtype_keys = ("exp_avg_dtype", "exp_avg_sq_dtype")
+    _state_dtype_entries = ("exp_avg", "exp_avg_sq")
     _group_defaults = dict(amsgrad=False, maximize=False, foreach=None, capturable=False, differentiable=False,
                            decoupled_weight_decay=False, fused=None, master_weights=None, exp_avg_dtype=None,
                            exp_avg_sq_dtype=None)
@@ -115,6 +116,7 @@ class SGD(_FusedOptimizer):
     _kind = "sgd"
     _flags = ("nesterov", "maximize")
     _state_dtype_keys = ("momentum_dtype",)
+    _state_dtype_entries = ("momentum_buffer",)
     _group_defaults = dict(nesterov=False, maximize=False, foreach=None, differentiable=False, fused=False,
                            master_weights=None, momentum_dtype=None)
 
@@ -132,6 +134,9 @@ class SGD(_FusedOptimizer):
                         differentiable=differentiable, fused=fused)
         super().__init__(params, defaults)
         _check_fused_flags(fused, foreach, differentiable)
+
+    def _packed_entries(self, group: dict) -> list:
+        return super()._packed_entries(group) if group["momentum"] != 0 else []  # no buffer without momentum
 
     @classmethod
     def _check_values(cls, group: dict) -> None:
