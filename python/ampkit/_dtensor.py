@@ -303,3 +303,45 @@ def all_reduce_found_inf(found_infs: Iterable[torch.Tensor], params: Iterable[to
         for t in flags:
             dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
 
+
+# NOTE [Norms of sharded grads]
+# A global grad norm (LAMB's clipping) over DTensor grads needs every rank's shards. Each rank takes the norm of the
+# local shards it holds with ampkit's own grad norm (the order of NOTE [Deterministic norm], divided by grad_scale,
+# rounded once to FP32, as an unsharded step takes it); its square, exact in float64, is that rank's partial sum of
+# squares. The partial sums are all-gathered (one collective per mesh dimension the grads are sharded on: one for
+# FSDP2) and every rank adds the same gathered values the same way in float64, so the ranks agree bit for bit (an
+# all-reduce leaves the order of the adds to the backend); the root of the total is rounded once to FP32. With one
+# shard this gives the unsharded norm's bits; with several, the shard sums are rounded once each before they are
+# added, so the norm may differ from an unsharded run's by a few units in the last place of FP32. DTensor grads on
+# several meshes or placements are reduced group by group; plain tensors count once (replicated on every rank).
+def global_grad_norm(grads: list, grad_scale: Optional[torch.Tensor]) -> torch.Tensor:
+    """The L2 norm of the whole tensors whose (local shards of) grads are ``grads``, divided by ``grad_scale``: a
+    0-dim FP32 tensor on the first grad's device, the same bits on every rank (NOTE [Norms of sharded grads])."""
+    import torch.distributed as dist
+    from torch.distributed.tensor import Replicate
+
+    from . import ops
+    # (mesh, the mesh dims the grads are sharded on) -> the mesh and the local shards, in order of first appearance
+    groups: dict = {}
+    plain = []
+    for g in grads:
+        if not is_dtensor(g):
+            plain.append(g)
+            continue
+        dims = tuple(d for d, placement in enumerate(g.placements) if not isinstance(placement, Replicate))
+        groups.setdefault((id(g.device_mesh), dims), (g.device_mesh, []))[1].append(g._local_tensor)
+    total = None
+    for (_, dims), (mesh, local_grads) in groups.items():
+        partial = ops.global_grad_norm(local_grads, grad_scale).double().square().reshape(1)
+        for dim in dims:
+            group = mesh.get_group(dim)
+            gathered = [torch.empty_like(partial) for _ in range(dist.get_world_size(group))]
+            dist.all_gather(gathered, partial, group=group)
+            partial = torch.cat(gathered).sum().reshape(1)
+        total = partial if total is None else total + partial.to(total.device)
+    if plain:
+        partial = ops.global_grad_norm(plain, grad_scale).double().square().reshape(1)
+        total = partial if total is None else total + partial.to(total.device)
+    if total is None:
+        return torch.zeros((), dtype=torch.float32)
+    return total.sqrt().to(torch.float32).reshape(())

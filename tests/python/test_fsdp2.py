@@ -68,11 +68,13 @@ def _worker(rank: int, store: str, out_dir: str, case: str, args: tuple, world: 
 
 # ---- model, data and checks -------------------------------------------------------------------------------------
 
-def _model(mp_policy=None, dtype=torch.float32) -> nn.Module:
+def _model(mp_policy=None, dtype=torch.float32, mesh=None) -> nn.Module:
     torch.manual_seed(0)
     # 16 rows: even shards; 3 rows: 2 + 1; 1 row: rank 1's shard is empty.
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3), nn.ReLU(), nn.Linear(3, 1)).to(dtype)
     kwargs = {} if mp_policy is None else {"mp_policy": mp_policy}
+    if mesh is not None:
+        kwargs["mesh"] = mesh
     for layer in model:
         if isinstance(layer, nn.Linear):
             fully_shard(layer, **kwargs)
@@ -678,3 +680,82 @@ def test_8bit_states_round_trip_distributed_checkpoints(tmp_path):
     assert msg is not None and "Size mismatch between saved torch.Size([2, 2340]) and current: " in msg, msg
     assert "torch.Size([1, 4420]) for optim.state.0.weight.exp_avg" in msg, msg
 
+
+# ---- LAMB's clipping ----------------------------------------------------------------------------------------------
+
+def _case_lamb_clipping(rank: int, out_dir: str) -> dict:
+    """LAMB with max_grad_norm > 0 clips with the norm of the whole grads, over every rank's shards, the same bits
+    on every rank. Without weight decay (trust ratio 1) it matches the unsharded run up to the rounding of that
+    norm; with weight decay the trust ratio is each shard's, and the step equals LAMB on the shards given the
+    global norm, bit for bit. Over one shard the norm and the step are the unsharded ones, bit for bit."""
+    out = {}
+    kwargs = dict(lr=1e-2, weight_decay=0.0, max_grad_norm=0.05)
+    model = _model()
+    opt = ampkit.optim.LAMB(model.parameters(), **kwargs)
+    norms, whole_norms, references = [], [], []
+    params = list(model.parameters())
+    whole = [nn.Parameter(p.detach().full_tensor().clone()) for p in params]
+    whole_opt = ampkit.optim.LAMB(whole, **kwargs)
+    for step in range(STEPS):
+        opt.zero_grad(set_to_none=True)
+        _loss(model, rank, step).backward()
+        for p, w in zip(params, whole):
+            w.grad = p.grad.full_tensor()
+        references.append(math.sqrt(sum(w.grad.double().square().sum().item() for w in whole)))
+        opt.step()
+        whole_opt.step()
+        norms.append(opt.last_grad_norm.item())
+        whole_norms.append(whole_opt.last_grad_norm.item())
+        for i, (p, w) in enumerate(zip(params, whole)):
+            local, ref = p.detach().to_local().reshape(-1), _shard_of(w.detach(), p)
+            assert torch.allclose(local.double(), ref.double(), rtol=1e-5, atol=1e-7), f"step {step}: param {i}"
+    out["trust 1"] = (norms, whole_norms, references)
+
+    # Weight decay: the trust ratio of each shard; LAMB over plain tensors holding the shards, with the global norm.
+    kwargs = dict(lr=1e-2, weight_decay=0.01, max_grad_norm=0.05)
+    model = _model()
+    opt = ampkit.optim.LAMB(model.parameters(), **kwargs)
+    params, shard_opt, shards = _train_with_shadow_lamb(model, opt, rank, kwargs)
+    for i, (p, s) in enumerate(zip(params, shards)):
+        assert torch.equal(p.detach().to_local(), s.detach()), f"param {i}"
+        for key, v in opt.state[p].items():
+            ref = shard_opt.state[s][key]
+            assert torch.equal(v if key == "step" else v.to_local(), ref), f"state[{key!r}] of param {i}"
+    out["weight decay"] = opt.last_grad_norm.item()
+
+    # One shard: the unsharded norm's bits, and the unsharded step's (trust ratios of whole tensors).
+    model = _model(mesh=_one_shard_mesh())
+    opt = ampkit.optim.LAMB(model.parameters(), **kwargs)
+    params, whole, whole_opt = _train_unsharded(model, opt, rank, lambda ps: ampkit.optim.LAMB(ps, **kwargs))
+    assert torch.equal(opt.last_grad_norm, whole_opt.last_grad_norm)
+    for i, (p, w) in enumerate(zip(params, whole)):
+        assert torch.equal(p.detach().to_local(), w.detach()), f"one shard: param {i}"
+    return out
+
+
+def _train_with_shadow_lamb(model, opt, rank: int, kwargs: dict) -> tuple:
+    """As _train_with_shadow, for LAMB: the plain LAMB over the shards clips with the sharded run's global norm."""
+    params = list(model.parameters())
+    shards = [nn.Parameter(p.detach().to_local().clone()) for p in params]
+    shard_opt = ampkit.optim.LAMB(shards, **kwargs)
+    shard_opt._global_grad_norm = lambda grad_scale: opt.last_grad_norm
+    for step in range(STEPS):
+        opt.zero_grad(set_to_none=True)
+        _loss(model, rank, step).backward()
+        for p, s in zip(params, shards):
+            s.grad = p.grad.to_local().clone()
+        opt.step()
+        shard_opt.step()
+    return params, shard_opt, shards
+
+
+def test_lamb_clips_with_the_norm_over_every_shard(tmp_path):
+    results = _run(tmp_path, "_case_lamb_clipping")
+    norms, whole_norms, references = results[0]["trust 1"]
+    assert results[1]["trust 1"][0] == norms, "every rank clips with the same bits"
+    assert results[1]["weight decay"] == results[0]["weight decay"]
+    assert min(norms) > 0.05, "the grads are clipped at every step"
+    # Tolerance: each rank's FP32 norm of its shards, summed in float64, differs from the unsharded norm by the
+    # rounding of those norms, a few units in the last place of FP32.
+    for norm, whole, ref in zip(norms, whole_norms, references):
+        assert abs(norm - whole) <= 4e-7 * whole and abs(norm - ref) <= 4e-7 * ref, (norm, whole, ref)

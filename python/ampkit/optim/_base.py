@@ -179,7 +179,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
             new = [i for i, st in enumerate(states) if st is None]
             for i in new:
                 states[i] = {}
-            self._local_step(group, params, states, grad_scale, found_inf)
+            self._local_step(group, params, states, grad_scale, found_inf, grad_norm)
             for i in new:  # states the core created
                 if states[i]:
                     self.state[params[i]] = states[i]
@@ -194,12 +194,13 @@ class _FusedOptimizer(torch.optim.Optimizer):
         return [entry for key, entry in zip(self._state_dtype_keys, self._state_dtype_entries)
                 if group.get(key) is torch.uint8]
 
-    def _local_step(self, group: dict, params: list, states: list, grad_scale, found_inf) -> None:
+    def _local_step(self, group: dict, params: list, states: list, grad_scale, found_inf, grad_norm) -> None:
         """The step of a group holding DTensor parameters: the core updates each rank's local shards (params,
         grads and states share storage with the DTensors); states it creates are stored as DTensors. 8-bit states
         follow the whole parameter (NOTE [8-bit states of DTensor parameters] in ampkit/_dtensor.py): they are
         made here, with the step count, for every shard of a parameter of 4096 elements or more, small shards
-        included (the core would keep FP32 for those)."""
+        included (the core would keep FP32 for those). ``grad_norm``: LAMB's clipping norm, over every rank's
+        shards (NOTE [Norms of sharded grads] in ampkit/_dtensor.py)."""
         name = type(self).__name__
         core = _core()
         before = [_dtensor.local_state(st, p) for p, st in zip(params, states)]
@@ -216,7 +217,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
                 a[k] = _dtensor.packed_zeros(p, name)
         with _dtensor.local_grads(params, name) as local_params:
             core._optim_step(self._kind, name, group, local_params, after, grad_scale, found_inf,
-                             self.write_unscaled_grads, None)
+                             self.write_unscaled_grads, grad_norm)
         for p, st, b, a in zip(params, states, before, after):
             _dtensor.store_state(p, st, b, a)
 

@@ -171,6 +171,9 @@ class LAMB(_FusedOptimizer):
     ``max_grad_norm / ||g||`` when the global norm ``||g||`` over every group's grads exceeds it (computed on the
     device each step; ``last_grad_norm`` holds it). The norms are summed in one fixed order: CPU and CUDA steps give
     the same bits. FP16/BF16/FP32 parameters dense in memory; grads are only read (never unscaled in place).
+    DTensor parameters (FSDP2): the global norm is taken over every rank's shards, the same bits on every rank
+    (NOTE [Norms of sharded grads] in ampkit/_dtensor.py), but the trust ratio is each rank's local shard's
+    (``||w||`` and ``||u||`` of the shard; the kernels keep them to themselves).
     States: ``step``, ``exp_avg``, ``exp_avg_sq`` (FP32) and ``master_param`` / ``param_remainder`` /
     ``kahan_comp`` / ``sr_seed`` as AdamW's (every ``master_weights`` mode).
     """
@@ -212,19 +215,14 @@ class LAMB(_FusedOptimizer):
             _checks.number("LAMB", f"betas[{i}]", beta)
         cls._check_ranges(group)
 
-    def _validate(self) -> None:
-        super()._validate()
-        for group in self.param_groups:
-            if group["max_grad_norm"] > 0 and _dtensor.any_dtensor(group["params"]):
-                raise NotImplementedError(
-                    "LAMB: max_grad_norm > 0 with DTensor parameters (FSDP2) needs a norm over every rank's shards, "
-                    "which LAMB does not compute; clip with torch.nn.utils.clip_grad_norm_ and pass max_grad_norm=0")
-
     def _global_grad_norm(self, grad_scale) -> Optional[torch.Tensor]:
         if not any(group["max_grad_norm"] > 0 for group in self.param_groups):
             return None
         grads = [p.grad for group in self.param_groups for p in group["params"] if p.grad is not None]
-        self._norms["grad_norm"] = ops.global_grad_norm(grads, grad_scale)
+        if _dtensor.any_dtensor(grads):  # the norm of the whole tensors: every rank's shards (a collective)
+            self._norms["grad_norm"] = _dtensor.global_grad_norm(grads, grad_scale)
+        else:
+            self._norms["grad_norm"] = ops.global_grad_norm(grads, grad_scale)
         return self._norms["grad_norm"]
 
     @property
