@@ -183,4 +183,25 @@ AMPKIT_HOST_DEVICE AMPKIT_INLINE uint8_t blockwise8_code_tree(float x, float sca
   return static_cast<uint8_t>(in - down_value >= (up_value - down_value) * 0.5f ? up : code);
 }
 
+#if !defined(__CUDACC__)
+// The two maps in search order (NOTE [Quantizer search tree]) for host code: blockwise8_tree_of(map) for a map
+// blockwise8_map returned, else nullptr.
+inline const float* blockwise8_tree_of(const float* map) {
+  struct Trees {
+    float v[2][kQuantBlock];
+  };
+  static const Trees trees = [] {
+    Trees t{};
+    for (int s = 0; s < 2; ++s) {
+      const float* m = blockwise8_map(s == 0);
+      for (int node = 0; node < kQuantBlock; ++node) {
+        t.v[s][node] = m[blockwise8_tree_source(node)];
+      }
+    }
+    return t;
+  }();
+  return map == blockwise8_map(true) ? trees.v[0] : map == blockwise8_map(false) ? trees.v[1] : nullptr;
+}
+#endif
+
 }  // namespace ampkit::kernels

@@ -64,6 +64,35 @@ def test_the_quantizer_gives_torchaos_codes_and_absmaxes(signed, n):
     assert bool(((back - x).abs() <= step * absmax[idx]).all())
 
 
+@pytest.mark.parametrize("signed", [True, False])
+def test_the_quantizer_gives_torchaos_codes_on_every_map_boundary(signed):
+    # Blocks whose absmax is 1 (so x / absmax is x, exactly): every map value, every midpoint between neighbours
+    # (where the final rounding decides), each with its float neighbours, the ends, and values past them. The
+    # vectorized quantizer (NOTE [Quantizer search tree]: permutes, two vectors at a time) must give torchao's codes.
+    quant = pytest.importorskip("torchao.optim.quant_utils")
+    sub = pytest.importorskip("torchao.optim.subclass_8bit")
+    qmap = torch.tensor(sub.get_qmap_signed() if signed else sub.get_qmap_unsigned(), dtype=torch.float32)
+    points = torch.cat([qmap, (qmap[:-1] + qmap[1:]) / 2, torch.tensor([0.0, -0.0, 1e-30, 1.0, 0.999])])
+    lo = points
+    hi = points
+    values = [points]
+    for _ in range(3):
+        lo = torch.nextafter(lo, torch.tensor(-float("inf")))
+        hi = torch.nextafter(hi, torch.tensor(float("inf")))
+        values += [lo, hi]
+    x = torch.cat(values).clamp(-1.0 if signed else 0.0, 1.0)
+    x = x[torch.randperm(x.numel(), generator=torch.Generator().manual_seed(3))]
+    nb = (x.numel() + BLOCK - 2) // (BLOCK - 1)
+    body = torch.zeros(nb * BLOCK)
+    body[::BLOCK] = 1.0  # each block's first element: its absmax
+    body[(torch.arange(body.numel()) % BLOCK != 0).nonzero().squeeze(1)[:x.numel()]] = x
+    state = _C._blockwise8_quantize(body, signed)
+    codes, absmax = codes_and_absmax(state, body.numel())
+    scaled, scale = quant.scale_tensor(body, BLOCK)
+    assert torch.equal(absmax, scale) and bool((absmax == 1.0).all())
+    assert torch.equal(codes, quant.quantize_8bit_with_qmap(scaled, qmap))
+
+
 def test_the_quantizer_keeps_nan_visible_and_clips_a_zero_block():
     x = torch.zeros(512)
     x[300] = float("nan")

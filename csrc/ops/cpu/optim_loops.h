@@ -58,12 +58,78 @@ struct VecMath {
 };
 
 // codes[i] = blockwise8_code(in[i], scale, map) for i < n: the same operations (a division, eight compares against
-// gathered map entries, the rounding compare), 16 or 8 elements at a time with AVX-512 or AVX2 gathers.
+// map entries, the rounding compare), 16 or 8 elements at a time. AVX-512: the map in search order (NOTE
+// [Quantizer search tree]) held in 16 registers, each level's thresholds picked by permutes (vpermps/vpermt2ps)
+// instead of gathers, and the two values of the final rounding carried along; AVX2: gathers.
 inline void blockwise8_codes(const float* in, int64_t n, float scale, const float* map, uint8_t* codes) {
   int64_t i = 0;
 #if defined(CPU_CAPABILITY_AVX512)
   const __m512 s = _mm512_set1_ps(scale);
   const __m512 half = _mm512_set1_ps(0.5f);
+  if (const float* tree = kernels::blockwise8_tree_of(map); tree != nullptr) {
+    __m512 t[16];
+    for (int k = 0; k < 16; ++k) {
+      t[k] = _mm512_loadu_ps(tree + 16 * k);
+    }
+    const __m512i one = _mm512_set1_epi32(1);
+    const __m512i bit5 = _mm512_set1_epi32(32);
+    const __m512i bit6 = _mm512_set1_epi32(64);
+    const __m512 map_last = _mm512_set1_ps(map[kernels::kQuantBlock - 1]);
+    // Two vectors of 16 at a time: the search is a chain of dependent permutes and compares, so two independent
+    // chains side by side keep the permute and compare units busy.
+    struct Lanes {
+      __m512 x;
+      __m512 down;  // map[code]
+      __m512 up;    // map[code + 1]
+      __m512i node;
+    };
+    auto level = [&](Lanes& v, const __m512 threshold) {
+      const __mmask16 ge = _mm512_cmp_ps_mask(v.x, threshold, _CMP_GE_OQ);
+      v.down = _mm512_mask_mov_ps(v.down, ge, threshold);
+      v.up = _mm512_mask_mov_ps(threshold, ge, v.up);
+      v.node = _mm512_mask_add_epi32(_mm512_add_epi32(v.node, v.node), ge, _mm512_add_epi32(v.node, v.node), one);
+    };
+    auto levels_64_127 = [&](const __m512i node) {
+      const __mmask16 hi = _mm512_test_epi32_mask(node, bit5);
+      return _mm512_mask_mov_ps(_mm512_permutex2var_ps(t[4], node, t[5]), hi, _mm512_permutex2var_ps(t[6], node, t[7]));
+    };
+    auto levels_128_255 = [&](const __m512i node) {
+      const __mmask16 hi5 = _mm512_test_epi32_mask(node, bit5);
+      const __mmask16 hi6 = _mm512_test_epi32_mask(node, bit6);
+      const __m512 lo =
+          _mm512_mask_mov_ps(_mm512_permutex2var_ps(t[8], node, t[9]), hi5, _mm512_permutex2var_ps(t[10], node, t[11]));
+      const __m512 hi = _mm512_mask_mov_ps(_mm512_permutex2var_ps(t[12], node, t[13]), hi5,
+                                           _mm512_permutex2var_ps(t[14], node, t[15]));
+      return _mm512_mask_mov_ps(lo, hi6, hi);
+    };
+    auto finish = [&](const Lanes& v, uint8_t* out) {
+      __m512i code = _mm512_sub_epi32(v.node, _mm512_set1_epi32(kernels::kQuantBlock));
+      const __m512i code_up = _mm512_min_epi32(_mm512_add_epi32(code, one), _mm512_set1_epi32(255));
+      const __mmask16 round_up =
+          _mm512_cmp_ps_mask(_mm512_sub_ps(v.x, v.down), _mm512_mul_ps(_mm512_sub_ps(v.up, v.down), half), _CMP_GE_OQ);
+      code = _mm512_mask_mov_epi32(code, round_up, code_up);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm512_cvtepi32_epi8(code));
+    };
+    const __m512 tree0 = _mm512_set1_ps(tree[0]);
+    for (; i + 32 <= n; i += 32) {
+      Lanes a{_mm512_div_ps(_mm512_loadu_ps(in + i), s), tree0, map_last, one};
+      Lanes b{_mm512_div_ps(_mm512_loadu_ps(in + i + 16), s), tree0, map_last, one};
+      for (int l = 0; l < 4; ++l) {  // nodes 1-15: t[0] (vpermps reads the low 4 bits of the node)
+        level(a, _mm512_permutexvar_ps(a.node, t[0]));
+        level(b, _mm512_permutexvar_ps(b.node, t[0]));
+      }
+      level(a, _mm512_permutexvar_ps(a.node, t[1]));  // nodes 16-31
+      level(b, _mm512_permutexvar_ps(b.node, t[1]));
+      level(a, _mm512_permutex2var_ps(t[2], a.node, t[3]));  // nodes 32-63 (the low 5 bits)
+      level(b, _mm512_permutex2var_ps(t[2], b.node, t[3]));
+      level(a, levels_64_127(a.node));  // bit 5 picks the pair
+      level(b, levels_64_127(b.node));
+      level(a, levels_128_255(a.node));  // bits 5 and 6 pick the pair
+      level(b, levels_128_255(b.node));
+      finish(a, codes + i);
+      finish(b, codes + i + 16);
+    }
+  }
   for (; i + 16 <= n; i += 16) {
     const __m512 x = _mm512_div_ps(_mm512_loadu_ps(in + i), s);
     __m512i code = _mm512_setzero_si512();
@@ -132,9 +198,30 @@ struct StateBlockIO {
       std::memcpy(&scale, codes + kernels::blockwise8_blocks(numel) * kernels::kQuantBlock + 4 * blk, 4);
       int64_t i = b0;
 #if defined(CPU_CAPABILITY_AVX512)
+      // map[code] by permutes from the map held in 16 registers (vpermt2ps picks within a pair of registers, bits
+      // 5-7 of the code pick the pair), not by gathers, which are several times slower per element on CPUs with
+      // the gather data-sampling mitigation.
+      __m512 mv[16];
+      for (int k = 0; k < 16; ++k) {
+        mv[k] = _mm512_loadu_ps(map + 16 * k);
+      }
+      const __m512 s = _mm512_set1_ps(scale);
+      const __m512i bit5 = _mm512_set1_epi32(32);
+      const __m512i bit6 = _mm512_set1_epi32(64);
+      const __m512i bit7 = _mm512_set1_epi32(128);
       for (; i + 16 <= b1; i += 16) {
         const __m512i code = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + i)));
-        _mm512_storeu_ps(out + (i - b0), _mm512_mul_ps(_mm512_i32gather_ps(code, map, 4), _mm512_set1_ps(scale)));
+        const __mmask16 h5 = _mm512_test_epi32_mask(code, bit5);
+        const __mmask16 h6 = _mm512_test_epi32_mask(code, bit6);
+        const __mmask16 h7 = _mm512_test_epi32_mask(code, bit7);
+        __m512 pair[4];
+        for (int q = 0; q < 4; ++q) {  // pairs 2q and 2q + 1, picked by bit 5
+          pair[q] = _mm512_mask_mov_ps(_mm512_permutex2var_ps(mv[4 * q], code, mv[4 * q + 1]), h5,
+                                       _mm512_permutex2var_ps(mv[4 * q + 2], code, mv[4 * q + 3]));
+        }
+        const __m512 lo = _mm512_mask_mov_ps(pair[0], h6, pair[1]);
+        const __m512 hi = _mm512_mask_mov_ps(pair[2], h6, pair[3]);
+        _mm512_storeu_ps(out + (i - b0), _mm512_mul_ps(_mm512_mask_mov_ps(lo, h7, hi), s));
       }
 #elif defined(CPU_CAPABILITY_AVX2)
       for (; i + 8 <= b1; i += 8) {
