@@ -270,6 +270,44 @@ def test_a_torch_checkpoint_loads_into_lean_states_and_lean_states_load_back_int
     assert torch.equal(st["exp_avg_sq"], big["exp_avg_sq"].float())
 
 
+def test_state_dicts_name_the_state_dtypes_and_load_names_or_dtypes():
+    """state_dict() writes the state dtype options by name (NOTE [State dtype options in state dicts]), which
+    torch.distributed.checkpoint's full state dicts need (a torch.dtype there raised "Unexpected value type <class
+    'torch.dtype'>"); load_state_dict takes a name or a torch.dtype and refuses a name of no dtype before anything
+    changes."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 4)
+    opt = ampkit.optim.AdamW(model.parameters(), lr=1e-2, exp_avg_dtype=BF16, exp_avg_sq_dtype=U8)
+    model(torch.randn(2, 8)).sum().backward()
+    opt.step()
+    sd = opt.state_dict()
+    assert (sd["param_groups"][0]["exp_avg_dtype"], sd["param_groups"][0]["exp_avg_sq_dtype"]) == ("bfloat16", "uint8")
+    assert opt.param_groups[0]["exp_avg_dtype"] is BF16  # the group keeps the dtype
+    if torch.distributed.is_available():
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+        full = get_optimizer_state_dict(model, opt, options=StateDictOptions(full_state_dict=True))
+        assert full["param_groups"][0]["exp_avg_dtype"] == "bfloat16"
+        assert torch.equal(full["state"]["weight"]["exp_avg"], opt.state[model.weight]["exp_avg"])
+    # (the name or dtype saved, the group's option after the load, exp_avg's dtype: FP32 under 4096 elements for U8)
+    for value, dtype, moment in (("bfloat16", BF16, BF16), ("torch.bfloat16", BF16, BF16), ("uint8", U8, F32),
+                                 (BF16, BF16, BF16), (None, None, F32)):
+        other = ampkit.optim.AdamW(model.parameters())
+        other.load_state_dict({**sd, "param_groups": [dict(sd["param_groups"][0], exp_avg_dtype=value)]})
+        assert other.param_groups[0]["exp_avg_dtype"] is dtype and other.param_groups[0]["exp_avg_sq_dtype"] is U8
+        assert other.state[model.weight]["exp_avg"].dtype == moment, value
+    sgd = ampkit.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, momentum_dtype=BF16)
+    sgd.step()
+    assert sgd.state_dict()["param_groups"][0]["momentum_dtype"] == "bfloat16"
+    options = [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]
+    before = {p: {k: v.clone() for k, v in st.items()} for p, st in opt.state.items()}
+    with pytest.raises(ValueError, match=r"AdamW.load_state_dict: param_groups\[0\]\['exp_avg_sq_dtype'\] must name a "
+                                         r"torch.dtype .* but got 'bf16'"):
+        opt.load_state_dict({**sd, "param_groups": [dict(sd["param_groups"][0], exp_avg_sq_dtype="bf16")]})
+    assert [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups] == options
+    assert all(st.keys() == before[p].keys() and all(same_bits(v, before[p][k]) for k, v in st.items())
+               for p, st in opt.state.items())
+
+
 # ---- bad input ----------------------------------------------------------------------------------------------------
 
 def test_bad_state_dtypes_raise_and_change_nothing():

@@ -261,7 +261,50 @@ class _FusedOptimizer(torch.optim.Optimizer):
                 entries = [(k, _dtensor.local_entry(k, v, p, f"{where}[{k!r}]")) for k, v in entries]
             core._optim_check_loaded_state(self._kind, name, group, f"state[{pid!r}]", _dtensor.local(p), entries)
 
+    # NOTE [State dtype options in state dicts]
+    # A param group holds its state dtype options (exp_avg_dtype, exp_avg_sq_dtype, momentum_dtype) as torch.dtype
+    # objects, as they were given; state_dict() writes them by name ("bfloat16", "uint8"; None stays None), so that
+    # the state dict holds tensors, Python numbers, strings and None only, as torch.optim's does.
+    # torch.distributed.checkpoint.state_dict refuses any other value where it gathers or offloads a state dict
+    # (get_state_dict with StateDictOptions(full_state_dict=True) or cpu_offload=True: "Unexpected value type <class
+    # 'torch.dtype'>"). load_state_dict takes a name or a torch.dtype (a state dict written before), and the group
+    # holds a torch.dtype again.
+    def state_dict(self) -> dict[str, Any]:
+        """torch.optim's state dict, with the state dtype options by name (NOTE [State dtype options in state
+        dicts])."""
+        state_dict = super().state_dict()
+        for group in state_dict["param_groups"]:  # copies of the groups: the optimizer's keep their torch.dtypes
+            for key in self._state_dtype_keys:
+                if isinstance(group.get(key), torch.dtype):
+                    group[key] = str(group[key]).removeprefix("torch.")
+        return state_dict
+
+    def _dtypes_from_names(self, state_dict: dict[str, Any]) -> dict[str, Any]:
+        """``state_dict`` with the state dtype options its param groups name made torch.dtypes (a copy of the dict
+        and of those groups; ``state_dict`` itself is not changed); a name of no dtype raises ValueError."""
+        groups = state_dict.get("param_groups") if isinstance(state_dict, dict) else None
+        if not isinstance(groups, list) or not any(
+                isinstance(g, dict) and isinstance(g.get(k), str) for g in groups for k in self._state_dtype_keys):
+            return state_dict
+        converted = []
+        for index, group in enumerate(groups):
+            if isinstance(group, dict):
+                group = dict(group)
+                for key in self._state_dtype_keys:
+                    name = group.get(key)
+                    if not isinstance(name, str):
+                        continue
+                    dtype = getattr(torch, name.removeprefix("torch."), None)
+                    if not isinstance(dtype, torch.dtype):
+                        raise ValueError(f"{type(self).__name__}.load_state_dict: param_groups[{index}][{key!r}] "
+                                         "must name a torch.dtype ('float32', 'bfloat16' or 'uint8'), be one or be "
+                                         f"None, but got {name!r}")
+                    group[key] = dtype
+            converted.append(group)
+        return dict(state_dict, param_groups=converted)
+
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        state_dict = self._dtypes_from_names(state_dict)
         self._check_loaded_state(state_dict)
         core = _core()
         # A state dtype option the saved group lacks (a torch.optim checkpoint) keeps this optimizer's value: the
