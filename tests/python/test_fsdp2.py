@@ -49,12 +49,14 @@ def _run(tmp_path, case: str, *args, world: int = WORLD) -> list:
     return [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(world)]
 
 
-def _worker(rank: int, store: str, out_dir: str, case: str, args: tuple, world: int) -> None:
+def _worker(rank: int, store: str, out_dir: str, case, args: tuple, world: int) -> None:
+    """One rank of ``case``: the name of a case of this module, or a case function of another test module (which the
+    rank imports to unpickle it: test_checkpoint_reshard.py's)."""
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
                             timeout=timedelta(seconds=120))
     try:
-        result = globals()[case](rank, out_dir, *args)
+        result = (case if callable(case) else globals()[case])(rank, out_dir, *args)
         torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
         # DTensors hold the process group, and a case's objects can outlive it in reference cycles (an exception
