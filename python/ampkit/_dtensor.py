@@ -213,7 +213,8 @@ def local_entry(key: str, value: torch.Tensor, p: torch.Tensor, where: str) -> t
                 f"states in shape {shape} with placements {placements} (one row of packed blocks per shard): it was "
                 "saved under another sharding (another number of ranks?). 8-bit states are packed per local shard "
                 "and load only into the sharding they were saved from; to reshard, load them there into an "
-                "optimizer with FP32 moments (load_state_dict dequantizes each shard) and save that")
+                "optimizer with FP32 moments, the state dict's exp_avg_dtype / exp_avg_sq_dtype / momentum_dtype "
+                "left out of its param groups (load_state_dict dequantizes each shard), and save that")
         return packed_local(value, p)
     if value.device_mesh != p.device_mesh or tuple(value.placements) != tuple(p.placements):
         raise ValueError(f"{where}: a DTensor state with placements {tuple(value.placements)} for a parameter with "

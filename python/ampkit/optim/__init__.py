@@ -25,7 +25,8 @@ torch).
 
 DTensor parameters (FSDP2's ``fully_shard``): each rank updates its local shards, and the states are DTensors of
 the parameter's layout as torch.optim's (``step`` a plain scalar tensor), so ``state_dict()`` and
-``torch.distributed.checkpoint`` see the same structure as with torch.optim.
+``torch.distributed.checkpoint`` see the same structure as with torch.optim, and a checkpoint saved on N ranks
+loads on M (8-bit states excepted: they are packed per local shard).
 """
 from __future__ import annotations
 
