@@ -34,22 +34,17 @@ import torch.multiprocessing as mp
 from torch import nn
 
 import ampkit
-from test_fsdp2 import EIGHT_BIT, STRADDLING, _worker
+import test_fsdp2
+from test_fsdp2 import EIGHT_BIT, NEEDS_FSDP2, STRADDLING, _worker
 
-try:
+pytestmark = [NEEDS_FSDP2]
+if test_fsdp2.fully_shard is not None:  # (NEEDS_FSDP2 skips every test otherwise)
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor import DTensor
-except ImportError:  # torch without distributed support or without FSDP2
-    fully_shard = None
-
-pytestmark = [
-    pytest.mark.skipif(fully_shard is None or not dist.is_available() or not dist.is_gloo_available(),
-                       reason="needs torch.distributed with Gloo and FSDP2 (torch.distributed.fsdp.fully_shard)"),
-]
 
 BF16 = torch.bfloat16
 # Rows 16, 3 and 1: 2 ranks hold 8 + 8, 2 + 1 and 1 + 0 of them; 4 ranks 4 each, 1 + 1 + 1 + 0 and 1 + 0 + 0 + 0.

@@ -32,9 +32,12 @@ try:
 except ImportError:  # torch without distributed support or without FSDP2
     fully_shard = None
 
+# Also the marker of the other FSDP2 test files.
+NEEDS_FSDP2 = pytest.mark.skipif(
+    fully_shard is None or not dist.is_available() or not dist.is_gloo_available(),
+    reason="needs torch.distributed with Gloo and FSDP2 (torch.distributed.fsdp.fully_shard)")
 pytestmark = [
-    pytest.mark.skipif(fully_shard is None or not dist.is_available() or not dist.is_gloo_available(),
-                       reason="needs torch.distributed with Gloo and FSDP2 (torch.distributed.fsdp.fully_shard)"),
+    NEEDS_FSDP2,
     pytest.mark.skipif(torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"),
                        reason="bit-identity with torch's fused CPU kernels holds for its AVX2/AVX-512 kernels"),
 ]
@@ -156,12 +159,15 @@ def _check_state_dicts(ref_opt, opt, what: str) -> None:
 
 # ---- optimizers against torch.optim -----------------------------------------------------------------------------
 
-def _train_with_shadow(model, opt, rank: int, shadow_cls, shadow_kwargs: dict) -> tuple:
+def _train_with_shadow(model, opt, rank: int, shadow_cls, shadow_kwargs: dict, prepare=None) -> tuple:
     """Trains ``model`` with ``opt`` and, step by step, a ``shadow_cls`` optimizer on plain tensors that start as
-    each rank's local shards and get the same local grads: an elementwise update of the shards must equal it."""
+    each rank's local shards and get the same local grads: an elementwise update of the shards must equal it.
+    ``prepare(shadow_opt)``, if given, adjusts the shadow optimizer before the first step."""
     params = list(model.parameters())
     shadows = [nn.Parameter(p.detach().to_local().clone()) for p in params]
     shadow_opt = shadow_cls(shadows, **shadow_kwargs)
+    if prepare is not None:
+        prepare(shadow_opt)
     for step in range(STEPS):
         opt.zero_grad(set_to_none=True)
         _loss(model, rank, step).backward()
@@ -737,18 +743,9 @@ def _case_lamb_clipping(rank: int, out_dir: str) -> dict:
 
 def _train_with_shadow_lamb(model, opt, rank: int, kwargs: dict) -> tuple:
     """As _train_with_shadow, for LAMB: the plain LAMB over the shards clips with the sharded run's global norm."""
-    params = list(model.parameters())
-    shards = [nn.Parameter(p.detach().to_local().clone()) for p in params]
-    shard_opt = ampkit.optim.LAMB(shards, **kwargs)
-    shard_opt._global_grad_norm = lambda grad_scale: opt.last_grad_norm
-    for step in range(STEPS):
-        opt.zero_grad(set_to_none=True)
-        _loss(model, rank, step).backward()
-        for p, s in zip(params, shards):
-            s.grad = p.grad.to_local().clone()
-        opt.step()
-        shard_opt.step()
-    return params, shard_opt, shards
+    def clip_with_the_sharded_norm(shard_opt):
+        shard_opt._global_grad_norm = lambda grad_scale: opt.last_grad_norm
+    return _train_with_shadow(model, opt, rank, ampkit.optim.LAMB, kwargs, prepare=clip_with_the_sharded_norm)
 
 
 def test_lamb_clips_with_the_norm_over_every_shard(tmp_path):
