@@ -18,11 +18,16 @@
 // serves (a word read by several lanes is a broadcast and counts once; a 16-byte access counts its four words);
 // atomic conflicts = lanes whose address another lane of the group already updates. No cache is modelled: the
 // figures are those of Nsight Compute's sectors per request and bank-conflict counters, which is what a kernel
-// controls. Sites are compared by file and line, so two accesses on one line, or a helper function called from
+// controls. Limits: lanes that skip a site in the middle of a loop (a predicated access, the leader of a group
+// doing an atomic for the others) shift the pairing of their later occurrences, so such a site's per-instruction
+// figures (its sectors, its atomics' conflicts) are approximate, while its counts of accesses and atomics stay
+// exact; local memory (a thread's arrays indexed at run time) is not seen; a launch that fails leaves the totals
+// as they were before it. Sites are compared by file and line, so two accesses on one line, or a helper function called from
 // two places, count as one site: their occurrences pair up in the order each lane made them, which is the same
 // pairing for warp-uniform code.
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -83,7 +88,9 @@ struct SiteCost {
 
 struct Recorder {
   std::vector<std::vector<Record>> lanes;  // per thread of the running block
-  std::vector<Grouped> warp;               // scratch
+  MemoryModel before_launch;               // the totals as the running launch found them
+  std::vector<SiteCost> sites_before_launch;
+  std::vector<Grouped> warp;  // scratch
   std::vector<uintptr_t> scratch;
   std::vector<std::pair<uintptr_t, uintptr_t>> ranges;
   std::vector<SiteCost> sites;
@@ -137,7 +144,10 @@ void cost(Recorder& r, const Grouped* b, const Grouped* e) {
     t.global_requests += 1;
     t.global_sectors += sectors;
     t.global_bytes += bytes;
-    auto it = std::find_if(r.sites.begin(), r.sites.end(), [&](const SiteCost& c) { return c.site == b->site; });
+    // By file name and line: every translation unit has its own copy of a header's file name.
+    auto it = std::find_if(r.sites.begin(), r.sites.end(), [&](const SiteCost& c) {
+      return c.site.line == b->site.line && std::strcmp(c.site.file, b->site.file) == 0;
+    });
     if (it == r.sites.end()) {
       r.sites.push_back(SiteCost{b->site});
       it = r.sites.end() - 1;
@@ -229,6 +239,18 @@ void model_abandon_block() {
   for (auto& l : recorder.lanes) {
     l.clear();
   }
+}
+
+void model_begin_launch() {
+  recorder.before_launch = recorder.totals;
+  recorder.sites_before_launch = recorder.sites;
+}
+
+// A launch that failed part-way: its blocks' figures are dropped, as if it had not run.
+void model_abandon_launch() {
+  model_abandon_block();
+  recorder.totals = recorder.before_launch;
+  recorder.sites = recorder.sites_before_launch;
 }
 
 }  // namespace detail

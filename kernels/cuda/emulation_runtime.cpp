@@ -379,6 +379,9 @@ cudaError_t run_blocks(dim3 grid, dim3 block, size_t dynamic_shared_bytes, void 
     }
   }
   s.launches_since_order += 1;
+  if (model_recording) {
+    model_begin_launch();
+  }
 
   const int n = static_cast<int>(block.x * block.y * block.z);
   s.threads.resize(static_cast<size_t>(n));
@@ -442,7 +445,9 @@ cudaError_t run_blocks(dim3 grid, dim3 block, size_t dynamic_shared_bytes, void 
       }
       if (s.failed) {
         abandon_block(s);
-        model_abandon_block();
+        if (model_recording) {
+          model_abandon_launch();
+        }
         result = s.failure;
         break;
       }

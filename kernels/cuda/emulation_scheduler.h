@@ -106,9 +106,11 @@ void yield_to_host(Scheduler& s);
 // Names of a thread and of the running block, for reports.
 std::string thread_name(const uint3& t);
 std::string block_name();
-// The memory-transaction model (emulation_model.cpp): a block ran to its end, or was abandoned.
+// The memory-transaction model (emulation_model.cpp): a launch begins, a block ran to its end, a launch failed.
+void model_begin_launch();
 void model_end_block(int n_threads);
 void model_abandon_block();
+void model_abandon_launch();
 
 // The message for a block in which no fiber can run: the first waiting thread and a thread it waits for.
 std::string stuck_message(const Scheduler& s);

@@ -247,6 +247,28 @@ TEST_CASE("memory model: atomics are counted per lane, same-address ones as conf
   CHECK(total == (c.pattern == 3 ? 0u : 64u));
 }
 
+// Block 1's thread 0 waits at a barrier its block's other threads never reach: the launch fails there, after
+// block 0 ran to its end.
+__global__ void copy_then_stuck(const float* in, float* out) {
+  const unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+  global_store(out + i, global_load(in + i));
+  if (blockIdx.x == 1 && threadIdx.x == 0) {
+    __syncthreads();
+  }
+}
+
+TEST_CASE("memory model: a launch that fails part-way leaves the totals as they were", "[model]") {
+  std::vector<float> in(128), out(128);
+  emu::set_memory_model(true);
+  REQUIRE(launch_kernel(copy_float, dim3(1), dim3(64), nullptr, in.data(), out.data(), int64_t{64}) == cudaSuccess);
+  REQUIRE(launch_kernel(copy_then_stuck, dim3(2), dim3(64), nullptr, in.data(), out.data()) ==
+          cudaErrorIllegalInstruction);
+  const emu::MemoryModel m = emu::take_memory_model();
+  emu::set_memory_model(false);
+  CHECK(m.global_requests == 4);  // the first launch's 2 warps, a load and a store each; none of the second's
+  CHECK(m.global_bytes == 2 * 64 * 4);
+}
+
 TEST_CASE("memory model: nothing is recorded while the model is off, and reading it clears it", "[model]") {
   std::vector<float> in(256), out(256);
   emu::set_memory_model(false);
