@@ -60,7 +60,8 @@ struct VecMath {
 // codes[i] = blockwise8_code(in[i], scale, map) for i < n: the same operations (a division, eight compares against
 // map entries, the rounding compare), 16 or 8 elements at a time. AVX-512: the map in search order (NOTE
 // [Quantizer search tree]) held in 16 registers, each level's thresholds picked by permutes (vpermps/vpermt2ps)
-// instead of gathers, and the two values of the final rounding carried along; AVX2: gathers.
+// instead of gathers, and the two values of the final rounding carried along, 32 elements at a time (a map other
+// than blockwise8_map's two, and the last n % 32 elements, take the scalar code); AVX2: gathers.
 inline void blockwise8_codes(const float* in, int64_t n, float scale, const float* map, uint8_t* codes) {
   int64_t i = 0;
 #if defined(CPU_CAPABILITY_AVX512)
@@ -129,22 +130,6 @@ inline void blockwise8_codes(const float* in, int64_t n, float scale, const floa
       finish(a, codes + i);
       finish(b, codes + i + 16);
     }
-  }
-  for (; i + 16 <= n; i += 16) {
-    const __m512 x = _mm512_div_ps(_mm512_loadu_ps(in + i), s);
-    __m512i code = _mm512_setzero_si512();
-    for (int step = 128; step > 0; step /= 2) {
-      const __m512i probe = _mm512_add_epi32(code, _mm512_set1_epi32(step));
-      const __mmask16 ge = _mm512_cmp_ps_mask(x, _mm512_i32gather_ps(probe, map, 4), _CMP_GE_OQ);
-      code = _mm512_mask_mov_epi32(code, ge, probe);
-    }
-    const __m512i up = _mm512_min_epi32(_mm512_add_epi32(code, _mm512_set1_epi32(1)), _mm512_set1_epi32(255));
-    const __m512 down_value = _mm512_i32gather_ps(code, map, 4);
-    const __m512 up_value = _mm512_i32gather_ps(up, map, 4);
-    const __mmask16 round_up = _mm512_cmp_ps_mask(_mm512_sub_ps(x, down_value),
-                                                  _mm512_mul_ps(_mm512_sub_ps(up_value, down_value), half), _CMP_GE_OQ);
-    code = _mm512_mask_mov_epi32(code, round_up, up);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + i), _mm512_cvtepi32_epi8(code));
   }
 #elif defined(CPU_CAPABILITY_AVX2)
   const __m256 s = _mm256_set1_ps(scale);
