@@ -102,8 +102,14 @@ AMPKIT_HOST_DEVICE AMPKIT_INLINE int grad_hist_bin(float x, float inv_scale) {
 // sums in lane order (from 0.0), and the tensor's sum its chunks' sums in chunk order. The CPU loops follow the
 // same order (a row of kNormLanes consecutive elements adds one square to each lane: vector adds, no reduction
 // inside a row), so CPU and CUDA norms agree bit for bit.
+// A list's norm (grad_norm) adds the chunk sums of all its tensors, numbered r = 0, 1, ... in list order, in
+// kNormFinishLanes finish lanes: finish lane k adds (from 0.0) the chunk sums r = k, k + kNormFinishLanes, ... in
+// that order, and the norm adds the finish lanes in lane order (from 0.0). One block of kNormFinishLanes threads
+// reads the chunk sums coalesced, instead of one thread adding them all. Up to kNormFinishLanes chunk sums, each
+// finish lane holds one of them (0.0 + s == s) or 0.0, so the total is the chunk sums added in chunk order.
 constexpr int64_t kNormChunk = 65536;
 constexpr int kNormLanes = 512;
+constexpr int kNormFinishLanes = 256;
 
 // Slots of the int64 statistics vector that UpdateScaleOp maintains on the device.
 enum ScaleStat : int {

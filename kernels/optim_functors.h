@@ -283,7 +283,8 @@ struct LambParams {
 //   3. apply: u recomputed from the stored m and v (the same FP32 formula, so the same bits), the trust ratio
 //      r = ||w|| / ||u|| (1 when either is 0, or without weight decay unless use_nvlamb), w += -lr * r * u.
 // Norms are sums of squares in double in the order of NOTE [Deterministic norm] (amp_functors.h): chunk lanes,
-// lane sums in lane order, chunk sums in chunk order; the CPU loops follow it, so CPU and CUDA agree bit for bit.
+// lane sums in lane order, a tensor's chunk sums in chunk order, the global norm's in finish lanes; the CPU loops
+// follow it, so CPU and CUDA agree bit for bit.
 // Traffic per parameter with an FP16 weight and FP32 master: pass 2 reads g, w, m, v and writes m, v (22 bytes);
 // pass 3 reads w, m, v and writes w and the FP16 weight (18 bytes): 40 bytes, 42 with clipping (AdamW: 28).
 

@@ -245,11 +245,23 @@ static_assert(cuda::MultiTensorArgsFor<kStreams, LambMomentsChunkOp>::kMaxTensor
                   cuda::MultiTensorArgsFor<kStreams, LambApplyChunkOp>::kMaxTensors == 192,
               "LAMB's passes take 192 tensors per launch (NOTE [Kernel parameter budget])");
 
-// The global norm: chunk sums in list order, one thread.
-__global__ void grad_norm_finish_kernel(const double* sums, int64_t rows, const float* grad_scale, float* out) {
+// The global norm from the chunk sums in the finish-lane order of NOTE [Deterministic norm]: thread k is finish
+// lane k (a warp reads 32 consecutive sums), thread 0 adds the lanes in lane order.
+__global__ void __launch_bounds__(kNormFinishLanes)
+    grad_norm_finish_kernel(const double* sums, int64_t rows, const float* grad_scale, float* out) {
+  AMPKIT_SHARED(double, lane_sums, kNormFinishLanes);
+  double s = 0.0;
+  for (int64_t r = threadIdx.x; r < rows; r += kNormFinishLanes) {
+    s = __dadd_rn(s, global_load(sums + r));
+  }
+  lane_sums[threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.x != 0) {
+    return;
+  }
   double total = 0.0;
-  for (int64_t r = 0; r < rows; ++r) {
-    total = __dadd_rn(total, sums[r]);
+  for (int k = 0; k < kNormFinishLanes; ++k) {
+    total = __dadd_rn(total, lane_sums[k]);
   }
   *out = static_cast<float>(sqrt(total) / (grad_scale != nullptr ? static_cast<double>(*grad_scale) : 1.0));
 }
@@ -313,7 +325,8 @@ LaunchStatus launch_grad_norm(const TensorRef* grads, int64_t n, const float* gr
   }
   if (status.ok()) {
     LaunchStatus finish;
-    finish.error = cuda::launch_kernel(grad_norm_finish_kernel, dim3(1), dim3(1), stream, sums, row, grad_scale, out);
+    finish.error = cuda::launch_kernel(grad_norm_finish_kernel, dim3(1), dim3(kNormFinishLanes), stream, sums, row,
+                                       grad_scale, out);
     finish.launches = finish.ok() ? 1 : 0;
     then(finish);
   }

@@ -168,3 +168,34 @@ TEST_CASE("emulated grad_norm: matches the CPU op (bit for bit with the real chu
 #endif
   }
 }
+TEST_CASE("emulated grad_norm: more chunks than finish lanes, summed in the finish-lane order", "[emulated]") {
+  // 700 one-element tensors: 700 chunk sums (three finish-lane rounds), each x^2 exactly (a float's square is exact
+  // in double), so the order of NOTE [Deterministic norm] can be written out here. The float result hides most
+  // differences of order; the case holds the CPU op, the CUDA kernels and the written-out order to one answer.
+  constexpr int kTensors = 700;
+  std::vector<at::Tensor> grads;
+  std::vector<double> squares;
+  for (int i = 0; i < kTensors; ++i) {
+    const float x = std::ldexp(1.f + static_cast<float>(i % 97) / 97.f, i / 20 - 17);
+    grads.push_back(at::full({1}, x, at::kFloat));
+    squares.push_back(static_cast<double>(x) * static_cast<double>(x));
+  }
+  std::vector<double> finish(kern::kNormFinishLanes, 0.0);
+  for (size_t r = 0; r < squares.size(); ++r) {
+    finish[r % kern::kNormFinishLanes] += squares[r];
+  }
+  double total = 0.0;
+  for (const double s : finish) {
+    total += s;
+  }
+  const float scale = 4.f;
+  const float expect = static_cast<float>(std::sqrt(total) / 4.0);
+  const float on_cpu = ampkit::grad_norm(grads, scalar_f32(scale)).item<float>();
+  REQUIRE(kern::bit_cast<uint32_t>(on_cpu) == kern::bit_cast<uint32_t>(expect));
+  const auto refs = refs_of(grads);
+  std::vector<double> lanes(static_cast<size_t>(kTensors) * kern::kNormLanes, kNaN);
+  std::vector<double> sums(static_cast<size_t>(kTensors), kNaN);
+  float on_emu = kNaN;
+  REQUIRE(kern::launch_grad_norm(refs.data(), kTensors, &scale, &on_emu, lanes.data(), sums.data(), nullptr).ok());
+  REQUIRE(kern::bit_cast<uint32_t>(on_emu) == kern::bit_cast<uint32_t>(expect));
+}

@@ -1,7 +1,8 @@
 // CPU loops of lamb_step_ and grad_norm (NOTE [LAMB passes] in kernels/optim_functors.h): work items of one
 // kNormChunk chunk each, run by at::parallel_for; the formulas run on at::vec::Vectorized<float> (VecMath: the
 // same roundings as the scalar functors), and every sum of squares follows NOTE [Deterministic norm] (chunk lanes,
-// lane sums in lane order, chunk sums in chunk order), so the results are those of the CUDA kernels bit for bit.
+// lane sums in lane order, a tensor's chunk sums in chunk order, the global norm's in finish lanes), so the results
+// are those of the CUDA kernels bit for bit.
 // Compiled once per instruction set like optim_loops.h (which it includes for VecMath).
 #pragma once
 
@@ -173,10 +174,14 @@ float grad_norm(const kernels::TensorRef* grads, int64_t n, float grad_scale) {
     });
     item.sum[0] = lanes.sum(0);
   });
-  // Chunk sums in list order (NOTE [LAMB passes]).
+  // Chunk sums in the finish-lane order of NOTE [Deterministic norm].
+  std::array<double, kernels::kNormFinishLanes> finish{};
+  for (size_t r = 0; r < items.size(); ++r) {
+    finish[r % kernels::kNormFinishLanes] = finish[r % kernels::kNormFinishLanes] + items[r].sum[0];
+  }
   double total = 0.0;
-  for (const auto& item : items) {
-    total = total + item.sum[0];
+  for (const double s : finish) {
+    total = total + s;
   }
   return static_cast<float>(std::sqrt(total) / static_cast<double>(grad_scale));
 }
