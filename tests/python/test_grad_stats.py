@@ -70,6 +70,30 @@ def test_matches_a_float64_reference(device, seed):
         assert torch.equal(on_cpu, stats.cpu())
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("inv", [1.0, 2.0 ** -16, 1 / 3.0])
+def test_histogram_of_rows_spanning_many_binades(device, dtype, inv):
+    """Rows whose elements lie far apart in exponent (240 binades), at 14, 15 and 16 binades under a row's
+    largest, and rows whose top bin is among the lowest; zeros, Inf/NaN and partial vectors at the ends of rows."""
+    gen = torch.Generator().manual_seed(5)
+    top = 2.0 ** 20
+    edges = [top, top * 1.5, top * 2.0 ** -14, top * 2.0 ** -15, top * 2.0 ** -16, 0.0, -top * 2.0 ** -14]
+    spread = torch.randn(3 * 512 + 7, generator=gen, dtype=torch.float64) * 2.0 ** torch.randint(
+        -120, 120, (3 * 512 + 7,), generator=gen).double()
+    lowest = torch.tensor([2.0 ** -133, 2.0 ** -130, 2.0 ** -120, -2.0 ** -126, 0.0] * 41, dtype=torch.float64)
+    grads = [torch.tensor(edges * 75, dtype=torch.float64), spread, lowest,
+             torch.cat([spread[:517], torch.tensor([math.nan, math.inf, -math.inf], dtype=torch.float64)])]
+    grads = [g.to(dtype).to(device) for g in grads]
+    stats = stats_rows(grads, torch.full((1,), inv, device=device))
+    used_inv = torch.tensor(inv, dtype=torch.float32).item()
+    for g, row in zip(grads, stats.cpu()):
+        ref = grad_stats_row(g, used_inv)
+        assert torch.equal(row[2:4], ref[2:4])
+        assert torch.equal(row[FIRST:], ref[FIRST:]), (row[FIRST:].nonzero(), ref[FIRST:].nonzero())
+        assert row[0].item() == ref[0].item()
+
+
 def deterministic_sum_of_squares(g: torch.Tensor) -> float:
     """NOTE [Deterministic norm] re-derived: chunks of 65536, element i of a chunk in lane i % 512, each lane summing
     its finite squares in element order in double, a chunk its lanes in lane order, the tensor its chunks in order."""
