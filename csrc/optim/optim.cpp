@@ -54,7 +54,7 @@ void merge_group_options(std::vector<torch::optim::OptimizerParamGroup>& added, 
     }
     const auto& own = static_cast<const Options&>(groups[i].options());
     auto merged = std::make_unique<Options>(defaults);
-    Options::for_each_option([&](const char*, auto value, auto set) {
+    Options::for_each_option([&](const char*, auto value, auto set, OptionArchive) {
       if (own.*set) {
         (*merged).*value = own.*value;
         (*merged).*set = true;
@@ -68,22 +68,86 @@ void merge_group_options(std::vector<torch::optim::OptimizerParamGroup>& added, 
   }
 }
 
-// The options a LibTorch archive lacks, from this optimizer's defaults.
-template <bool kDecoupled>
-void take_defaults_libtorch_lacks(AdamOptionsT<kDecoupled>& o, const AdamOptionsT<kDecoupled>& d) {
-  o.maximize(d.maximize()).master_weights(d.master_weights()).write_unscaled_grads(d.write_unscaled_grads());
-  o.exp_avg_dtype(d.exp_avg_dtype()).exp_avg_sq_dtype(d.exp_avg_sq_dtype());
-  o.lr_tensor(d.lr_tensor());
+// The options a LibTorch archive lacks (ampkit's: OptionArchive::kOptional), from this optimizer's defaults.
+template <typename Options>
+void take_defaults_libtorch_lacks(Options& o, const Options& d) {
+  Options::for_each_option([&](const char*, auto value, auto, OptionArchive archive) {
+    if (archive == OptionArchive::kOptional) {
+      o.*value = d.*value;
+    }
+  });
 }
 
-void take_defaults_libtorch_lacks(SGDOptions& o, const SGDOptions& d) {
-  o.maximize(d.maximize()).master_weights(d.master_weights()).write_unscaled_grads(d.write_unscaled_grads());
-  o.momentum_dtype(d.momentum_dtype());
-  o.lr_tensor(d.lr_tensor());
+// An option into an archive, as torch::optim::serialize writes LibTorch's (ampkit's own types by their writers).
+template <typename T>
+void write_option(torch::serialize::OutputArchive& archive, const char* name, const T& value) {
+  archive.write(name, c10::IValue(value));
+}
+void write_option(torch::serialize::OutputArchive& archive, const char*, MasterWeights value) {
+  write_master_weights(archive, value);
+}
+void write_option(torch::serialize::OutputArchive& archive, const char* name, at::ScalarType value) {
+  write_state_dtype(archive, name, value);
+}
+void write_option(torch::serialize::OutputArchive& archive, const char*, const at::Tensor& value) {
+  write_lr_tensor(archive, value);
 }
 
-void take_defaults_libtorch_lacks(LAMBOptions& o, const LAMBOptions& d) {
-  o.master_weights(d.master_weights()).lr_tensor(d.lr_tensor());
+// A required option (LibTorch's: an archive without it is refused, naming `options`), or an optional one (ampkit's:
+// left as it is where the archive lacks it).
+void read_required_option(torch::serialize::InputArchive& archive, const char* options, const char* name,
+                          double& value) {
+  value = read_double(archive, options, name);
+}
+void read_required_option(torch::serialize::InputArchive& archive, const char* options, const char* name, bool& value) {
+  value = read_bool(archive, options, name);
+}
+void read_required_option(torch::serialize::InputArchive& archive, const char* options, const char*,
+                          std::tuple<double, double>& value) {
+  value = read_betas(archive, options);
+}
+void read_optional_option(torch::serialize::InputArchive& archive, const char* name, bool& value) {
+  read_optional_flag(archive, name, value);
+}
+void read_optional_option(torch::serialize::InputArchive& archive, const char*, MasterWeights& value) {
+  read_master_weights(archive, value);
+}
+void read_optional_option(torch::serialize::InputArchive& archive, const char* name, at::ScalarType& value) {
+  read_state_dtype(archive, name, value);
+}
+void read_optional_option(torch::serialize::InputArchive& archive, const char*, at::Tensor& value) {
+  read_lr_tensor(archive, value);
+}
+
+// Every option into the archive, in row order (NOTE [Optimizer option table]).
+template <typename Options>
+void write_options(torch::serialize::OutputArchive& archive, const Options& o) {
+  Options::for_each_option(
+      [&](const char* name, auto value, auto, OptionArchive) { write_option(archive, name, o.*value); });
+}
+
+// Every option from the archive: LibTorch's (NOTE [LibTorch archives]), marked set as their setters mark them, then
+// ampkit's.
+template <typename Options>
+void read_options(torch::serialize::InputArchive& archive, Options& o) {
+  Options::for_each_option([&](const char* name, auto value, auto set, OptionArchive kind) {
+    using T = std::decay_t<decltype(o.*value)>;
+    if (kind == OptionArchive::kRequired) {
+      if constexpr (std::is_same_v<T, double> || std::is_same_v<T, bool> ||
+                    std::is_same_v<T, std::tuple<double, double>>) {
+        read_required_option(archive, Options::kOptionsName, name, o.*value);
+        o.*set = true;
+      } else {
+        TORCH_INTERNAL_ASSERT(false, "option ", name, " cannot be a required one");
+      }
+    } else {
+      if constexpr (std::is_same_v<T, double> || std::is_same_v<T, std::tuple<double, double>>) {
+        TORCH_INTERNAL_ASSERT(false, "option ", name, " cannot be an optional one");
+      } else {
+        read_optional_option(archive, name, o.*value);
+      }
+    }
+  });
 }
 
 // The entries of a LibTorch param state, as the core names them (and back).
@@ -297,34 +361,12 @@ void FusedOptimizer<Derived, Options, State>::init_master_params() {
 
 template <bool kDecoupled>
 void AdamOptionsT<kDecoupled>::serialize(torch::serialize::OutputArchive& archive) const {
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(lr);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(betas);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(eps);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(weight_decay);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(amsgrad);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(maximize);
-  write_master_weights(archive, master_weights());
-  write_state_dtype(archive, "exp_avg_dtype", exp_avg_dtype());
-  write_state_dtype(archive, "exp_avg_sq_dtype", exp_avg_sq_dtype());
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(write_unscaled_grads);
-  write_lr_tensor(archive, lr_tensor());
+  write_options(archive, *this);
 }
 
 template <bool kDecoupled>
 void AdamOptionsT<kDecoupled>::serialize(torch::serialize::InputArchive& archive) {
-  // LibTorch's options (NOTE [LibTorch archives]), then ampkit's.
-  const char* const name = kDecoupled ? "AdamWOptions" : "AdamOptions";
-  lr(read_double(archive, name, "lr"));
-  betas(read_betas(archive, name));
-  eps(read_double(archive, name, "eps"));
-  weight_decay(read_double(archive, name, "weight_decay"));
-  amsgrad(read_bool(archive, name, "amsgrad"));
-  read_optional_flag(archive, "maximize", maximize_);
-  read_master_weights(archive, master_weights_);
-  read_state_dtype(archive, "exp_avg_dtype", exp_avg_dtype_);
-  read_state_dtype(archive, "exp_avg_sq_dtype", exp_avg_sq_dtype_);
-  read_optional_flag(archive, "write_unscaled_grads", write_unscaled_grads_);
-  read_lr_tensor(archive, lr_tensor_);
+  read_options(archive, *this);
 }
 
 void AdamParamState::serialize(torch::serialize::OutputArchive& archive) const {
@@ -349,23 +391,17 @@ void AdamParamState::serialize(torch::serialize::InputArchive& archive) {
   _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, sr_seed);
 }
 
+// The config of a group's options: each row's field (NOTE [Optimizer option table]); a PY_ROW's value is its
+// default (the type's: AdamW's decoupled weight decay).
+#define AMPKIT_CONFIG_FIELD(T, name, default_, archive, python, field) c.field = o.name();
+#define AMPKIT_CONFIG_PY_FIELD(T, name, default_, field) c.field = default_;
+
 template <bool kDecoupled>
 core::GroupConfig AdamT<kDecoupled>::config(const Options& o) {
   core::GroupConfig c;
   c.optimizer = kName;
   c.algorithm = core::Algorithm::kAdam;
-  c.lr = o.lr();
-  c.lr_tensor = o.lr_tensor();
-  std::tie(c.beta1, c.beta2) = o.betas();
-  c.eps = o.eps();
-  c.weight_decay = o.weight_decay();
-  c.amsgrad = o.amsgrad();
-  c.decoupled_weight_decay = kDecoupled;
-  c.maximize = o.maximize();
-  c.master_weights = o.master_weights();
-  c.exp_avg_dtype = o.exp_avg_dtype();
-  c.exp_avg_sq_dtype = o.exp_avg_sq_dtype();
-  c.write_unscaled_grads = o.write_unscaled_grads();
+  AMPKIT_ADAM_OPTIONS(AMPKIT_CONFIG_FIELD, AMPKIT_CONFIG_PY_FIELD)
   return c;
 }
 
@@ -378,32 +414,9 @@ template class AdamT<true>;
 
 // ---- SGD ------------------------------------------------------------------------------------------------------
 
-void SGDOptions::serialize(torch::serialize::OutputArchive& archive) const {
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(lr);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(momentum);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(dampening);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(weight_decay);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(nesterov);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(maximize);
-  write_master_weights(archive, master_weights());
-  write_state_dtype(archive, "momentum_dtype", momentum_dtype());
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(write_unscaled_grads);
-  write_lr_tensor(archive, lr_tensor());
-}
+void SGDOptions::serialize(torch::serialize::OutputArchive& archive) const { write_options(archive, *this); }
 
-void SGDOptions::serialize(torch::serialize::InputArchive& archive) {
-  // LibTorch's options (NOTE [LibTorch archives]), then ampkit's.
-  lr(read_double(archive, "SGDOptions", "lr"));
-  momentum(read_double(archive, "SGDOptions", "momentum"));
-  dampening(read_double(archive, "SGDOptions", "dampening"));
-  weight_decay(read_double(archive, "SGDOptions", "weight_decay"));
-  nesterov(read_bool(archive, "SGDOptions", "nesterov"));
-  read_optional_flag(archive, "maximize", maximize_);
-  read_master_weights(archive, master_weights_);
-  read_state_dtype(archive, "momentum_dtype", momentum_dtype_);
-  read_optional_flag(archive, "write_unscaled_grads", write_unscaled_grads_);
-  read_lr_tensor(archive, lr_tensor_);
-}
+void SGDOptions::serialize(torch::serialize::InputArchive& archive) { read_options(archive, *this); }
 
 void SGDParamState::serialize(torch::serialize::OutputArchive& archive) const {
   write_step(archive, step());  // an int64, as LibTorch's (NOTE [LibTorch archives])
@@ -427,16 +440,7 @@ core::GroupConfig SGD::config(const SGDOptions& o) {
   core::GroupConfig c;
   c.optimizer = kName;
   c.algorithm = core::Algorithm::kSGD;
-  c.lr = o.lr();
-  c.lr_tensor = o.lr_tensor();
-  c.momentum = o.momentum();
-  c.dampening = o.dampening();
-  c.weight_decay = o.weight_decay();
-  c.nesterov = o.nesterov();
-  c.maximize = o.maximize();
-  c.master_weights = o.master_weights();
-  c.exp_avg_dtype = o.momentum_dtype();
-  c.write_unscaled_grads = o.write_unscaled_grads();
+  AMPKIT_SGD_OPTIONS(AMPKIT_CONFIG_FIELD, AMPKIT_CONFIG_PY_FIELD)
   return c;
 }
 
@@ -466,49 +470,15 @@ template class FusedOptimizer<SGD, SGDOptions, SGDParamState>;
 
 // ---- LAMB -----------------------------------------------------------------------------------------------------
 
-void LAMBOptions::serialize(torch::serialize::OutputArchive& archive) const {
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(lr);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(betas);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(eps);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(weight_decay);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(bias_correction);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(adam_w_mode);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(grad_averaging);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(max_grad_norm);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(use_nvlamb);
-  write_master_weights(archive, master_weights());
-  write_lr_tensor(archive, lr_tensor());
-}
+void LAMBOptions::serialize(torch::serialize::OutputArchive& archive) const { write_options(archive, *this); }
 
-void LAMBOptions::serialize(torch::serialize::InputArchive& archive) {
-  lr(read_double(archive, "LAMBOptions", "lr"));
-  betas(read_betas(archive, "LAMBOptions"));
-  eps(read_double(archive, "LAMBOptions", "eps"));
-  weight_decay(read_double(archive, "LAMBOptions", "weight_decay"));
-  bias_correction(read_bool(archive, "LAMBOptions", "bias_correction"));
-  adam_w_mode(read_bool(archive, "LAMBOptions", "adam_w_mode"));
-  grad_averaging(read_bool(archive, "LAMBOptions", "grad_averaging"));
-  max_grad_norm(read_double(archive, "LAMBOptions", "max_grad_norm"));
-  use_nvlamb(read_bool(archive, "LAMBOptions", "use_nvlamb"));
-  read_master_weights(archive, master_weights_);
-  read_lr_tensor(archive, lr_tensor_);
-}
+void LAMBOptions::serialize(torch::serialize::InputArchive& archive) { read_options(archive, *this); }
 
 core::GroupConfig LAMB::config(const LAMBOptions& o) {
   core::GroupConfig c;
   c.optimizer = kName;
   c.algorithm = core::Algorithm::kLamb;
-  c.lr = o.lr();
-  c.lr_tensor = o.lr_tensor();
-  std::tie(c.beta1, c.beta2) = o.betas();
-  c.eps = o.eps();
-  c.weight_decay = o.weight_decay();
-  c.decoupled_weight_decay = o.adam_w_mode();
-  c.bias_correction = o.bias_correction();
-  c.grad_averaging = o.grad_averaging();
-  c.max_grad_norm = o.max_grad_norm();
-  c.use_nvlamb = o.use_nvlamb();
-  c.master_weights = o.master_weights();
+  AMPKIT_LAMB_OPTIONS(AMPKIT_CONFIG_FIELD, AMPKIT_CONFIG_PY_FIELD)
   c.write_unscaled_grads = false;  // LAMB only reads the grads
   return c;
 }

@@ -104,23 +104,107 @@ int plain_type(PyObject* item) {
 
 double number(const py::handle& v) { return ampkit::python::hparam_value(v); }  // tensor betas: tensor_hparams.h
 
-// group[key], or `fallback` where the group (a constructor's partial one) has no such key.
-py::object get(const py::dict& group, const char* key, py::object fallback) {
-  return group.contains(key) ? py::object(group[key]) : std::move(fallback);
+// A param-group value as an option's type (the conversions of ampkit.optim's spellings).
+void from_py(const std::string&, const char*, const py::handle& v, double& out) { out = number(v); }
+void from_py(const std::string&, const char*, const py::handle& v, bool& out) { out = v.cast<bool>(); }
+void from_py(const std::string&, const char*, const py::handle& v, std::tuple<double&, double&> out) {
+  const py::sequence betas = py::reinterpret_borrow<py::object>(v);
+  out = std::make_tuple(number(betas[0]), number(betas[1]));
 }
-
-// A state dtype option of a group (None: FP32), as a ScalarType; its range is the core's check.
-at::ScalarType state_dtype_option(const std::string& optimizer, const py::dict& group, const char* key) {
-  const py::object v = get(group, key, py::none());
+void from_py(const std::string& optimizer, const char* key, const py::handle& v, ampkit::optim::MasterWeights& out) {
+  using ampkit::optim::MasterWeights;
   if (v.is_none()) {
-    return at::kFloat;
+    out = MasterWeights::kAuto;
+    return;
+  }
+  if (PyBool_Check(v.ptr())) {
+    out = MasterWeights(v.ptr() == Py_True);
+    return;
+  }
+  if (py::isinstance<py::str>(v)) {
+    const std::string name = v.cast<std::string>();
+    for (const MasterWeights mode : {MasterWeights::remainder(), MasterWeights::stochastic(), MasterWeights::kahan()}) {
+      if (name == mode.name()) {
+        out = mode;
+        return;
+      }
+    }
+  }
+  throw py::value_error(optimizer + ": " + key +
+                        " must be None, True, False or one of 'remainder', 'stochastic', 'kahan', but got " +
+                        std::string(py::repr(v)));
+}
+// A state dtype option (None: FP32); its range is the core's check.
+void from_py(const std::string& optimizer, const char* key, const py::handle& v, at::ScalarType& out) {
+  if (v.is_none()) {
+    out = at::kFloat;
+    return;
   }
   if (!THPDtype_Check(v.ptr())) {
     throw py::type_error(optimizer + ": " + key + " must be a torch.dtype (torch.float32, torch.bfloat16 or " +
                          "torch.uint8) or None, but got " + std::string(py::str(py::type::of(v).attr("__name__"))) +
                          " " + std::string(py::repr(v)));
   }
-  return reinterpret_cast<THPDtype*>(v.ptr())->scalar_type;
+  out = reinterpret_cast<THPDtype*>(v.ptr())->scalar_type;
+}
+
+// The learning rate: a number, or a tensor (lr_tensor; lr is its value where it can be read on the host, for the
+// core's range check).
+void lr_from_py(const py::handle& v, core::GroupConfig& c) {
+  if (THPVariable_Check(v.ptr())) {
+    c.lr_tensor = THPVariable_Unpack(v.ptr());
+    c.lr = c.lr_tensor.is_cpu() && c.lr_tensor.numel() == 1 ? c.lr_tensor.item<double>() : 0.0;
+  } else {
+    c.lr = number(v);
+  }
+}
+
+// The group's value of one row (NOTE [Optimizer option table]) into its field: a param-group key (the row's default
+// where the group, a constructor's partial one, lacks it), the write_unscaled_grads attribute, or nothing.
+template <ampkit::optim::OptionPython kPython, typename T, typename Field>
+void read_row(const std::string& optimizer, const py::dict& group, PyObject* key, const char* name,
+              const T& default_value, bool write_unscaled_grads, Field&& field, core::GroupConfig& c) {
+  using Python = ampkit::optim::OptionPython;
+  if constexpr (kPython == Python::kAttribute) {
+    field = write_unscaled_grads;
+  } else if constexpr (kPython != Python::kNone) {
+    PyObject* v = PyDict_GetItemWithError(group.ptr(), key);
+    if (v == nullptr) {
+      if (PyErr_Occurred() != nullptr) {
+        throw py::error_already_set();
+      }
+      field = default_value;
+    } else if constexpr (kPython == Python::kLr) {
+      lr_from_py(v, c);
+    } else {
+      from_py(optimizer, name, v, field);
+    }
+  }
+}
+
+// One row's read; its key made once (an interned str, kept).
+#define AMPKIT_GROUP_FIELD(T, name, default_, archive, python, field)                                              \
+  {                                                                                                                \
+    static PyObject* const key = PyUnicode_InternFromString(#name); /* NOLINT(cppcoreguidelines-owning-memory) */  \
+    read_row<ampkit::optim::OptionPython::python>(optimizer, group, key, #name, T(default_), write_unscaled_grads, \
+                                                  c.field, c);                                                     \
+  }
+#define AMPKIT_GROUP_PY_FIELD(T, name, default_, field) AMPKIT_GROUP_FIELD(T, name, default_, kOptional, kGroup, field)
+
+// The rows of an algorithm read from a group into `c` (kDecoupled: the Adam list's defaults, Adam's).
+template <core::Algorithm kAlgorithm>
+void read_group(const std::string& optimizer, const py::dict& group, bool write_unscaled_grads, core::GroupConfig& c) {
+  [[maybe_unused]] constexpr bool kDecoupled = false;
+  using betas_t = std::tuple<double, double>;
+  using ampkit::optim::MasterWeights;
+  if constexpr (kAlgorithm == core::Algorithm::kAdam) {
+    AMPKIT_ADAM_OPTIONS(AMPKIT_GROUP_FIELD, AMPKIT_GROUP_PY_FIELD)
+  } else if constexpr (kAlgorithm == core::Algorithm::kSGD) {
+    AMPKIT_SGD_OPTIONS(AMPKIT_GROUP_FIELD, AMPKIT_GROUP_PY_FIELD)
+  } else {
+    AMPKIT_LAMB_OPTIONS(AMPKIT_GROUP_FIELD, AMPKIT_GROUP_PY_FIELD)
+    c.write_unscaled_grads = false;  // LAMB only reads the grads
+  }
 }
 
 // A param group of ampkit.optim (a dict with torch.optim's keys) as the core's config; `optimizer` must outlive it.
@@ -129,55 +213,91 @@ core::GroupConfig group_config(const std::string& kind, const std::string& optim
   TORCH_CHECK_VALUE(kind == "adam" || kind == "sgd" || kind == "lamb", "ampkit.optim: unknown algorithm '", kind, "'");
   core::GroupConfig c;
   c.optimizer = optimizer.c_str();
-  c.algorithm = kind == "sgd"    ? core::Algorithm::kSGD
-                : kind == "lamb" ? core::Algorithm::kLamb
-                                 : core::Algorithm::kAdam;
-  const py::object lr = group["lr"];
-  if (THPVariable_Check(lr.ptr())) {
-    c.lr_tensor = THPVariable_Unpack(lr.ptr());
-    c.lr = c.lr_tensor.is_cpu() && c.lr_tensor.numel() == 1 ? c.lr_tensor.item<double>() : 0.0;  // range check
+  if (kind == "sgd") {
+    c.algorithm = core::Algorithm::kSGD;
+    read_group<core::Algorithm::kSGD>(optimizer, group, write_unscaled_grads, c);
+  } else if (kind == "lamb") {
+    c.algorithm = core::Algorithm::kLamb;
+    read_group<core::Algorithm::kLamb>(optimizer, group, write_unscaled_grads, c);
   } else {
-    c.lr = number(lr);
+    c.algorithm = core::Algorithm::kAdam;
+    read_group<core::Algorithm::kAdam>(optimizer, group, write_unscaled_grads, c);
   }
-  const py::object no = py::bool_(false);
-  const py::object zero = py::float_(0.0);
-  c.weight_decay = number(group["weight_decay"]);
-  c.maximize = get(group, "maximize", no).cast<bool>();
-  if (c.algorithm != core::Algorithm::kSGD) {  // Adam's and LAMB's moments
-    const py::sequence betas = group["betas"];
-    c.beta1 = number(betas[0]);
-    c.beta2 = number(betas[1]);
-    c.eps = number(group["eps"]);
-  }
-  if (c.algorithm == core::Algorithm::kLamb) {
-    const py::object yes = py::bool_(true);
-    c.decoupled_weight_decay = get(group, "adam_w_mode", yes).cast<bool>();
-    c.bias_correction = get(group, "bias_correction", yes).cast<bool>();
-    c.grad_averaging = get(group, "grad_averaging", yes).cast<bool>();
-    c.use_nvlamb = get(group, "use_nvlamb", no).cast<bool>();
-    c.max_grad_norm = number(get(group, "max_grad_norm", zero));
-  } else if (c.algorithm == core::Algorithm::kAdam) {
-    c.amsgrad = get(group, "amsgrad", no).cast<bool>();
-    c.decoupled_weight_decay = get(group, "decoupled_weight_decay", no).cast<bool>();
-    c.exp_avg_dtype = state_dtype_option(optimizer, group, "exp_avg_dtype");
-    c.exp_avg_sq_dtype = state_dtype_option(optimizer, group, "exp_avg_sq_dtype");
-  } else {
-    c.momentum = number(get(group, "momentum", zero));
-    c.dampening = number(get(group, "dampening", zero));
-    c.nesterov = get(group, "nesterov", no).cast<bool>();
-    c.exp_avg_dtype = state_dtype_option(optimizer, group, "momentum_dtype");
-  }
-  const py::object mw = group.contains("master_weights") ? py::object(group["master_weights"]) : py::none();
-  if (mw.is_none()) {
-    c.master_weights = ampkit::optim::MasterWeights::kAuto;
-  } else if (py::isinstance<py::str>(mw)) {
-    c.master_weights = ampkit::optim::MasterWeights::from_name(mw.cast<std::string>());
-  } else {
-    c.master_weights = ampkit::optim::MasterWeights(mw.cast<bool>());
-  }
-  c.write_unscaled_grads = write_unscaled_grads;
   c.python_spelling = true;
   return c;
+}
+
+// A row's default as ampkit.optim spells it: None for an unset master_weights and for FP32 states.
+py::object py_default(double v) { return py::float_(v); }
+py::object py_default(bool v) { return py::bool_(v); }
+py::object py_default(const std::tuple<double, double>& v) { return py::make_tuple(std::get<0>(v), std::get<1>(v)); }
+py::object py_default(ampkit::optim::MasterWeights v) {
+  return v == ampkit::optim::MasterWeights::kAuto ? py::none() : py::object(py::str(v.name()));
+}
+py::object py_default(at::ScalarType v) { return v == at::kFloat ? py::none() : py::cast(v); }
+py::object py_default(const at::Tensor&) { return py::none(); }
+
+const char* python_name(ampkit::optim::OptionPython p) {
+  switch (p) {
+    case ampkit::optim::OptionPython::kGroup:
+      return "group";
+    case ampkit::optim::OptionPython::kLr:
+      return "lr";
+    case ampkit::optim::OptionPython::kAttribute:
+      return "attribute";
+    default:
+      return "none";
+  }
+}
+
+// The state entry whose dtype a state dtype option's field picks (core::state_dtype), else None.
+py::object state_entry(const std::string& field, bool sgd) {
+  if (field == "exp_avg_dtype") {
+    return py::str(sgd ? "momentum_buffer" : "exp_avg");
+  }
+  return field == "exp_avg_sq_dtype" ? py::object(py::str("exp_avg_sq")) : py::object(py::none());
+}
+
+// The option table of an optimizer ("Adam", "AdamW", "SGD", "LAMB") for Python: (name, default, python, archive,
+// field, state entry) per row, in row order; a PY_ROW's archive is "python only".
+#define AMPKIT_TABLE_ROW(T, name, default_, archive, python, field)                                               \
+  rows.append(py::make_tuple(                                                                                     \
+      #name, py_default(T(default_)), python_name(ampkit::optim::OptionPython::python),                           \
+      ampkit::optim::OptionArchive::archive == ampkit::optim::OptionArchive::kRequired ? "required" : "optional", \
+      #field, state_entry(#field, sgd)));
+#define AMPKIT_TABLE_PY_ROW(T, name, default_, field) \
+  rows.append(py::make_tuple(#name, py_default(T(default_)), "group", "python only", #field, state_entry(#field, sgd)));
+
+template <bool kDecoupled>
+py::list adam_table() {
+  using betas_t = std::tuple<double, double>;
+  using ampkit::optim::MasterWeights;
+  constexpr bool sgd = false;
+  py::list rows;
+  AMPKIT_ADAM_OPTIONS(AMPKIT_TABLE_ROW, AMPKIT_TABLE_PY_ROW)
+  return rows;
+}
+
+py::list option_table(const std::string& optimizer) {
+  using betas_t = std::tuple<double, double>;
+  using ampkit::optim::MasterWeights;
+  py::list rows;
+  if (optimizer == "Adam") {
+    return adam_table<false>();
+  }
+  if (optimizer == "AdamW") {
+    return adam_table<true>();
+  }
+  if (optimizer == "SGD") {
+    constexpr bool sgd = true;
+    AMPKIT_SGD_OPTIONS(AMPKIT_TABLE_ROW, AMPKIT_TABLE_PY_ROW)
+    return rows;
+  }
+  TORCH_CHECK_VALUE(optimizer == "LAMB", "ampkit._C._optim_options: optimizer must be 'Adam', 'AdamW', 'SGD' or ",
+                    "'LAMB', but got '", optimizer, "'");
+  constexpr bool sgd = false;
+  AMPKIT_LAMB_OPTIONS(AMPKIT_TABLE_ROW, AMPKIT_TABLE_PY_ROW)
+  return rows;
 }
 
 // Reads a state dict of ampkit.optim (torch.optim's entry names; other keys and non-tensor values are ignored):
@@ -291,170 +411,251 @@ const char* mode_name(core::MasterMode mode) {
 
 }  // namespace
 
+// NOTE [The bound optimizer core]
+// ampkit.optim reaches the C++ core through one object per optimizer class, _C.OptimizerCore(algorithm, name): its
+// methods take a param group (a dict with torch.optim's keys, read through the option table, NOTE [Optimizer option
+// table]) and make the core's decisions on it; `name` names the optimizer in errors. What needs no group (whether
+// the kernels take a parameter, remainders, masters, the entries' names) are static methods.
+struct OptimizerCore {
+  std::string algorithm;
+  std::string name;
+
+  core::GroupConfig config(const py::dict& group, bool write_unscaled_grads = true) const {
+    return guarded([&] { return group_config(algorithm, name, group, write_unscaled_grads); });
+  }
+};
+
+constexpr const char* kCoreDoc =
+    "The C++ core of an ampkit optimizer (NOTE [The bound optimizer core]): algorithm 'adam', 'sgd' or 'lamb'; "
+    "name: the optimizer's name in errors.";
+
 void bind_optim(py::module_& m) {
-  m.def("_optim_check", [](const std::string& kind, const std::string& optimizer, const py::dict& group,
-                           const std::vector<at::Tensor>& params) {
-    guarded([&] { core::check_group(group_config(kind, optimizer, group, true), params); });
-  });
-  m.def("_optim_check_config", [](const std::string& kind, const std::string& optimizer, const py::dict& group) {
-    guarded([&] { core::check_config(group_config(kind, optimizer, group, true)); });
-  });
-  m.def("_optim_step", [](const std::string& kind, const std::string& optimizer, const py::dict& group,
-                          const std::vector<at::Tensor>& params, const std::vector<py::dict>& states,
-                          const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf,
-                          bool write_unscaled_grads, const std::optional<at::Tensor>& grad_norm) {
-    core::GroupConfig config = guarded([&] { return group_config(kind, optimizer, group, write_unscaled_grads); });
-    if (grad_norm.has_value()) {
-      config.grad_norm = *grad_norm;
-    }
-    const std::vector<py::object> dicts(states.begin(), states.end());
-    step_with_states(config, params, dicts, grad_scale, found_inf, [](size_t, const py::dict&) {});
-  });
+  m.def(
+      "_optim_options", [](const std::string& optimizer) { return guarded([&] { return option_table(optimizer); }); },
+      py::arg("optimizer"),
+      "The option table of an ampkit optimizer ('Adam', 'AdamW', 'SGD', 'LAMB'): (name, default, python, archive, "
+      "field, state entry) per option, in order (NOTE [Optimizer option table] in ampkit/optim_options.h).");
+  py::class_<OptimizerCore> cls(m, "OptimizerCore", kCoreDoc);
+  cls.def(py::init([](const std::string& algorithm, const std::string& name) {
+            guarded([&] {
+              TORCH_CHECK_VALUE(algorithm == "adam" || algorithm == "sgd" || algorithm == "lamb",
+                                "ampkit._C.OptimizerCore: algorithm must be 'adam', 'sgd' or 'lamb', but got '",
+                                algorithm, "'");
+            });
+            return OptimizerCore{algorithm, name};
+          }),
+          py::arg("algorithm"), py::arg("name"));
+  cls.def_readonly("algorithm", &OptimizerCore::algorithm);
+  cls.def_readonly("name", &OptimizerCore::name);
+  cls.def(
+      "check_config",
+      [](const OptimizerCore& self, const py::dict& group) {
+        guarded([&] { core::check_config(self.config(group)); });
+      },
+      py::arg("group"), "torch.optim's range checks of the group's options (ValueError).");
+  cls.def(
+      "check",
+      [](const OptimizerCore& self, const py::dict& group, const std::vector<at::Tensor>& params) {
+        const core::GroupConfig config = self.config(group);
+        guarded([&] { core::check_group(config, params); });
+      },
+      py::arg("group"), py::arg("params"),
+      "Checks the group's options and every parameter with a grad, writing nothing (core::check_group).");
+  cls.def(
+      "step",
+      [](const OptimizerCore& self, const py::dict& group, const std::vector<at::Tensor>& params,
+         const std::vector<py::dict>& states, const std::optional<at::Tensor>& grad_scale,
+         const std::optional<at::Tensor>& found_inf, bool write_unscaled_grads,
+         const std::optional<at::Tensor>& grad_norm) {
+        core::GroupConfig config = self.config(group, write_unscaled_grads);
+        if (grad_norm.has_value()) {
+          config.grad_norm = *grad_norm;
+        }
+        const std::vector<py::object> dicts(states.begin(), states.end());
+        step_with_states(config, params, dicts, grad_scale, found_inf, [](size_t, const py::dict&) {});
+      },
+      py::arg("group"), py::arg("params"), py::arg("states"), py::arg("grad_scale"), py::arg("found_inf"),
+      py::arg("write_unscaled_grads"), py::arg("grad_norm"),
+      "One step of `params` (each with a grad) with their state dicts `states`, completed in place.");
   // One group's step with the lists assembled here (NOTE [Group steps from Python]): `state` is the optimizer's
   // state mapping (a dict: parameter -> dict of entries); states the step creates are added to it. Returns False,
   // having done nothing, for a group with DTensor parameters.
-  m.def("_optim_step_group", [](const std::string& kind, const std::string& optimizer, const py::dict& group,
-                                const py::dict& state, const std::optional<at::Tensor>& grad_scale,
-                                const std::optional<at::Tensor>& found_inf, bool write_unscaled_grads,
-                                const std::optional<at::Tensor>& grad_norm) {
-    // NOTE [Group steps from Python]
-    // ampkit.optim's step over thousands of small parameters spent a third of its time building Python lists
-    // (the parameters with a grad, their states) and converting them. Here the parameters' grads are read from
-    // the C++ tensors, states looked up in the optimizer's dict (dict.get: no default entry is created) and
-    // read in place; only the entries the step creates or replaces are written back.
-    core::GroupConfig config = guarded([&] { return group_config(kind, optimizer, group, write_unscaled_grads); });
-    if (grad_norm.has_value()) {
-      config.grad_norm = *grad_norm;
-    }
-    const py::object list = group["params"];
-    if (!PyList_Check(list.ptr())) {
-      throw py::type_error(optimizer + ".step: param_groups[i]['params'] must be a list, but got " +
-                           std::string(py::str(py::type::of(list))));
-    }
-    const Py_ssize_t n = PyList_GET_SIZE(list.ptr());
-    // NOTE [Borrowed tensor lists]: `keys` holds the parameters' Python objects, which keep their tensors alive
-    // (Python references: no atomic count, no GIL round trip).
-    ampkit::detail::BorrowedTensors params;
-    std::vector<py::object> keys;
-    std::vector<py::object> dicts;  // the states (None: none yet)
-    params.reserve(n);
-    keys.reserve(n);
-    dicts.reserve(n);
-    StateLookup lookup(state.ptr());
-    const py::object& dtensor = dtensor_type();
-    // Two passes over the parameters (NOTE [One pass per parameter] in csrc/ops/checks.cpp): this one reads each
-    // one's type, grad and state dict, and is the only one that may run Python code (an isinstance, a subclass's
-    // __hash__); step_with_states then borrows the states' entries (NOTE [Borrowed states]).
-    // The list's size is read on every iteration: Python code may change it.
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(list.ptr()); ++i) {
-      PyObject* item = PyList_GET_ITEM(list.ptr(), i);
-      // The plain tensor class it is an instance of (-1: none), tested first: isinstance costs several times more.
-      const int plain = plain_type(item);
-      // A DTensor parameter (FSDP2): False, nothing done; the caller steps the local shards.
-      if (!dtensor.is_none() && plain < 0) {
-        const int is = PyObject_IsInstance(item, dtensor.ptr());
-        if (is < 0) {
-          throw py::error_already_set();
+  cls.def(
+      "step_group",
+      [](const OptimizerCore& self, const py::dict& group, const py::dict& state,
+         const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf,
+         bool write_unscaled_grads, const std::optional<at::Tensor>& grad_norm) {
+        const std::string& optimizer = self.name;
+        // NOTE [Group steps from Python]
+        // ampkit.optim's step over thousands of small parameters spent a third of its time building Python lists
+        // (the parameters with a grad, their states) and converting them. Here the parameters' grads are read from
+        // the C++ tensors, states looked up in the optimizer's dict (dict.get: no default entry is created) and
+        // read in place; only the entries the step creates or replaces are written back.
+        core::GroupConfig config = self.config(group, write_unscaled_grads);
+        if (grad_norm.has_value()) {
+          config.grad_norm = *grad_norm;
         }
-        if (is == 1) {
-          return false;
+        const py::object list = group["params"];
+        if (!PyList_Check(list.ptr())) {
+          throw py::type_error(optimizer + ".step: param_groups[i]['params'] must be a list, but got " +
+                               std::string(py::str(py::type::of(list))));
         }
-      }
-      if (!THPVariable_Check(item)) {
-        throw py::type_error(optimizer + ".step: params[" + std::to_string(i) + "] is not a tensor but " +
-                             std::string(py::str(py::type::of(py::handle(item)))));
-      }
-      py::object key = py::reinterpret_borrow<py::object>(item);  // held while Python code may run
-      const at::Tensor& p = THPVariable_Unpack(item);
-      if (!p.grad().defined()) {
-        continue;
-      }
-      PyObject* d = lookup.get(item, plain);
-      if (d == nullptr && PyErr_Occurred()) {
-        throw py::error_already_set();
-      }
-      if (d != nullptr && !PyDict_Check(d)) {
-        throw py::type_error(optimizer + ".step: the state of params[" + std::to_string(i) +
-                             "] must be a dict, but got " + std::string(py::str(py::type::of(py::handle(d)))));
-      }
-      params.push_back(p);
-      keys.push_back(std::move(key));
-      dicts.push_back(d != nullptr ? py::reinterpret_borrow<py::object>(d) : py::object());
-    }
-    step_with_states(config, params, dicts, grad_scale, found_inf, [&](size_t i, const py::dict& d) {
-      if (PyDict_SetItem(state.ptr(), keys[i].ptr(), d.ptr()) != 0) {
-        throw py::error_already_set();
-      }
-    });
-    return true;
-  });
+        const Py_ssize_t n = PyList_GET_SIZE(list.ptr());
+        // NOTE [Borrowed tensor lists]: `keys` holds the parameters' Python objects, which keep their tensors alive
+        // (Python references: no atomic count, no GIL round trip).
+        ampkit::detail::BorrowedTensors params;
+        std::vector<py::object> keys;
+        std::vector<py::object> dicts;  // the states (None: none yet)
+        params.reserve(n);
+        keys.reserve(n);
+        dicts.reserve(n);
+        StateLookup lookup(state.ptr());
+        const py::object& dtensor = dtensor_type();
+        // Two passes over the parameters (NOTE [One pass per parameter] in csrc/ops/checks.cpp): this one reads each
+        // one's type, grad and state dict, and is the only one that may run Python code (an isinstance, a subclass's
+        // __hash__); step_with_states then borrows the states' entries (NOTE [Borrowed states]).
+        // The list's size is read on every iteration: Python code may change it.
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(list.ptr()); ++i) {
+          PyObject* item = PyList_GET_ITEM(list.ptr(), i);
+          // The plain tensor class it is an instance of (-1: none), tested first: isinstance costs several times more.
+          const int plain = plain_type(item);
+          // A DTensor parameter (FSDP2): False, nothing done; the caller steps the local shards.
+          if (!dtensor.is_none() && plain < 0) {
+            const int is = PyObject_IsInstance(item, dtensor.ptr());
+            if (is < 0) {
+              throw py::error_already_set();
+            }
+            if (is == 1) {
+              return false;
+            }
+          }
+          if (!THPVariable_Check(item)) {
+            throw py::type_error(optimizer + ".step: params[" + std::to_string(i) + "] is not a tensor but " +
+                                 std::string(py::str(py::type::of(py::handle(item)))));
+          }
+          py::object key = py::reinterpret_borrow<py::object>(item);  // held while Python code may run
+          const at::Tensor& p = THPVariable_Unpack(item);
+          if (!p.grad().defined()) {
+            continue;
+          }
+          PyObject* d = lookup.get(item, plain);
+          if (d == nullptr && PyErr_Occurred()) {
+            throw py::error_already_set();
+          }
+          if (d != nullptr && !PyDict_Check(d)) {
+            throw py::type_error(optimizer + ".step: the state of params[" + std::to_string(i) +
+                                 "] must be a dict, but got " + std::string(py::str(py::type::of(py::handle(d)))));
+          }
+          params.push_back(p);
+          keys.push_back(std::move(key));
+          dicts.push_back(d != nullptr ? py::reinterpret_borrow<py::object>(d) : py::object());
+        }
+        step_with_states(config, params, dicts, grad_scale, found_inf, [&](size_t i, const py::dict& d) {
+          if (PyDict_SetItem(state.ptr(), keys[i].ptr(), d.ptr()) != 0) {
+            throw py::error_already_set();
+          }
+        });
+        return true;
+      },
+      py::arg("group"), py::arg("state"), py::arg("grad_scale"), py::arg("found_inf"), py::arg("write_unscaled_grads"),
+      py::arg("grad_norm"),
+      "One group's step over the optimizer's state mapping; False (nothing done) for DTensor parameters.");
   // The core's plan of a group's step (core::plan_step), for a compiled step (NOTE [Compiled steps] in
   // ampkit/_compile.py): `grads` one tensor or None per parameter (what the step will read; a trace passes meta
   // tensors of the traced grads' layout), `states` one dict or None. Returns (params, buckets): for each parameter
   // with a grad (index, master mode, fused, staged, the names of the entries to create, the first step, whether
   // its remainder is made from a loaded master); for each fused call (master mode, the names of the entries it
   // reads, positions in params).
-  m.def("_optim_plan", [](const std::string& kind, const std::string& optimizer, const py::dict& group,
-                          const std::vector<at::Tensor>& params, const std::vector<std::optional<at::Tensor>>& grads,
-                          const std::vector<std::optional<py::dict>>& states) {
-    std::vector<core::ParamState> held(states.size());
-    std::vector<const core::ParamState*> pointers(states.size(), nullptr);
-    for (size_t i = 0; i < states.size(); ++i) {
-      if (states[i]) {
-        held[i] = state_from_py(*states[i]);
-        pointers[i] = &held[i];
-      }
-    }
-    std::vector<at::Tensor> grad_list;
-    grad_list.reserve(grads.size());
-    for (const auto& g : grads) {
-      grad_list.push_back(g.value_or(at::Tensor()));
-    }
-    const core::StepPlan plan = guarded(
-        [&] { return core::plan_step(group_config(kind, optimizer, group, true), params, pointers, grad_list); });
-    py::list out_params;
-    for (const auto& e : plan.params) {
-      out_params.append(py::make_tuple(e.index, mode_name(e.mode), e.fused, e.staged,
-                                       core::StepPlan::entry_names(e.missing), e.first_step, e.remainder_from_master));
-    }
-    py::list out_buckets;
-    for (const auto& b : plan.buckets) {
-      out_buckets.append(py::make_tuple(mode_name(b.mode), core::StepPlan::entry_names(b.reads), b.params));
-    }
-    return py::make_tuple(out_params, out_buckets);
-  });
-  m.def("_optim_takes_fused", [](const at::Tensor& p) { return core::takes_fused(p, p); });
-  m.def("_optim_takes_master", [](const std::string& kind, const std::string& optimizer, const py::dict& group) {
-    return guarded([&] { return core::takes_master(group_config(kind, optimizer, group, true)); });
-  });
-  m.def("_optim_remainder_of", [](const at::Tensor& p, const at::Tensor& master) {
-    return guarded([&] { return core::remainder_of(p, master); });
-  });
-  m.def("_optim_master_from_remainder", [](const at::Tensor& p, const at::Tensor& rem) {
-    return guarded([&] { return core::master_from_remainder(p, rem); });
-  });
-  m.def("_optim_check_loaded_state",
-        [](const std::string& kind, const std::string& optimizer, const py::dict& group, const std::string& where,
-           const at::Tensor& p, const std::vector<std::pair<std::string, at::Tensor>>& entries) {
-          guarded([&] { core::check_loaded_state(group_config(kind, optimizer, group, true), where, p, entries); });
-        });
-  m.def("_optim_init_master", [](const at::Tensor& p, py::dict state) {
-    core::ParamState s = state_from_py(state);
-    const core::ParamState before = s;
-    guarded([&] { core::init_master(p, s); });
-    const auto& fields = core::ParamState::fields();
-    state_to_py(
-        [&](size_t k) {
-          const at::Tensor& t = before.*(fields[k].second);
-          return t.defined() ? t.unsafeGetTensorImpl() : nullptr;
-        },
-        s, state);
-  });
-  m.def("_optim_state_names", [] { return core::ParamState::names(); });
-  m.def("_optim_loaded_entry", [](const std::string& kind, const std::string& optimizer, const py::dict& group,
-                                  const std::string& name, const at::Tensor& value, const at::Tensor& p) {
-    return guarded([&] { return core::loaded_entry(group_config(kind, optimizer, group, true), name, value, p); });
-  });
+  cls.def(
+      "plan",
+      [](const OptimizerCore& self, const py::dict& group, const std::vector<at::Tensor>& params,
+         const std::vector<std::optional<at::Tensor>>& grads, const std::vector<std::optional<py::dict>>& states) {
+        std::vector<core::ParamState> held(states.size());
+        std::vector<const core::ParamState*> pointers(states.size(), nullptr);
+        for (size_t i = 0; i < states.size(); ++i) {
+          if (states[i]) {
+            held[i] = state_from_py(*states[i]);
+            pointers[i] = &held[i];
+          }
+        }
+        std::vector<at::Tensor> grad_list;
+        grad_list.reserve(grads.size());
+        for (const auto& g : grads) {
+          grad_list.push_back(g.value_or(at::Tensor()));
+        }
+        const core::GroupConfig config = self.config(group);
+        const core::StepPlan plan = guarded([&] { return core::plan_step(config, params, pointers, grad_list); });
+        py::list out_params;
+        for (const auto& e : plan.params) {
+          out_params.append(py::make_tuple(e.index, mode_name(e.mode), e.fused, e.staged,
+                                           core::StepPlan::entry_names(e.missing), e.first_step,
+                                           e.remainder_from_master));
+        }
+        py::list out_buckets;
+        for (const auto& b : plan.buckets) {
+          out_buckets.append(py::make_tuple(mode_name(b.mode), core::StepPlan::entry_names(b.reads), b.params));
+        }
+        return py::make_tuple(out_params, out_buckets);
+      },
+      py::arg("group"), py::arg("params"), py::arg("grads"), py::arg("states"),
+      "The plan of a group's step (core::plan_step): (params, buckets).");
+  cls.def(
+      "takes_master",
+      [](const OptimizerCore& self, const py::dict& group) {
+        const core::GroupConfig config = self.config(group);
+        return guarded([&] { return core::takes_master(config); });
+      },
+      py::arg("group"), "Whether init_master_params gives the group's parameters FP32 masters.");
+  cls.def(
+      "check_loaded_state",
+      [](const OptimizerCore& self, const py::dict& group, const std::string& where, const at::Tensor& p,
+         const std::vector<std::pair<std::string, at::Tensor>>& entries) {
+        const core::GroupConfig config = self.config(group);
+        guarded([&] { core::check_loaded_state(config, where, p, entries); });
+      },
+      py::arg("group"), py::arg("where"), py::arg("param"), py::arg("entries"),
+      "Checks a loaded state's (name, tensor) entries for `param`; `where` names it in errors (ValueError).");
+  cls.def(
+      "loaded_entry",
+      [](const OptimizerCore& self, const py::dict& group, const std::string& name, const at::Tensor& value,
+         const at::Tensor& p) {
+        const core::GroupConfig config = self.config(group);
+        return guarded([&] { return core::loaded_entry(config, name, value, p); });
+      },
+      py::arg("group"), py::arg("name"), py::arg("value"), py::arg("param"),
+      "A loaded entry as the step keeps it, in the group's state dtypes (core::loaded_entry).");
+  cls.def_static(
+      "takes_fused", [](const at::Tensor& p) { return core::takes_fused(p, p); }, py::arg("param"),
+      "Whether the fused kernels take this parameter (else torch.optim's single-tensor formulas).");
+  cls.def_static(
+      "remainder_of",
+      [](const at::Tensor& p, const at::Tensor& master) {
+        return guarded([&] { return core::remainder_of(p, master); });
+      },
+      py::arg("param"), py::arg("master"), "The int16 remainder that, with the BF16 weight, holds the FP32 master.");
+  cls.def_static(
+      "master_from_remainder",
+      [](const at::Tensor& p, const at::Tensor& rem) {
+        return guarded([&] { return core::master_from_remainder(p, rem); });
+      },
+      py::arg("param"), py::arg("remainder"), "The exact FP32 master held by a BF16 weight and its int16 remainder.");
+  cls.def_static(
+      "init_master",
+      [](const at::Tensor& p, py::dict state) {
+        core::ParamState s = state_from_py(state);
+        const core::ParamState before = s;
+        guarded([&] { core::init_master(p, s); });
+        const auto& fields = core::ParamState::fields();
+        state_to_py(
+            [&](size_t k) {
+              const at::Tensor& t = before.*(fields[k].second);
+              return t.defined() ? t.unsafeGetTensorImpl() : nullptr;
+            },
+            s, state);
+      },
+      py::arg("param"), py::arg("state"), "Gives the parameter's state dict an FP32 master copied from its value.");
+  cls.def_static(
+      "state_names", [] { return core::ParamState::names(); }, "The names of a state's entries (torch.optim's).");
   m.def("_blockwise8_quantize", [](const at::Tensor& values, bool is_signed) {
     return guarded([&] { return ampkit::blockwise8_quantize(values, is_signed); });
   });

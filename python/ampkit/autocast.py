@@ -215,7 +215,7 @@ def decorate(model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = None
     if optimizer is not None:
         # Groups whose master_weights keeps no FP32 master ("stochastic", "kahan"): their weights are cast alone.
         owned = {id(p) for group in optimizer.param_groups
-                 if _C._optim_takes_master(optimizer._kind, type(optimizer).__name__, group) for p in group["params"]}
+                 if optimizer._cpp_core().takes_master(group) for p in group["params"]}
     kept: set[nn.Module] = set()
 
     def keep_fp32(module: nn.Module) -> None:

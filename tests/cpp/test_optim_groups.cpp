@@ -7,6 +7,11 @@
 
 #include <torch/version.h>
 
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <vector>
+
 #include "support/libtorch_compare.h"
 
 namespace {
@@ -276,4 +281,69 @@ TEST_CASE("optim options and param states: operator== as LibTorch's", "[optim][c
     same.momentum_buffer(s.momentum_buffer() * 2);
     CHECK_FALSE(s == same);
   }
+}
+
+namespace {
+
+// A value other than the row's default for every option type (NOTE [Optimizer option table]).
+void change(double& v) { v += 0.0625; }
+void change(bool& v) { v = !v; }
+void change(std::tuple<double, double>& v) { v = std::make_tuple(std::get<0>(v) / 2, std::get<1>(v) / 4); }
+void change(ampkit::optim::MasterWeights& v) {
+  v = v == ampkit::optim::MasterWeights::remainder() ? ampkit::optim::MasterWeights(true)
+                                                     : ampkit::optim::MasterWeights::remainder();
+}
+void change(at::ScalarType& v) { v = v == at::kBFloat16 ? at::kByte : at::kBFloat16; }
+void change(at::Tensor& v) { v = torch::full({1}, 0.25); }
+
+// Every row of Options changed, saved and loaded into default options: each comes back (required rows marked set,
+// as their setters mark them), and a group's config holds the changed values.
+template <typename Options>
+void check_rows_round_trip(Options defaults) {
+  Options changed = defaults;
+  std::vector<std::string> names;
+  Options::for_each_option([&](const char* name, auto value, auto, ampkit::optim::OptionArchive) {
+    names.emplace_back(name);
+    change(changed.*value);
+  });
+  REQUIRE(names.size() >= 10);
+  torch::serialize::OutputArchive out;
+  changed.serialize(out);
+  std::ostringstream bytes;
+  out.save_to(bytes);
+  torch::serialize::InputArchive in;
+  std::istringstream read_back(bytes.str());
+  in.load_from(read_back);
+  Options loaded = defaults;
+  loaded.serialize(in);
+  Options::for_each_option([&](const char* name, auto value, auto set, ampkit::optim::OptionArchive archive) {
+    INFO(Options::kOptionsName << "::" << name);
+    CHECK(ampkit::optim::detail::same_value(loaded.*value, changed.*value));
+    CHECK_FALSE(ampkit::optim::detail::same_value(loaded.*value, defaults.*value));
+    CHECK((loaded.*set) == (archive == ampkit::optim::OptionArchive::kRequired));
+  });
+}
+
+}  // namespace
+
+TEST_CASE("option table: every option of every optimizer is archived, read back and configured", "[optim]") {
+  using ampkit::optim::MasterWeights;
+  check_rows_round_trip(ampkit::optim::AdamOptions());
+  check_rows_round_trip(ampkit::optim::AdamWOptions());
+  check_rows_round_trip(ampkit::optim::SGDOptions(1e-3));
+  check_rows_round_trip(ampkit::optim::LAMBOptions());
+  // Fields under another name than the option's, and the type's own value (AdamW's decoupled weight decay).
+  const auto sgd = ampkit::optim::SGD::config(ampkit::optim::SGDOptions(0.5).momentum_dtype(at::kBFloat16));
+  CHECK(sgd.exp_avg_dtype == at::kBFloat16);
+  CHECK(sgd.lr == 0.5);
+  const auto lamb = ampkit::optim::LAMB::config(ampkit::optim::LAMBOptions().adam_w_mode(false).betas({0.5, 0.25}));
+  CHECK_FALSE(lamb.decoupled_weight_decay);
+  CHECK((lamb.beta1 == 0.5 && lamb.beta2 == 0.25));
+  CHECK_FALSE(lamb.write_unscaled_grads);
+  CHECK(ampkit::optim::AdamW::config(ampkit::optim::AdamWOptions()).decoupled_weight_decay);
+  CHECK_FALSE(ampkit::optim::Adam::config(ampkit::optim::AdamOptions()).decoupled_weight_decay);
+  CHECK(ampkit::optim::AdamW::config(ampkit::optim::AdamWOptions()).weight_decay == 1e-2);
+  CHECK(
+      ampkit::optim::Adam::config(ampkit::optim::AdamOptions().master_weights(MasterWeights::kahan())).master_weights ==
+      MasterWeights::kahan());
 }

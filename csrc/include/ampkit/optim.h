@@ -26,6 +26,7 @@
 #include "ampkit/export.h"
 #include "ampkit/grad_scaler.h"
 #include "ampkit/optim_core.h"
+#include "ampkit/optim_options.h"
 
 namespace ampkit::optim {
 
@@ -56,6 +57,28 @@ namespace ampkit::optim {
  private:                                                               \
   bool name##_set_ = false;                                             \
   T name##_ /* NOLINT */
+
+// The members and visitor of an options type from its row list (NOTE [Optimizer option table]): each ROW an
+// AMPKIT_OPTION with its default; for_each_option(visit) calls visit(name, value member, set flag member,
+// OptionArchive) once per row, in row order: the list that archives, param groups' merge with the defaults (NOTE
+// [Group options]), operator== and config() read. kOptionsName names the type in archive errors.
+#define AMPKIT_OPTION_MEMBER(T, name, default_, archive, python, field) AMPKIT_OPTION(T, name) = default_;
+#define AMPKIT_OPTION_VISIT(T, name, default_, archive, python, field) \
+  visit(#name, &Self::name##_, &Self::name##_set_, OptionArchive::archive);
+#define AMPKIT_OPTIONS_BODY(SELF, NAME, LIST)                              \
+  LIST(AMPKIT_OPTION_MEMBER, AMPKIT_OPTION_SKIP)                           \
+                                                                           \
+ public:                                                                   \
+  using Self = SELF;                                                       \
+  static constexpr const char* kOptionsName = NAME;                        \
+  double get_lr() const override { return lr(); }                          \
+  void set_lr(const double lr) override { this->lr(lr); }                  \
+  void serialize(torch::serialize::OutputArchive& archive) const override; \
+  void serialize(torch::serialize::InputArchive& archive) override;        \
+  template <class Visit>                                                   \
+  static void for_each_option(Visit&& visit) {                             \
+    LIST(AMPKIT_OPTION_VISIT, AMPKIT_OPTION_SKIP)                          \
+  }
 
 using AmpScalingOptimizer = ::ampkit::AmpScalingOptimizer;
 
@@ -117,45 +140,14 @@ struct AMPKIT_API AdamOptionsT : public torch::optim::OptimizerCloneableOptions<
   using betas_t = std::tuple<double, double>;
   AdamOptionsT() = default;
   AdamOptionsT(double lr) : lr_set_(true), lr_(lr) {}  // NOLINT(google-explicit-constructor): as LibTorch's
-  AMPKIT_OPTION(double, lr) = 1e-3;
-  AMPKIT_OPTION(betas_t, betas) = std::make_tuple(0.9, 0.999);
-  AMPKIT_OPTION(double, eps) = 1e-8;
-  AMPKIT_OPTION(double, weight_decay) = kDecoupled ? 1e-2 : 0.0;
-  AMPKIT_OPTION(bool, amsgrad) = false;
-  AMPKIT_OPTION(bool, maximize) = false;
-  AMPKIT_OPTION(MasterWeights, master_weights) = MasterWeights::kAuto;
-  // The moments' dtypes: at::kFloat, at::kBFloat16, or at::kByte for 8-bit block-wise states (parameters of
-  // kBlockwise8MinNumel elements or more; FP32 below). NOTE [8-bit block-wise states] in kernels/blockwise8.h.
-  AMPKIT_OPTION(at::ScalarType, exp_avg_dtype) = at::kFloat;
-  AMPKIT_OPTION(at::ScalarType, exp_avg_sq_dtype) = at::kFloat;
-  // A step the GradScaler unscales stores the unscaled grads back (as torch's fused optimizers); false leaves
-  // them scaled and saves that write.
-  AMPKIT_OPTION(bool, write_unscaled_grads) = true;
-  // Defined: a one-element tensor learning rate that replaces lr (torch.optim's tensor lr): on the parameters'
-  // device the kernels read it there (an LR schedule inside a captured CUDA graph). Saved with the options.
-  AMPKIT_OPTION(at::Tensor, lr_tensor);
-
- public:
-  double get_lr() const override { return lr(); }
-  void set_lr(const double lr) override { this->lr(lr); }
-  void serialize(torch::serialize::OutputArchive& archive) const override;
-  void serialize(torch::serialize::InputArchive& archive) override;
-  // Calls visit(name, value member, set flag member) once per option, in declaration order: the list that param
-  // groups' merge with the defaults (NOTE [Group options]) and operator== read.
-  template <class Visit>
-  static void for_each_option(Visit&& visit) {
-    visit("lr", &AdamOptionsT::lr_, &AdamOptionsT::lr_set_);
-    visit("betas", &AdamOptionsT::betas_, &AdamOptionsT::betas_set_);
-    visit("eps", &AdamOptionsT::eps_, &AdamOptionsT::eps_set_);
-    visit("weight_decay", &AdamOptionsT::weight_decay_, &AdamOptionsT::weight_decay_set_);
-    visit("amsgrad", &AdamOptionsT::amsgrad_, &AdamOptionsT::amsgrad_set_);
-    visit("maximize", &AdamOptionsT::maximize_, &AdamOptionsT::maximize_set_);
-    visit("master_weights", &AdamOptionsT::master_weights_, &AdamOptionsT::master_weights_set_);
-    visit("exp_avg_dtype", &AdamOptionsT::exp_avg_dtype_, &AdamOptionsT::exp_avg_dtype_set_);
-    visit("exp_avg_sq_dtype", &AdamOptionsT::exp_avg_sq_dtype_, &AdamOptionsT::exp_avg_sq_dtype_set_);
-    visit("write_unscaled_grads", &AdamOptionsT::write_unscaled_grads_, &AdamOptionsT::write_unscaled_grads_set_);
-    visit("lr_tensor", &AdamOptionsT::lr_tensor_, &AdamOptionsT::lr_tensor_set_);
-  }
+  // The options of AMPKIT_ADAM_OPTIONS (optim_options.h). exp_avg_dtype / exp_avg_sq_dtype, the moments' dtypes:
+  // at::kFloat, at::kBFloat16, or at::kByte for 8-bit block-wise states (parameters of kBlockwise8MinNumel
+  // elements or more; FP32 below; NOTE [8-bit block-wise states] in kernels/blockwise8.h). write_unscaled_grads:
+  // a step the GradScaler unscales stores the unscaled grads back (as torch's fused optimizers); false leaves them
+  // scaled and saves that write. lr_tensor, defined: a one-element tensor learning rate that replaces lr
+  // (torch.optim's tensor lr): on the parameters' device the kernels read it there (an LR schedule inside a
+  // captured CUDA graph). Saved with the options.
+  AMPKIT_OPTIONS_BODY(AdamOptionsT, kDecoupled ? "AdamWOptions" : "AdamOptions", AMPKIT_ADAM_OPTIONS)
 };
 using AdamOptions = AdamOptionsT<false>;
 using AdamWOptions = AdamOptionsT<true>;
@@ -208,37 +200,9 @@ using AdamW = AdamT<true>;
 
 struct AMPKIT_API SGDOptions : public torch::optim::OptimizerCloneableOptions<SGDOptions> {
   SGDOptions(double lr) : lr_set_(true), lr_(lr) {}  // NOLINT(google-explicit-constructor): as LibTorch's
-  AMPKIT_OPTION(double, lr);
-  AMPKIT_OPTION(double, momentum) = 0;
-  AMPKIT_OPTION(double, dampening) = 0;
-  AMPKIT_OPTION(double, weight_decay) = 0;
-  AMPKIT_OPTION(bool, nesterov) = false;
-  AMPKIT_OPTION(bool, maximize) = false;
-  AMPKIT_OPTION(MasterWeights, master_weights) = MasterWeights::kAuto;
-  // The momentum buffer's dtype, as AdamOptionsT's exp_avg_dtype.
-  AMPKIT_OPTION(at::ScalarType, momentum_dtype) = at::kFloat;
-  AMPKIT_OPTION(bool, write_unscaled_grads) = true;  // as AdamOptionsT's
-  AMPKIT_OPTION(at::Tensor, lr_tensor);              // as AdamOptionsT's
-
- public:
-  double get_lr() const override { return lr(); }
-  void set_lr(const double lr) override { this->lr(lr); }
-  void serialize(torch::serialize::OutputArchive& archive) const override;
-  void serialize(torch::serialize::InputArchive& archive) override;
-  // As AdamOptionsT's.
-  template <class Visit>
-  static void for_each_option(Visit&& visit) {
-    visit("lr", &SGDOptions::lr_, &SGDOptions::lr_set_);
-    visit("momentum", &SGDOptions::momentum_, &SGDOptions::momentum_set_);
-    visit("dampening", &SGDOptions::dampening_, &SGDOptions::dampening_set_);
-    visit("weight_decay", &SGDOptions::weight_decay_, &SGDOptions::weight_decay_set_);
-    visit("nesterov", &SGDOptions::nesterov_, &SGDOptions::nesterov_set_);
-    visit("maximize", &SGDOptions::maximize_, &SGDOptions::maximize_set_);
-    visit("master_weights", &SGDOptions::master_weights_, &SGDOptions::master_weights_set_);
-    visit("momentum_dtype", &SGDOptions::momentum_dtype_, &SGDOptions::momentum_dtype_set_);
-    visit("write_unscaled_grads", &SGDOptions::write_unscaled_grads_, &SGDOptions::write_unscaled_grads_set_);
-    visit("lr_tensor", &SGDOptions::lr_tensor_, &SGDOptions::lr_tensor_set_);
-  }
+  // The options of AMPKIT_SGD_OPTIONS (optim_options.h); momentum_dtype is the momentum buffer's dtype, as
+  // AdamOptionsT's exp_avg_dtype.
+  AMPKIT_OPTIONS_BODY(SGDOptions, "SGDOptions", AMPKIT_SGD_OPTIONS)
 };
 
 struct AMPKIT_API SGDParamState : public torch::optim::OptimizerCloneableParamState<SGDParamState> {
@@ -291,38 +255,8 @@ struct AMPKIT_API LAMBOptions : public torch::optim::OptimizerCloneableOptions<L
   using betas_t = std::tuple<double, double>;
   LAMBOptions() = default;
   LAMBOptions(double lr) : lr_set_(true), lr_(lr) {}  // NOLINT(google-explicit-constructor)
-  AMPKIT_OPTION(double, lr) = 1e-3;
-  AMPKIT_OPTION(betas_t, betas) = std::make_tuple(0.9, 0.999);
-  AMPKIT_OPTION(double, eps) = 1e-6;
-  AMPKIT_OPTION(double, weight_decay) = 0.01;
-  AMPKIT_OPTION(bool, bias_correction) = true;
-  AMPKIT_OPTION(bool, adam_w_mode) = true;
-  AMPKIT_OPTION(bool, grad_averaging) = true;
-  AMPKIT_OPTION(double, max_grad_norm) = 1.0;  // 0: no clipping
-  AMPKIT_OPTION(bool, use_nvlamb) = false;
-  AMPKIT_OPTION(MasterWeights, master_weights) = MasterWeights::kAuto;
-  AMPKIT_OPTION(at::Tensor, lr_tensor);  // as AdamOptionsT's
-
- public:
-  double get_lr() const override { return lr(); }
-  void set_lr(const double lr) override { this->lr(lr); }
-  void serialize(torch::serialize::OutputArchive& archive) const override;
-  void serialize(torch::serialize::InputArchive& archive) override;
-  // As AdamOptionsT's.
-  template <class Visit>
-  static void for_each_option(Visit&& visit) {
-    visit("lr", &LAMBOptions::lr_, &LAMBOptions::lr_set_);
-    visit("betas", &LAMBOptions::betas_, &LAMBOptions::betas_set_);
-    visit("eps", &LAMBOptions::eps_, &LAMBOptions::eps_set_);
-    visit("weight_decay", &LAMBOptions::weight_decay_, &LAMBOptions::weight_decay_set_);
-    visit("bias_correction", &LAMBOptions::bias_correction_, &LAMBOptions::bias_correction_set_);
-    visit("adam_w_mode", &LAMBOptions::adam_w_mode_, &LAMBOptions::adam_w_mode_set_);
-    visit("grad_averaging", &LAMBOptions::grad_averaging_, &LAMBOptions::grad_averaging_set_);
-    visit("max_grad_norm", &LAMBOptions::max_grad_norm_, &LAMBOptions::max_grad_norm_set_);
-    visit("use_nvlamb", &LAMBOptions::use_nvlamb_, &LAMBOptions::use_nvlamb_set_);
-    visit("master_weights", &LAMBOptions::master_weights_, &LAMBOptions::master_weights_set_);
-    visit("lr_tensor", &LAMBOptions::lr_tensor_, &LAMBOptions::lr_tensor_set_);
-  }
+  // The options of AMPKIT_LAMB_OPTIONS (optim_options.h); max_grad_norm 0: no clipping.
+  AMPKIT_OPTIONS_BODY(LAMBOptions, "LAMBOptions", AMPKIT_LAMB_OPTIONS)
 };
 
 class AMPKIT_API LAMB : public FusedOptimizer<LAMB, LAMBOptions, AdamParamState> {
@@ -360,7 +294,8 @@ bool same_value(const T& a, const T& b) {
 template <class T>
 bool same_options(const T& a, const T& b) {
   bool same = true;
-  T::for_each_option([&](const char*, auto member, auto) { same = same && same_value(a.*member, b.*member); });
+  T::for_each_option(
+      [&](const char*, auto member, auto, OptionArchive) { same = same && same_value(a.*member, b.*member); });
   return same;
 }
 template <class T>

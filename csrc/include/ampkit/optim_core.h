@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -82,6 +83,9 @@ struct GroupConfig {
   at::ScalarType exp_avg_dtype = at::kFloat, exp_avg_sq_dtype = at::kFloat;
   bool write_unscaled_grads = true;
   bool python_spelling = false;  // errors spell options as Python's keywords (master_weights=True)
+
+  // (beta1, beta2) as one assignable pair: the field of the betas rows (NOTE [Optimizer option table]).
+  std::tuple<double&, double&> betas() { return {beta1, beta2}; }
 };
 
 // One parameter's state; an undefined tensor is an absent entry. Fused parameters keep FP32 states (step: one

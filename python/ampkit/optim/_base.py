@@ -28,11 +28,18 @@ class _FusedOptimizer(torch.optim.Optimizer):
 
     _step_supports_amp_scaling = True
     _ampkit_traced_step = True  # GradScaler.step may trace it under torch.compile (NOTE [Compiled steps])
-    _kind = "adam"  # the core's algorithm: "adam" or "sgd"
-    _group_defaults: dict = {}  # torch.optim's __setstate__ defaults
+    _kind = "adam"  # the core's algorithm: "adam", "sgd" or "lamb"
+    # The option table (NOTE [Optimizer option table] in ampkit/optim_options.h) of the optimizer a class names
+    # with _table: _options (its param-group keys and defaults), _flags, _state_dtype_keys and
+    # _state_dtype_entries, and with _compat (torch.optim's keys the core does not read: foreach, fused, ...)
+    # _group_defaults, torch.optim's __setstate__ defaults, come from it (__init_subclass__).
+    _table: Optional[str] = None
+    _compat: dict = {}
+    _options: dict = {}
+    _group_defaults: dict = {}
     _group_forced: dict = {}
 
-    _flags: tuple[str, ...] = ("maximize",)  # torch's bool options of this optimizer
+    _flags: tuple[str, ...] = ()  # the bool options of this optimizer
     # master_weights' named modes: "remainder" (BF16 weight + int16 remainder: the exact FP32 master), and without
     # a master for BF16 weights "stochastic" (stochastic rounding, state "sr_seed") and "kahan" (state "kahan_comp")
     _master_modes: tuple[str, ...] = ("remainder", "stochastic", "kahan")
@@ -41,6 +48,29 @@ class _FusedOptimizer(torch.optim.Optimizer):
     # block-wise states] in kernels/blockwise8.h); None is FP32. _state_dtype_entries: the state entry of each.
     _state_dtype_keys: tuple[str, ...] = ()
     _state_dtype_entries: tuple[str, ...] = ()
+
+    @classmethod
+    def _cpp_core(cls):
+        """The class's C++ core, ``_C.OptimizerCore`` (NOTE [The bound optimizer core] in
+        csrc/python/bind_optim.cpp), made once per class."""
+        bound = cls.__dict__.get("_bound_core")
+        if bound is None:
+            bound = _core().OptimizerCore(cls._kind, cls.__name__)
+            cls._bound_core = bound
+        return bound
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "_table" not in cls.__dict__:
+            return
+        rows = _core()._optim_options(cls._table)
+        # (name, default, python, archive, field, state entry); python "group"/"lr": a param-group key
+        cls._options = {name: default for name, default, python, *_ in rows if python in ("group", "lr")}
+        cls._flags = tuple(name for name, default in cls._options.items() if isinstance(default, bool))
+        moments = [(name, entry) for name, _, python, _, _, entry in rows if entry is not None]
+        cls._state_dtype_keys = tuple(name for name, _ in moments)
+        cls._state_dtype_entries = tuple(entry for _, entry in moments)
+        cls._group_defaults = dict(cls._options, **cls._compat)
 
     def add_param_group(self, param_group: dict) -> None:
         """torch.optim's add_param_group, with the group's values checked (with the defaults it will take) before
@@ -88,12 +118,12 @@ class _FusedOptimizer(torch.optim.Optimizer):
     @classmethod
     def _check_ranges(cls, group: dict) -> None:
         """torch.optim's range checks and messages, made by the C++ core."""
-        _core()._optim_check_config(cls._kind, cls.__name__, group)
+        cls._cpp_core().check_config(group)
 
     @staticmethod
     def master_from_remainder(param: torch.Tensor, remainder: torch.Tensor) -> torch.Tensor:
         """The exact FP32 master held by a BF16 weight and its int16 remainder."""
-        return _core()._optim_master_from_remainder(param, remainder)
+        return _core().OptimizerCore.master_from_remainder(param, remainder)
 
     @torch.no_grad()
     def init_master_params(self) -> None:
@@ -101,18 +131,18 @@ class _FusedOptimizer(torch.optim.Optimizer):
         still FP32, then cast the model to FP16/BF16 (O2, as ``ampkit.decorate`` does): the masters keep the
         unrounded weights instead of copies of the rounded ones. Groups whose ``master_weights`` keeps no master
         (``"stochastic"``, ``"kahan"``) get none."""
-        core = _core()
+        core = self._cpp_core()
         for group in self.param_groups:
-            if not core._optim_takes_master(self._kind, type(self).__name__, group):
+            if not core.takes_master(group):
                 continue
             for p in group["params"]:
                 if not _dtensor.is_dtensor(p):
-                    _core()._optim_init_master(p, self.state[p])
+                    core.init_master(p, self.state[p])
                     continue
                 state = self.state[p]
                 before = _dtensor.local_state(state, p)
                 after = dict(before)
-                _core()._optim_init_master(_dtensor.local(p), after)
+                core.init_master(_dtensor.local(p), after)
                 _dtensor.store_state(p, state, before, after)
 
     @staticmethod
@@ -140,7 +170,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
     def _check_tensors(self, group: dict) -> None:
         name = type(self).__name__
         with _dtensor.local_grads(group["params"], name) as params:  # DTensors: their local shards
-            _core()._optim_check(self._kind, name, group, params)
+            self._cpp_core().check(group, params)
 
     @torch.no_grad()
     def step(self, closure: Optional[Callable[[], float]] = None):
@@ -155,19 +185,17 @@ class _FusedOptimizer(torch.optim.Optimizer):
             self._refuse_duplicates()
         self._validate()
         checked_by_core = self._core_checks_the_group()
-        core = _core()
+        core = self._cpp_core()
         grad_scale, found_inf = _traced.scalars(self)
         if found_inf is not None and "step" in self.__dict__:  # a scaler's step through a patched step method
             _integrations._check_unattached_accelerate(self)
-        name = type(self).__name__
         grad_norm = self._global_grad_norm(grad_scale)
         get_state = self.state.get  # dict.get: no default entry created (one hash per parameter)
         for group in self.param_groups:
             # The lists are assembled in C++ (NOTE [Group steps from Python] in csrc/python/bind_optim.cpp); False for
             # a group of DTensors, which steps its local shards below.
-            if not group["differentiable"] and core._optim_step_group(
-                    self._kind, name, group, self.state, grad_scale, found_inf, self.write_unscaled_grads,
-                    grad_norm):
+            if not group["differentiable"] and core.step_group(
+                    group, self.state, grad_scale, found_inf, self.write_unscaled_grads, grad_norm):
                 continue
             if checked_by_core:  # the only group, of DTensors (the core did not see it): checked now
                 self._check_tensors(group)
@@ -202,22 +230,21 @@ class _FusedOptimizer(torch.optim.Optimizer):
         included (the core would keep FP32 for those). ``grad_norm``: LAMB's clipping norm, over every rank's
         shards (NOTE [Norms of sharded grads] in ampkit/_dtensor.py)."""
         name = type(self).__name__
-        core = _core()
+        core = self._cpp_core()
         before = [_dtensor.local_state(st, p) for p, st in zip(params, states)]
         after = [dict(b) for b in before]
         packed = self._packed_entries(group)
         for p, a in zip(params, after):
             missing = [k for k in packed if k not in a]
             if (not missing or not _dtensor.is_dtensor(p) or p.numel() < _dtensor.BLOCKWISE8_MIN_NUMEL
-                    or not core._optim_takes_fused(_dtensor.local(p))):
+                    or not core.takes_fused(_dtensor.local(p))):
                 continue
             if "step" not in a:  # a moment present without a step would be taken for a loaded one (SGD)
                 a["step"] = torch.ops.ampkit.make_optim_state(_dtensor.local(p), ["step"])[0]
             for k in missing:
                 a[k] = _dtensor.packed_zeros(p, name)
         with _dtensor.local_grads(params, name) as local_params:
-            core._optim_step(self._kind, name, group, local_params, after, grad_scale, found_inf,
-                             self.write_unscaled_grads, grad_norm)
+            core.step(group, local_params, after, grad_scale, found_inf, self.write_unscaled_grads, grad_norm)
         for p, st, b, a in zip(params, states, before, after):
             _dtensor.store_state(p, st, b, a)
 
@@ -246,7 +273,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
                 raise ValueError(f"{name}.load_state_dict: a param group of {len(group['params'])} "
                                  f"parameters gets {len(saved.get('params', ()))} from the state dict")
             params.update((pid, (p, group)) for pid, p in zip(saved["params"], group["params"]))
-        core = _core()
+        core = self._cpp_core()
         for pid, st in state_dict.get("state", {}).items():
             if pid not in params:
                 raise ValueError(f"{name}.load_state_dict: state for parameter id {pid!r}, which no "
@@ -259,7 +286,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
             if _dtensor.is_dtensor(p):  # DTensor states (torch.optim's, DCP's) are checked on local shards
                 where = f"{name}.load_state_dict: state[{pid!r}]"
                 entries = [(k, _dtensor.local_entry(k, v, p, f"{where}[{k!r}]")) for k, v in entries]
-            core._optim_check_loaded_state(self._kind, name, group, f"state[{pid!r}]", _dtensor.local(p), entries)
+            core.check_loaded_state(group, f"state[{pid!r}]", _dtensor.local(p), entries)
 
     # NOTE [State dtype options in state dicts]
     # A param group holds its state dtype options (exp_avg_dtype, exp_avg_sq_dtype, momentum_dtype) as torch.dtype
@@ -306,12 +333,12 @@ class _FusedOptimizer(torch.optim.Optimizer):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         state_dict = self._dtypes_from_names(state_dict)
         self._check_loaded_state(state_dict)
-        core = _core()
+        core = self._cpp_core()
         # A state dtype option the saved group lacks (a torch.optim checkpoint) keeps this optimizer's value: the
         # loaded moments are converted to it below.
         kept = [{k: g[k] for k in self._state_dtype_keys if k in g and k not in saved_group}
                 for g, saved_group in zip(self.param_groups, state_dict["param_groups"])]
-        names = set(core._optim_state_names())
+        names = set(core.state_names())
         # torch's base class casts floating state to each parameter's dtype; masters and moments must stay FP32.
         saved = {pid: {k: v for k, v in st.items() if k in names and torch.is_tensor(v)}
                  for pid, st in state_dict["state"].items()}
@@ -320,9 +347,8 @@ class _FusedOptimizer(torch.optim.Optimizer):
             group.update(values)
         ids = chain.from_iterable(g["params"] for g in state_dict["param_groups"])
         params = chain.from_iterable([(p, g) for p in g["params"]] for g in self.param_groups)
-        name = type(self).__name__
         for pid, (p, group) in zip(ids, params):
-            if not core._optim_takes_fused(_dtensor.local(p)):
+            if not core.takes_fused(_dtensor.local(p)):
                 continue  # torch.optim's state format (the single-tensor path): the base class's cast is right
             # Moments in the group's state dtypes (an 8-bit state quantized or dequantized, kept bit for bit when
             # it is already in the group's dtype).
@@ -330,24 +356,24 @@ class _FusedOptimizer(torch.optim.Optimizer):
                 if _dtensor.is_dtensor(p):
                     self.state[p][key] = self._loaded_shard_entry(group, key, value, p, pid)
                 else:
-                    self.state[p][key] = core._optim_loaded_entry(self._kind, name, group, key, value, p)
+                    self.state[p][key] = core.loaded_entry(group, key, value, p)
 
     def _loaded_shard_entry(self, group: dict, key: str, value: torch.Tensor, p: torch.Tensor, pid) -> torch.Tensor:
         """A loaded state entry of the DTensor parameter ``p``, converted on its local shard as the core converts a
         plain parameter's and wrapped as a DTensor again. An 8-bit state follows the whole parameter (NOTE [8-bit
         states of DTensor parameters] in ampkit/_dtensor.py): where the core would keep FP32 for a small shard, the
         shard's packed state is kept bit for bit, or its moment quantized, here."""
-        core = _core()
+        core = self._cpp_core()
         lp = _dtensor.local(p)
         local = _dtensor.local_entry(key, value, p, f"{type(self).__name__}.load_state_dict: state[{pid!r}][{key!r}]")
         if (key in self._packed_entries(group) and lp.numel() < _dtensor.BLOCKWISE8_MIN_NUMEL <= p.numel()
-                and core._optim_takes_fused(lp)):
+                and core.takes_fused(lp)):
             if local.dtype != torch.uint8:  # in the parameter's layout first: a packed state is in memory order
                 moment = torch.empty_like(lp, dtype=torch.float32).copy_(local)
-                local = core._blockwise8_quantize(moment, key != "exp_avg_sq")
+                local = _core()._blockwise8_quantize(moment, key != "exp_avg_sq")
             loaded = local.to(lp.device, copy=True)
         else:
-            loaded = core._optim_loaded_entry(self._kind, type(self).__name__, group, key, local, lp)
+            loaded = core.loaded_entry(group, key, local, lp)
         return loaded if key == "step" else _dtensor.wrap_state(key, loaded, p)
 
     def __setstate__(self, state: dict) -> None:
@@ -355,7 +381,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
         state.setdefault("write_unscaled_grads", True)
         super().__setstate__(state)
         _compile.register(self)
-        core = _core()
+        core = self._cpp_core()
         for group in self.param_groups:
             for key, value in self._group_defaults.items():
                 group.setdefault(key, value)
@@ -364,6 +390,6 @@ class _FusedOptimizer(torch.optim.Optimizer):
             for p in group["params"]:
                 st = self.state.get(p)
                 if st and "step" in st and not torch.is_tensor(st["step"]):
-                    on_device = core._optim_takes_fused(_dtensor.local(p))
+                    on_device = core.takes_fused(_dtensor.local(p))
                     st["step"] = torch.tensor(float(st["step"]), dtype=torch.float32,
                                               device=p.device if on_device else "cpu")

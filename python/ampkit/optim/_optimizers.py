@@ -22,12 +22,8 @@ class Adam(_FusedOptimizer):
     block-wise states on parameters of 4096 elements or more)."""
 
     _decoupled_default = False
-    _flags = ("amsgrad", "maximize", "decoupled_weight_decay")
-    _state_dtype_keys = ("exp_avg_dtype", "exp_avg_sq_dtype")
-    _state_dtype_entries = ("exp_avg", "exp_avg_sq")
-    _group_defaults = dict(amsgrad=False, maximize=False, foreach=None, capturable=False, differentiable=False,
-                           decoupled_weight_decay=False, fused=None, master_weights=None, exp_avg_dtype=None,
-                           exp_avg_sq_dtype=None)
+    _table = "Adam"
+    _compat = dict(foreach=None, capturable=False, differentiable=False, fused=None)
 
     def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 0.0, amsgrad: bool = False, *, foreach: Optional[bool] = None,
@@ -101,6 +97,7 @@ class AdamW(Adam):
     """torch.optim.AdamW's arguments and results (decoupled weight decay), plus ``master_weights``."""
 
     _decoupled_default = True
+    _table = "AdamW"
     _group_forced = dict(decoupled_weight_decay=True)  # as torch: an AdamW never runs coupled decay
 
     def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
@@ -114,11 +111,8 @@ class SGD(_FusedOptimizer):
     buffer's dtype ``momentum_dtype`` (as Adam's ``exp_avg_dtype``)."""
 
     _kind = "sgd"
-    _flags = ("nesterov", "maximize")
-    _state_dtype_keys = ("momentum_dtype",)
-    _state_dtype_entries = ("momentum_buffer",)
-    _group_defaults = dict(nesterov=False, maximize=False, foreach=None, differentiable=False, fused=False,
-                           master_weights=None, momentum_dtype=None)
+    _table = "SGD"
+    _compat = dict(foreach=None, differentiable=False, fused=False)
 
     def __init__(self, params, lr: float = 1e-3, momentum: float = 0.0, dampening: float = 0.0,
                  weight_decay: float = 0.0, nesterov: bool = False, *, maximize: bool = False,
@@ -179,10 +173,9 @@ class LAMB(_FusedOptimizer):
     """
 
     _kind = "lamb"
+    _table = "LAMB"
     _core_checks_first = False
-    _flags = ("bias_correction", "adam_w_mode", "grad_averaging", "use_nvlamb")
-    _group_defaults = dict(bias_correction=True, adam_w_mode=True, grad_averaging=True, use_nvlamb=False,
-                           max_grad_norm=1.0, master_weights=None, differentiable=False)
+    _compat = dict(differentiable=False)
 
     def __init__(self, params, lr: float = 1e-3, bias_correction: bool = True,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-6, weight_decay: float = 0.01,

@@ -22,11 +22,17 @@ _LIST_OF = {"master_param": "master_params", "param_remainder": "param_remainder
             "sr_seed": "param_remainders", "exp_avg": "exp_avgs",
             "exp_avg_sq": "exp_avg_sqs", "max_exp_avg_sq": "max_exp_avg_sqs", "momentum_buffer": "momentum_buffers",
             "step": "state_steps"}
-# The group options each fused op takes under the same name.
-_OPTIONS = {"adam": ("weight_decay", "eps", "amsgrad", "maximize", "decoupled_weight_decay"),
-            "lamb": ("weight_decay", "eps", "bias_correction", "adam_w_mode", "grad_averaging", "use_nvlamb",
-                     "max_grad_norm"),
-            "sgd": ("momentum", "dampening", "weight_decay", "nesterov", "maximize")}
+
+
+def _op_options(kind: str, table: str) -> tuple:
+    """The group options the fused op of `kind` takes under the same name: the param-group keys of the option table
+    (NOTE [Optimizer option table]) that its schema names."""
+    schema = getattr(torch.ops.ampkit, _FUSED_CALLS[kind]).default._schema
+    arguments = {a.name for a in schema.arguments}
+    return tuple(row[0] for row in _C._optim_options(table) if row[2] == "group" and row[0] in arguments)
+
+
+_OPTIONS = {kind: _op_options(kind, table) for kind, table in (("adam", "Adam"), ("lamb", "LAMB"), ("sgd", "SGD"))}
 
 
 # NOTE [Scale hand-over under compile]
@@ -74,8 +80,7 @@ def _group_plan(key: int, index: int, entries: tuple, grads: tuple) -> tuple:
     states = [optimizer.state.get(p) if names is not None else None for p, names in zip(params, entries)]
     try:
         cls._check_group(group)
-        plan = _C._optim_plan(cls._kind, cls.__name__, group, params,
-                                             [_meta_grad(g) for g in grads], states)
+        plan = cls._cpp_core().plan(group, params, [_meta_grad(g) for g in grads], states)
     except (ValueError, TypeError, RuntimeError) as e:
         return type(e).__name__, str(e)
     # torch.optim's capturable/foreach/fused change nothing in ampkit's kernels (and Dynamo sets capturable while
