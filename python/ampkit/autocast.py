@@ -14,7 +14,8 @@ from typing import Any, Optional, Union
 import torch
 from torch import nn
 
-from . import _C, _checks
+from . import _checks
+from ._native import _C
 
 __all__ = ["autocast", "register_autocast", "op_stats", "decorate", "precision_support", "LEVELS"]
 

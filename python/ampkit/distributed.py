@@ -219,5 +219,5 @@ class GradientAllReduce:
 
 
 def _core():
-    from . import _C
+    from ._native import _C
     return _C

@@ -12,7 +12,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Union
 import torch
 from torch import nn
 
-from . import _C
+from ._native import _C
 
 __all__ = ["CurrentScaling", "DelayedScaling", "Float8Linear", "QuantizationReport", "convert", "current_amaxes",
            "quantization_report", "skipped_layers", "sync_amaxes"]

@@ -14,7 +14,8 @@ from typing import Any, Iterable, Optional, Sequence, Union
 
 import torch
 
-from . import _C, _checks, _compile, _dtensor
+from . import _checks, _compile, _dtensor
+from ._native import _C
 from .optim import _traced as _traced_optim
 
 __all__ = ["GradScaler", "OptState", "load_scaler_state", "save_scaler_state"]

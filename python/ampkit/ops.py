@@ -6,7 +6,7 @@ from typing import Sequence
 
 import torch
 
-from . import _C
+from ._native import _C
 
 
 def unscale_and_check_(grads: Sequence[torch.Tensor], found_inf: torch.Tensor, inv_scale: torch.Tensor) -> None:

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import ampkit
+from ampkit import _native
 from conftest import CUDA_ONLY, DEVICES, bits_equal
 from reference import reference_unscale
 
@@ -376,10 +377,10 @@ def test_non_strided_layouts_get_an_error_that_names_the_argument(make, what):
 
 
 def test_import_refuses_a_torch_other_than_the_one_ampkit_was_built_for():
-    assert ampkit._BUILT_TORCH.split("+")[0] == torch.__version__.split("+")[0]
+    assert _native.BUILT_TORCH.split("+")[0] == torch.__version__.split("+")[0]
     with pytest.raises(ImportError, match=r"built against torch 2\.13\.0, but torch 2\.11\.0\+cu130 is running"):
-        ampkit._check_torch_version("2.11.0+cu130", "2.13.0")
-    ampkit._check_torch_version("2.13.0+cu130", "2.13.0")  # local build tags do not matter
+        _native.check_torch_version("2.11.0+cu130", "2.13.0")
+    _native.check_torch_version("2.13.0+cu130", "2.13.0")  # local build tags do not matter
 
 
 def test_ampkit_ops_update_scale_matches_torch_and_goes_through_torch_ops():

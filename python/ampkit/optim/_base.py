@@ -16,7 +16,7 @@ from . import _traced
 
 
 def _core():
-    from .. import _C
+    from .._native import _C
     return _C
 
 

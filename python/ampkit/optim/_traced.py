@@ -10,7 +10,8 @@ from typing import Optional
 
 import torch
 
-from .. import _C, _compile, _dtensor
+from .. import _compile, _dtensor
+from .._native import _C
 
 _FUSED_CALLS = {"adam": "adamw_step_", "lamb": "lamb_step_", "sgd": "sgd_step_"}
 # Each fused op's state lists, and the list of each state entry.
