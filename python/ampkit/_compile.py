@@ -44,6 +44,14 @@ def live(key: int) -> Any:
 SUPPORTED = False  # whether this torch takes opaque objects in custom ops (compiled GradScaler methods)
 
 
+# NOTE [Scale hand-over under compile]
+# A traced GradScaler.step gives grad_scale/found_inf to the optimizer's step through this dict (keyed by the
+# optimizer's id, removed after the step), not as attributes of the optimizer as the eager step does: torch 2.11's
+# Dynamo refuses a setattr on an optimizer inside a graph. ampkit.optim's scalars() (optim/_traced.py) is what
+# both steps read. It lives here, below both, so that the scaler and the optimizers import neither the other.
+HANDED_OVER: dict[int, tuple] = {}
+
+
 def is_compiling() -> bool:
     return torch.compiler.is_compiling()
 

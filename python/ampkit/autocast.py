@@ -191,9 +191,10 @@ def decorate(model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = None
     result = model if optimizer is None else (model, optimizer)
     if level in ("O0", "O1"):
         return result
-    from .optim import _FusedOptimizer
-
-    if optimizer is not None and not isinstance(optimizer, _FusedOptimizer):
+    # ampkit.optim's optimizers say which parameters keep an FP32 master (the scaler recognises them by an attribute
+    # as well): autocast does not import ampkit.optim.
+    fp32_master_params = getattr(optimizer, "_fp32_master_params", None)
+    if optimizer is not None and fp32_master_params is None:
         raise TypeError("decorate: O2/O3 keep FP32 masters in the optimizer; pass an ampkit.optim optimizer, "
                         f"not {type(optimizer).__name__}")
     if getattr(model, "_ampkit_decorated", None) is not None:
@@ -215,8 +216,7 @@ def decorate(model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = None
     owned = set()
     if optimizer is not None:
         # Groups whose master_weights keeps no FP32 master ("stochastic", "kahan"): their weights are cast alone.
-        owned = {id(p) for group in optimizer.param_groups
-                 if optimizer._cpp_core().takes_master(group) for p in group["params"]}
+        owned = {id(p) for p in fp32_master_params()}
     kept: set[nn.Module] = set()
 
     def keep_fp32(module: nn.Module) -> None:

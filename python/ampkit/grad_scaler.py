@@ -16,9 +16,8 @@ import torch
 
 from . import _checks, _compile, _dtensor
 from ._native import _C
-from .optim import _traced as _traced_optim
 
-__all__ = ["GradScaler", "OptState", "load_scaler_state", "save_scaler_state"]
+__all__ = ["GradScaler", "OptState", "load_scaler_state", "save_scaler_state", "unwrap_optimizer"]
 
 
 # torch's enum itself: code written for torch.amp.GradScaler compares stages by identity
@@ -77,10 +76,17 @@ def _optimizer(where: str, optimizer: Any) -> torch.optim.Optimizer:
     return optimizer
 
 
-def _unwrapped(optimizer: Any) -> Any:
+def unwrap_optimizer(optimizer: Any) -> Any:
     """The optimizer a framework's wrapper holds (Accelerate's AcceleratedOptimizer ``.optimizer``, Lightning's
     LightningOptimizer ``._optimizer``): a wrapper sharing its ``param_groups`` list with the optimizer inside is the
-    same optimizer to the scaler, so ``unscale_(wrapper)`` and ``step(inner)`` are one optimizer's iteration."""
+    same optimizer to the scaler, so ``unscale_(wrapper)`` and ``step(inner)`` are one optimizer's iteration.
+
+    Args:
+        optimizer: an optimizer, or a wrapper of one (wrappers of wrappers are read through); not modified.
+
+    Returns:
+        the innermost optimizer that shares ``optimizer``'s ``param_groups``; ``optimizer`` itself when it wraps none.
+    """
     while True:
         for attr in ("optimizer", "_optimizer"):
             inner = getattr(optimizer, attr, None)
@@ -311,7 +317,7 @@ class GradScaler(torch.amp.GradScaler):
         """Divide the optimizer's gradients by the scale in place and record Inf/NaN (no host sync)."""
         if not self._enabled:
             return
-        optimizer = _unwrapped(_optimizer("GradScaler.unscale_", optimizer))
+        optimizer = unwrap_optimizer(_optimizer("GradScaler.unscale_", optimizer))
         params = _params(optimizer)
         if self._traced() and not params.sharded:
             with_grads = [p for p in params.params if p.grad is not None]
@@ -376,7 +382,7 @@ class GradScaler(torch.amp.GradScaler):
         self._check_spike_group("GradScaler.step")
         # A framework's wrapper is stepped as given; the scaler's bookkeeping and the grad_scale/found_inf
         # hand-over are the optimizer's inside it, which reads them.
-        inner = _unwrapped(optimizer)
+        inner = unwrap_optimizer(optimizer)
         key = id(inner)
         params = _params(optimizer)  # the step's kind, decided once: plain or DTensor parameters
         if (self._traced() and not params.sharded and getattr(optimizer, "_ampkit_traced_step", False)
@@ -424,11 +430,11 @@ class GradScaler(torch.amp.GradScaler):
         params = [p for p in params if p.grad is not None]
         grad_scale, found_inf = torch.ops.ampkit._scaler_prepare_fused_step(self._handle, key, params,
                                                                           [p.grad for p in params])
-        _traced_optim.HANDED_OVER[key] = (grad_scale, found_inf)  # NOTE [Scale hand-over under compile]
+        _compile.HANDED_OVER[key] = (grad_scale, found_inf)  # NOTE [Scale hand-over under compile]
         try:
             retval = optimizer.step(*args, **kwargs)
         finally:
-            del _traced_optim.HANDED_OVER[key]
+            del _compile.HANDED_OVER[key]
         torch.ops.ampkit._scaler_mark_stepped(self._handle, key)
         return retval
 
@@ -544,6 +550,11 @@ class GradScaler(torch.amp.GradScaler):
     def is_enabled(self) -> bool:
         return self._enabled
 
+    @property
+    def device(self) -> str:
+        """The device type the scaler was built for (``"cuda"``, ``"cpu"``): the ``device`` argument."""
+        return self._device
+
     def last_step_ran(self, optimizer: Optional[torch.optim.Optimizer] = None) -> Optional[torch.Tensor]:
         """A device bool tensor: whether the last :meth:`update`'s step ran (False: skipped). No sync; it keeps its
         value while held (:meth:`update` writes into a reused flag that nobody else holds). With several optimizers
@@ -552,8 +563,15 @@ class GradScaler(torch.amp.GradScaler):
         iteration)."""
         if optimizer is None:
             return self._core.last_step_ran()
-        optimizer = _unwrapped(_optimizer("GradScaler.last_step_ran", optimizer))
+        optimizer = unwrap_optimizer(_optimizer("GradScaler.last_step_ran", optimizer))
         return self._core.last_step_ran_of(id(optimizer))
+
+    def stage(self, optimizer: torch.optim.Optimizer) -> OptState:
+        """``optimizer``'s stage in this iteration: ``OptState.READY`` before its :meth:`unscale_` or :meth:`step`,
+        ``UNSCALED`` after :meth:`unscale_`, ``STEPPED`` after :meth:`step`; READY again after :meth:`update`. A
+        framework's wrapper reads as the optimizer inside (:func:`unwrap_optimizer`). Changes nothing; no sync."""
+        optimizer = unwrap_optimizer(_optimizer("GradScaler.stage", optimizer))
+        return OptState(self._core.stage(id(optimizer)))
 
     def stats(self) -> dict:
         """steps, skipped_steps, last_overflow_step (None: none yet), scale, growth_tracker, hysteresis_tracker,
@@ -694,14 +712,14 @@ class GradScaler(torch.amp.GradScaler):
                 self._start_growth_tracker()
 
     def _check_inf_per_device(self, optimizer: torch.optim.Optimizer) -> dict:
-        optimizer = _unwrapped(_optimizer("GradScaler._check_inf_per_device", optimizer))
+        optimizer = unwrap_optimizer(_optimizer("GradScaler._check_inf_per_device", optimizer))
         _, found_inf = self._prepare_fused_step(id(optimizer), _params(optimizer))
         if self._options["spike_skip"] is not None:  # the flag the step decides on: overflows and a spike
             return {found_inf.device: found_inf}
         return self._found_inf_per_device(optimizer)
 
     def _found_inf_per_device(self, optimizer: torch.optim.Optimizer) -> dict:
-        return {t.device: t for t in self._core.found_inf_per_device(id(_unwrapped(optimizer)))}
+        return {t.device: t for t in self._core.found_inf_per_device(id(unwrap_optimizer(optimizer)))}
 
     def __getstate__(self) -> dict[str, Any]:
         if self._enabled and self._core.in_iteration():

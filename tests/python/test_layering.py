@@ -1,12 +1,14 @@
 """The layers of shared/DESIGN.md, checked from the sources' #include lines: kernels (Torch-free, CUDA headers only
 under kernels/cuda/) <- ops <- components (scaler, autocast, optim, distributed) <- bindings <- python. A layer may
-include only what sits below it (and its own folder)."""
+include only what sits below it (and its own folder). The Python package's rules are checked from its imports."""
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 INCLUDE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]', re.M)
@@ -99,3 +101,123 @@ def test_each_python_binding_file_binds_one_component_and_module_cpp_only_assemb
     assert "py::class_" not in module and "m.def(\"_optim" not in module
     binds = set(re.findall(r"ampkit::python::(bind_\w+)\(m\)", module))
     assert binds == {f.stem for f in (ROOT / "csrc/python").glob("bind_*.cpp")}
+
+
+# ---- Python imports --------------------------------------------------------------------------------------------
+# The Python package keeps the components' layering (docs/conventions.md): the scaler and autocast import no
+# optimizer module, ampkit.optim imports no scaler module, and the framework integrations use ampkit's public names
+# only (no private module, no private name, no private attribute of ampkit's objects), so that ampkit's internals
+# can change without breaking them. Imports are read with ast, function-local ones included.
+
+PACKAGE = ROOT / "python" / "ampkit"
+
+
+def module_of(path: Path) -> str:
+    """The dotted name of a source file of the package (a package's __init__.py is the package)."""
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def python_imports(path: Path) -> list[tuple[int, str, str]]:
+    """(line, module, name) of every import in the file, relative ones resolved; name "" for `import module`.
+    `from package import x` gives (package, x): x may be a name or a submodule."""
+    tree = ast.parse(path.read_text(), str(path))
+    package = module_of(path) if path.name == "__init__.py" else module_of(path).rpartition(".")[0]
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name, "") for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[:len(package.split(".")) - (node.level - 1)]
+                base = ".".join(anchor + ([node.module] if node.module else []))
+            found += [(node.lineno, base, alias.name) for alias in node.names]
+    return found
+
+
+def reaches(module: str, name: str, target: str) -> bool:
+    """Whether importing `name` from `module` (or `module` itself, name "") imports `target` or a module in it."""
+    full = f"{module}.{name}" if name else module
+    return any(m == target or m.startswith(target + ".") for m in (module, full))
+
+
+def sources(package: str) -> list[Path]:
+    folder = PACKAGE.joinpath(*package.split(".")[1:])
+    return sorted(folder.rglob("*.py")) if folder.is_dir() else [folder.with_suffix(".py")]
+
+
+@pytest.mark.parametrize("importer,forbidden", [
+    ("ampkit.grad_scaler", "ampkit.optim"),
+    ("ampkit.autocast", "ampkit.optim"),
+    ("ampkit.optim", "ampkit.grad_scaler"),
+])
+def test_python_components_import_only_what_they_may(importer, forbidden):
+    files = sources(importer)
+    assert files and all(f.is_file() for f in files), importer
+    bad = [f"{f.relative_to(ROOT)}:{line}: imports {module}{'.' + name if name else ''} ({importer} must not "
+           f"import {forbidden})"
+           for f in files for line, module, name in python_imports(f) if reaches(module, name, forbidden)]
+    assert not bad, "\n".join(bad)
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def ampkit_private_attributes() -> set[str]:
+    """The private names (one leading underscore) that ampkit's scaler and optimizers have, as objects or classes:
+    a scaler's `_core`, an optimizer's `_kind`. Those that torch's GradScaler and optimizers also have are torch's
+    and stay out (a framework may use them on torch's objects)."""
+    import ampkit
+
+    params = [torch.nn.Parameter(torch.zeros(2))]
+    ours = [ampkit.GradScaler("cpu"), *(cls(params) for cls in (ampkit.optim.Adam, ampkit.optim.AdamW,
+                                                                  ampkit.optim.SGD, ampkit.optim.LAMB))]
+    theirs = [torch.amp.GradScaler("cpu"), torch.optim.Adam(params, fused=True), torch.optim.SGD(params, fused=True)]
+    names = {n for obj in ours for n in dir(obj) if _private(n)}
+    return names - {n for obj in theirs for n in dir(obj)}
+
+
+def test_import_reader_finds_what_it_should():
+    found = python_imports(PACKAGE / "optim" / "_base.py")
+    assert any(m == "ampkit" and n == "_compile" for _, m, n in found)  # from .. import _compile
+    assert any(m == "ampkit._native" and n == "_C" for _, m, n in found)  # a function-local import
+    assert reaches("ampkit", "optim", "ampkit.optim") and reaches("ampkit.optim._traced", "x", "ampkit.optim")
+    assert not reaches("ampkit", "optimizers", "ampkit.optim")
+
+
+def test_private_attribute_list_finds_what_it_should():
+    found = ampkit_private_attributes()
+    assert {"_core", "_kind"} <= found
+    assert not {"_per_optimizer_states", "_scale", "_step_supports_amp_scaling", "step"} & found
+
+
+def test_integrations_use_only_public_names_of_ampkit():
+    private_attributes = ampkit_private_attributes()
+    bad = []
+    for f in sources("ampkit.integrations"):
+        rel = f.relative_to(ROOT)
+        ampkit_names = set()  # local names bound to ampkit modules (import ampkit, import ampkit.optim as o)
+        for line, module, name in python_imports(f):
+            if not (module == "ampkit" or module.startswith("ampkit.")):
+                continue
+            own = module.startswith("ampkit.integrations")  # the integrations' own helpers (_lightning)
+            if not own and any(_private(part) for part in module.split(".")):
+                bad.append(f"{rel}:{line}: imports the private module {module}")
+            elif _private(name) and not own:
+                bad.append(f"{rel}:{line}: imports the private name {name} from {module}")
+            if not name:
+                ampkit_names.add(module.split(".")[0])
+        for node in ast.walk(ast.parse(f.read_text(), str(f))):
+            if not isinstance(node, ast.Attribute) or not _private(node.attr):
+                continue
+            root = node.value
+            while isinstance(root, ast.Attribute):
+                root = root.value
+            if isinstance(root, ast.Name) and root.id in ampkit_names:
+                bad.append(f"{rel}:{node.lineno}: reads {ast.unparse(node)}, a private name of ampkit")
+            elif node.attr in private_attributes:
+                bad.append(f"{rel}:{node.lineno}: reads {ast.unparse(node)} ({node.attr} is private to ampkit's "
+                           "scaler or optimizers: use or add a public method)")
+    assert not bad, "\n".join(bad)

@@ -48,8 +48,8 @@ def make_precision_plugin(pl: Any, module: str) -> type:
     LightningModule = pl.LightningModule
     MisconfigurationException = import_module(pl.__name__ + ".utilities.exceptions").MisconfigurationException
     import ampkit
-    from ampkit.grad_scaler import OptState, _unwrapped
-    from ampkit.optim import _FusedOptimizer
+    from ampkit.grad_scaler import OptState, unwrap_optimizer
+    from ampkit.optim import FusedOptimizer
     from ampkit.optim.lr_scheduler import SkipAware
 
     def lightning_module(model: Any) -> Optional[Any]:
@@ -111,13 +111,13 @@ def make_precision_plugin(pl: Any, module: str) -> type:
                         f"AmpkitPrecision({self.precision!r}) decorates the LightningModule itself and supports "
                         f"single-device strategies; this strategy wrapped it in {type(model).__name__}. Use "
                         f"'{self.precision.replace('-true', '-mixed')}' with distributed strategies.")
-                fused = [o for o in optimizers if isinstance(_unwrapped(o), _FusedOptimizer)]
+                fused = [o for o in optimizers if isinstance(unwrap_optimizer(o), FusedOptimizer)]
                 if len(optimizers) != 1 or len(fused) != 1:
                     raise MisconfigurationException(
                         f"AmpkitPrecision({self.precision!r}) keeps the FP32 masters in one ampkit.optim optimizer "
                         f"(configure_optimizers must return exactly one), but got "
-                        f"{[type(_unwrapped(o)).__name__ for o in optimizers]}")
-                ampkit.decorate(model, _unwrapped(fused[0]), level="O2", dtype=self.dtype)
+                        f"{[type(unwrap_optimizer(o)).__name__ for o in optimizers]}")
+                ampkit.decorate(model, unwrap_optimizer(fused[0]), level="O2", dtype=self.dtype)
                 model._dtype = self.dtype  # LightningModule.dtype
             if self._scaling():
                 for config in lr_schedulers:
@@ -154,14 +154,14 @@ def make_precision_plugin(pl: Any, module: str) -> type:
             return Precision.pre_backward(self, tensor, module)
 
         def _unscale_once(self, optimizer: Any) -> None:
-            inner = _unwrapped(optimizer)
-            if self.scaler._core.stage(id(inner)) == OptState.READY.value:
+            inner = unwrap_optimizer(optimizer)
+            if self.scaler.stage(inner) is OptState.READY:
                 self.scaler.unscale_(inner)
 
         def optimizer_step(self, optimizer: Any, model: Any, closure: Callable[[], Any], **kwargs: Any) -> Any:
             if not self._scaling():
                 return Precision.optimizer_step(self, optimizer, model=model, closure=closure, **kwargs)
-            if isinstance(_unwrapped(optimizer), torch.optim.LBFGS):
+            if isinstance(unwrap_optimizer(optimizer), torch.optim.LBFGS):
                 raise MisconfigurationException("AmpkitPrecision: AMP and the LBFGS optimizer are not compatible.")
             closure_result = closure()
             # automatic optimization with a training_step that returned None: no backward, so no unscale (the
@@ -171,7 +171,7 @@ def make_precision_plugin(pl: Any, module: str) -> type:
             if not skipped:
                 trainer = getattr(model, "trainer", None)
                 clips = bool(getattr(trainer, "gradient_clip_val", None))
-                if clips or not getattr(_unwrapped(optimizer), "_step_supports_amp_scaling", False):
+                if clips or not getattr(unwrap_optimizer(optimizer), "_step_supports_amp_scaling", False):
                     # before the hooks, as Lightning's MixedPrecision: on_before_optimizer_step and clipping see
                     # true gradients (a fused step alone unscales inline instead)
                     self._unscale_once(optimizer)

@@ -23,7 +23,7 @@ import accelerate
 from accelerate.optimizer import AcceleratedOptimizer
 from accelerate.utils import DistributedType
 
-from ..grad_scaler import GradScaler, OptState, _unwrapped
+from ..grad_scaler import GradScaler, OptState, unwrap_optimizer
 
 __all__ = ["attach"]
 
@@ -59,8 +59,8 @@ def _unscale_gradients(self: accelerate.Accelerator, optimizer: Any = None) -> N
     else:
         optimizers = [optimizer]
     for opt in optimizers:
-        inner = _unwrapped(opt)
-        if scaler._core.stage(id(inner)) == OptState.READY.value:
+        inner = unwrap_optimizer(opt)
+        if scaler.stage(inner) is OptState.READY:
             scaler.unscale_(inner)
 
 
@@ -89,8 +89,8 @@ def attach(accelerator: Any, scaler: Any) -> None:
     if accelerator.distributed_type in (DistributedType.DEEPSPEED, DistributedType.MEGATRON_LM, DistributedType.XLA):
         raise ValueError(f"{where}: {accelerator.distributed_type.value} does its own loss scaling; ampkit's scaler "
                          "works with single-device, DDP and FSDP runs")
-    if scaler.is_enabled() and scaler._device != accelerator.device.type:
-        raise ValueError(f"{where}: scaler is for device type {scaler._device!r}, but the accelerator runs on "
+    if scaler.is_enabled() and scaler.device != accelerator.device.type:
+        raise ValueError(f"{where}: scaler is for device type {scaler.device!r}, but the accelerator runs on "
                          f"{accelerator.device.type!r}")
     accelerator._ampkit_scaler = scaler
     accelerator.scaler = scaler

@@ -30,13 +30,13 @@ loads on M (8-bit states excepted: they are packed per local shard).
 """
 from __future__ import annotations
 
-from ._base import _FusedOptimizer as _FusedOptimizer  # the base that ampkit's integrations recognise
+from ._base import FusedOptimizer
 from ._optimizers import LAMB, SGD, Adam, AdamW
 
-__all__ = ["Adam", "AdamW", "SGD", "LAMB"]
+__all__ = ["Adam", "AdamW", "SGD", "LAMB", "FusedOptimizer"]
 
 # The public classes keep the module they are public in (class reprs, and the path a pickled optimizer names).
-for _cls in (Adam, AdamW, SGD, LAMB):
+for _cls in (Adam, AdamW, SGD, LAMB, FusedOptimizer):
     _cls.__module__ = __name__
 del _cls
 

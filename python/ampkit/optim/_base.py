@@ -1,4 +1,4 @@
-"""ampkit.optim's shared base: ``_FusedOptimizer`` (torch.optim.Optimizer's param groups, hooks and state_dict over
+"""ampkit.optim's shared base: ``FusedOptimizer`` (torch.optim.Optimizer's param groups, hooks and state_dict over
 ampkit::optim::core in C++: group checks, the eager step, loaded-state checks, ``__setstate__``; under
 torch.compile the step of ``_traced``) and ``_core``, the lazy handle to ``ampkit._C`` that every optimizer module
 calls.
@@ -20,11 +20,15 @@ def _core():
     return _C
 
 
-class _FusedOptimizer(torch.optim.Optimizer):
+class FusedOptimizer(torch.optim.Optimizer):
     """What ampkit's optimizers share. Their decisions (range checks, master modes, which parameters take the fused
     kernels, state creation, loaded-state checks, torch.optim's single-tensor path for FP64/complex/sparse/non-dense
     parameters) are made by ampkit::optim::core in C++, the same code the LibTorch optimizers run; this class keeps
-    what needs Python: param_groups as torch.optim.Optimizer, Python types, hooks, differentiable=True."""
+    what needs Python: param_groups as torch.optim.Optimizer, Python types, hooks, differentiable=True.
+
+    Public as ``ampkit.optim.FusedOptimizer``, the class to test for: ``isinstance(opt, FusedOptimizer)`` is true of
+    every ampkit.optim optimizer (what ``ampkit.decorate``'s O2 and the framework integrations take). Not built
+    directly: its subclasses Adam, AdamW, SGD and LAMB are the optimizers."""
 
     _step_supports_amp_scaling = True
     _ampkit_traced_step = True  # GradScaler.step may trace it under torch.compile (NOTE [Compiled steps])
@@ -144,6 +148,12 @@ class _FusedOptimizer(torch.optim.Optimizer):
                 after = dict(before)
                 core.init_master(_dtensor.local(p), after)
                 _dtensor.store_state(p, state, before, after)
+
+    def _fp32_master_params(self) -> list[torch.Tensor]:
+        """The parameters of the groups that keep an FP32 master (all but ``"stochastic"`` and ``"kahan"``): those
+        whose master ``ampkit.decorate`` takes from the FP32 weight before its O2 cast. Changes nothing."""
+        core = self._cpp_core()
+        return [p for group in self.param_groups if core.takes_master(group) for p in group["params"]]
 
     @staticmethod
     def _run_closure(closure: Optional[Callable[[], float]]):

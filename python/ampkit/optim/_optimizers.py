@@ -1,6 +1,6 @@
 """ampkit.optim's optimizers: Adam, AdamW and SGD (torch.optim's arguments and results) and LAMB (Apex's
 ``FusedLAMB``), each its constructor, ``_check_values``, the single-tensor step for ``differentiable=True`` and
-what differs from ``_FusedOptimizer`` (ampkit/optim/_base.py), which owns the step itself. Their ``__module__`` is
+what differs from ``FusedOptimizer`` (ampkit/optim/_base.py), which owns the step itself. Their ``__module__`` is
 ``ampkit.optim`` (set there), where they are public.
 """
 from __future__ import annotations
@@ -12,11 +12,11 @@ from torch.optim import adam as _torch_adam
 from torch.optim import sgd as _torch_sgd
 
 from .. import _checks, _dtensor, ops
-from ._base import _FusedOptimizer
+from ._base import FusedOptimizer
 from ._hparams import _capturable_devices, _check_betas, _check_fused_flags, _check_tensor_hparams
 
 
-class Adam(_FusedOptimizer):
+class Adam(FusedOptimizer):
     """torch.optim.Adam's arguments and results, on ampkit's fused kernel, plus ``master_weights`` and the moments'
     dtypes ``exp_avg_dtype`` / ``exp_avg_sq_dtype`` (None or torch.float32, torch.bfloat16, or torch.uint8 for 8-bit
     block-wise states on parameters of 4096 elements or more)."""
@@ -106,7 +106,7 @@ class AdamW(Adam):
         super().__init__(params, lr, betas, eps, weight_decay, amsgrad, **kwargs)
 
 
-class SGD(_FusedOptimizer):
+class SGD(FusedOptimizer):
     """torch.optim.SGD's arguments and results, on ampkit's fused kernel, plus ``master_weights`` and the momentum
     buffer's dtype ``momentum_dtype`` (as Adam's ``exp_avg_dtype``)."""
 
@@ -154,7 +154,7 @@ class SGD(_FusedOptimizer):
                 self.state[p]["momentum_buffer"] = buf
 
 
-class LAMB(_FusedOptimizer):
+class LAMB(FusedOptimizer):
     """LAMB (You et al. 2020) on ampkit's fused kernel, with the arguments, defaults and semantics of Apex's
     ``FusedLAMB`` (NVIDIA's BERT recipe), plus ``master_weights``.
 

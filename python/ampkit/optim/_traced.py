@@ -36,18 +36,12 @@ def _op_options(kind: str, table: str) -> tuple:
 _OPTIONS = {kind: _op_options(kind, table) for kind, table in (("adam", "Adam"), ("lamb", "LAMB"), ("sgd", "SGD"))}
 
 
-# NOTE [Scale hand-over under compile]
-# A traced GradScaler.step gives grad_scale/found_inf to the optimizer's step through this dict (keyed by the
-# optimizer's id, removed after the step), not as attributes of the optimizer as the eager step does: torch 2.11's
-# Dynamo refuses a setattr on an optimizer inside a graph. scalars() is what both steps read.
-HANDED_OVER: dict[int, tuple] = {}
-
-
 def scalars(optimizer) -> tuple:
-    """The (grad_scale, found_inf) of this step: handed over by a traced scaler step, else the attributes a scaler
-    (or the user) set on the optimizer, else (None, None)."""
-    if HANDED_OVER:
-        handed = HANDED_OVER.get(id(optimizer))
+    """The (grad_scale, found_inf) of this step: handed over by a traced scaler step (NOTE [Scale hand-over under
+    compile] in ampkit/_compile.py), else the attributes a scaler (or the user) set on the optimizer, else
+    (None, None)."""
+    if _compile.HANDED_OVER:
+        handed = _compile.HANDED_OVER.get(id(optimizer))
         if handed is not None:
             return handed
     return getattr(optimizer, "grad_scale", None), getattr(optimizer, "found_inf", None)

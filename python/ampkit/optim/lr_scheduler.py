@@ -18,11 +18,11 @@ __all__ = ["SkipAware", "DeviceLambdaLR"]
 
 
 def _scaler(where: str, scaler: Any, *, optional: bool = False):
-    from ..grad_scaler import GradScaler
-
+    """``scaler`` when it reports each step's outcome (``last_step_ran``, which ampkit.GradScaler has and
+    torch.amp.GradScaler has not); ampkit.optim does not import the scaler's module."""
     if scaler is None and optional:
         return None
-    if not isinstance(scaler, GradScaler):
+    if not callable(getattr(scaler, "last_step_ran", None)):
         raise TypeError(f"{where}: scaler must be an ampkit.GradScaler (it reports whether each step was applied), "
                         f"but got {type(scaler).__name__}")
     return scaler
