@@ -16,6 +16,7 @@ import argparse
 import json
 import math
 import time
+from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -111,6 +112,35 @@ def train_steps(model: nn.Module, optimizer, steps: int, seed: int, transitions:
     return losses, (time.perf_counter() - start) / len(losses)
 
 
+def loss_summary(losses: list[float], seconds: float) -> dict:
+    """A run's row: the mean loss of its last 20 steps, its first loss, its steps and the seconds per step."""
+    return {"final_loss": sum(losses[-20:]) / len(losses[-20:]), "first_loss": losses[0], "steps": len(losses),
+            "seconds_per_step": seconds}
+
+
+def arguments(doc: str) -> argparse.ArgumentParser:
+    """The options every LM run takes: --steps, --seed, --json."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", metavar="PATH")
+    return parser
+
+
+def report(rows: dict, baseline: str, ratio_key: str, columns: str, line: Callable[[str, dict], str],
+           json_path: Optional[str], record: dict) -> None:
+    """Gives each row its final loss relative to the `baseline` row's (under `ratio_key`), prints `columns` and
+    `line(name, row)` for each row, and writes `record` with the rows to `json_path` when given."""
+    base = rows[baseline]["final_loss"]
+    print(columns)
+    for name, r in rows.items():
+        r[ratio_key] = r["final_loss"] / base
+        print(line(name, r))
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump({**record, "rows": rows}, f, indent=1)
+
+
 def train(recipe, steps: int, seed: int, transitions: torch.Tensor) -> dict:
     torch.manual_seed(seed)
     model = LM()
@@ -119,31 +149,23 @@ def train(recipe, steps: int, seed: int, transitions: torch.Tensor) -> dict:
     optimizer = ampkit.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
     losses, seconds = train_steps(model, optimizer, steps, seed, transitions, autocast=True)
     converted = sum(isinstance(m, fp8.Float8Linear) for m in model.modules())
-    return {"final_loss": sum(losses[-20:]) / len(losses[-20:]), "first_loss": losses[0], "steps": len(losses),
-            "seconds_per_step": seconds, "fp8_layers": converted, "skipped_layers": fp8.skipped_layers(model),
+    return {**loss_summary(losses, seconds), "fp8_layers": converted, "skipped_layers": fp8.skipped_layers(model),
             "gemm_bytes_per_step": gemm_bytes(model, BATCH * SEQ, recipe is not None)}
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=300)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--json", metavar="PATH")
-    args = parser.parse_args()
+    args = arguments(__doc__).parse_args()
     transitions = language(args.seed)
     runs = {"bf16": None, "fp8 current": fp8.CurrentScaling(), "fp8 delayed": fp8.DelayedScaling(amax_history_len=16)}
     rows = {name: train(recipe, args.steps, args.seed, transitions) for name, recipe in runs.items()}
-    base = rows["bf16"]["final_loss"]
     print(f"causal LM, {args.steps} steps, batch {BATCH}x{SEQ} tokens, torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads (ln {SUCCESSORS} = {math.log(SUCCESSORS):.3f} attainable)")
-    print(f"{'run':12s} {'loss':>8s} {'vs bf16':>8s} {'s/step':>8s} {'GEMM MB/step':>13s} {'fp8 layers':>10s}")
-    for name, r in rows.items():
-        r["loss_ratio_to_bf16"] = r["final_loss"] / base
-        print(f"{name:12s} {r['final_loss']:8.4f} {r['loss_ratio_to_bf16']:8.4f} {r['seconds_per_step']:8.3f} "
-              f"{r['gemm_bytes_per_step'] / 1e6:13.2f} {r['fp8_layers']:10d}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"steps": args.steps, "seed": args.seed, "torch": torch.__version__, "rows": rows}, f, indent=1)
+    report(rows, "bf16", "loss_ratio_to_bf16",
+           f"{'run':12s} {'loss':>8s} {'vs bf16':>8s} {'s/step':>8s} {'GEMM MB/step':>13s} {'fp8 layers':>10s}",
+           lambda name, r: (f"{name:12s} {r['final_loss']:8.4f} {r['loss_ratio_to_bf16']:8.4f} "
+                            f"{r['seconds_per_step']:8.3f} {r['gemm_bytes_per_step'] / 1e6:13.2f} "
+                            f"{r['fp8_layers']:10d}"),
+           args.json, {"steps": args.steps, "seed": args.seed, "torch": torch.__version__})
 
 
 if __name__ == "__main__":

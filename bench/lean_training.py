@@ -14,8 +14,6 @@ the per-tensor ``step`` counts too, so a small model shows a little more than th
 """
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import os
 import sys
@@ -25,7 +23,7 @@ import torch
 import ampkit
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from fp8_training import BATCH, LM, SEQ, language, train_steps  # noqa: E402
+from fp8_training import BATCH, LM, SEQ, arguments, language, loss_summary, report, train_steps  # noqa: E402
 
 U8, BF16 = torch.uint8, torch.bfloat16
 # name: AdamW's master_weights and state dtype options
@@ -52,34 +50,24 @@ def train(options: dict, steps: int, seed: int, lr: float, transitions: torch.Te
     model = LM().to(torch.bfloat16)
     optimizer = ampkit.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, **options)
     losses, seconds = train_steps(model, optimizer, steps, seed, transitions, autocast=False)
-    return {"final_loss": sum(losses[-20:]) / len(losses[-20:]), "first_loss": losses[0], "steps": len(losses),
-            "seconds_per_step": seconds,
-            "bytes_per_param": bytes_per_param(model, optimizer)}
+    return {**loss_summary(losses, seconds), "bytes_per_param": bytes_per_param(model, optimizer)}
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=300)
-    parser.add_argument("--seed", type=int, default=0)
+    parser = arguments(__doc__)
     parser.add_argument("--lr", type=float, default=3e-3)
-    parser.add_argument("--json", metavar="PATH")
     parser.add_argument("--modes", nargs="*", choices=list(MODES), help="the modes to run (default: all)")
     args = parser.parse_args()
     transitions = language(args.seed)
     chosen = ["fp32 masters"] + [m for m in (args.modes or MODES) if m != "fp32 masters"]
     rows = {name: train(MODES[name], args.steps, args.seed, args.lr, transitions) for name in chosen}
-    base = rows["fp32 masters"]["final_loss"]
     print(f"causal LM in BF16, AdamW lr {args.lr}, {args.steps} steps, batch {BATCH}x{SEQ} tokens, torch "
           f"{torch.__version__}, {torch.get_num_threads()} threads (ln 3 = {math.log(3):.3f} attainable)")
-    print(f"{'mode':22s} {'loss':>8s} {'vs fp32':>8s} {'B/param':>8s} {'s/step':>8s}")
-    for name, r in rows.items():
-        r["loss_ratio_to_fp32_masters"] = r["final_loss"] / base
-        print(f"{name:22s} {r['final_loss']:8.4f} {r['loss_ratio_to_fp32_masters']:8.4f} {r['bytes_per_param']:8.2f} "
-              f"{r['seconds_per_step']:8.3f}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"steps": args.steps, "seed": args.seed, "lr": args.lr, "torch": torch.__version__,
-                       "rows": rows}, f, indent=1)
+    report(rows, "fp32 masters", "loss_ratio_to_fp32_masters",
+           f"{'mode':22s} {'loss':>8s} {'vs fp32':>8s} {'B/param':>8s} {'s/step':>8s}",
+           lambda name, r: (f"{name:22s} {r['final_loss']:8.4f} {r['loss_ratio_to_fp32_masters']:8.4f} "
+                            f"{r['bytes_per_param']:8.2f} {r['seconds_per_step']:8.3f}"),
+           args.json, {"steps": args.steps, "seed": args.seed, "lr": args.lr, "torch": torch.__version__})
 
 
 if __name__ == "__main__":

@@ -438,17 +438,24 @@ def _run_fresh(code: str) -> subprocess.CompletedProcess:
     return r
 
 
+# The start of a fresh process's code that counts binary_cross_entropy's warnings: caught(fn) returns fn()'s result
+# and the messages of the warnings it gave that name binary_cross_entropy.
+_BCE_WARNINGS = (
+    "import warnings, torch.nn.functional as F\n"
+    "def caught(fn):\n"
+    "    with warnings.catch_warnings(record=True) as w:\n"
+    "        warnings.simplefilter('always')\n"
+    "        out = fn()\n"
+    "    return out, [str(m.message) for m in w if 'binary_cross_entropy' in str(m.message)]\n"
+)
+
+
 def test_binary_cross_entropy_on_low_precision_probabilities_under_cpu_autocast_warns_once_and_keeps_torchs_result():
     r = _run_fresh(
-        "import warnings, torch.nn.functional as F\n"
+        _BCE_WARNINGS +
         "g = torch.Generator().manual_seed(0)\n"
         "x, y = torch.randn(64, 8, generator=g) * 6, torch.rand(64, 8, generator=g)\n"
         "lin = torch.nn.Linear(8, 8)\n"
-        "def caught(fn):\n"
-        "    with warnings.catch_warnings(record=True) as w:\n"
-        "        warnings.simplefilter('always')\n"
-        "        out = fn()\n"
-        "    return out, [str(m.message) for m in w if 'binary_cross_entropy' in str(m.message)]\n"
         "p32 = torch.sigmoid(x)\n"
         "with torch.autocast('cpu', dtype=torch.bfloat16):\n"
         "    out32, w32 = caught(lambda: F.binary_cross_entropy(p32, y))\n"  # FP32 probabilities: nothing to say
@@ -468,14 +475,9 @@ def test_binary_cross_entropy_on_low_precision_probabilities_under_cpu_autocast_
 def test_binary_cross_entropy_on_a_low_precision_sigmoid_cast_back_warns_once_and_keeps_torchs_result():
     """The O2 form: an FP16/BF16 model's sigmoid, .float(), then binary_cross_entropy outside autocast."""
     r = _run_fresh(
-        "import warnings, torch.nn.functional as F\n"
+        _BCE_WARNINGS +
         "g = torch.Generator().manual_seed(0)\n"
         "x, y = torch.randn(256, 8, generator=g) * 6, torch.rand(256, 8, generator=g)\n"
-        "def caught(fn):\n"
-        "    with warnings.catch_warnings(record=True) as w:\n"
-        "        warnings.simplefilter('always')\n"
-        "        out = fn()\n"
-        "    return out, [str(m.message) for m in w if 'binary_cross_entropy' in str(m.message)]\n"
         "lin = torch.nn.Linear(8, 8)\n"
         "p32 = torch.sigmoid(lin(x))\n"
         "_, w32 = caught(lambda: F.binary_cross_entropy(p32, y))\n"  # FP32 all along: nothing to say

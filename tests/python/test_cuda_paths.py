@@ -11,6 +11,7 @@ import torch
 import ampkit
 from ampkit.optim import _traced
 from conftest import CUDA_ONLY, bits_equal
+from loops import capture_and_replay
 
 pytestmark = CUDA_ONLY
 
@@ -39,30 +40,7 @@ def test_o2_step_captured_in_a_cuda_graph_equals_eager_steps():
     g = torch.Generator(device="cuda").manual_seed(1)
     xs = torch.randn(103, 16, 32, device="cuda", generator=g).half()
     ys = torch.randn(103, 16, 8, device="cuda", generator=g)
-
-    eager = _o2_setup()
-    for i in range(103):
-        _step(*eager, xs[i], ys[i])
-
-    model, opt, scaler = _o2_setup()
-    static_x, static_y = xs[0].clone(), ys[0].clone()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up steps create the state and buffers (torch's capture recipe)
-        for i in range(3):
-            static_x.copy_(xs[i])
-            static_y.copy_(ys[i])
-            _step(model, opt, scaler, static_x, static_y)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    opt.zero_grad(set_to_none=False)
-    with torch.cuda.graph(graph):
-        _step(model, opt, scaler, static_x, static_y)
-    for i in range(3, 103):
-        static_x.copy_(xs[i])
-        static_y.copy_(ys[i])
-        graph.replay()
-    torch.cuda.synchronize()
+    eager, (model, opt, scaler) = capture_and_replay(_o2_setup, _step, xs, ys)
     for a, b in zip(eager[0].parameters(), model.parameters()):
         assert bits_equal(a.detach(), b.detach())
     assert scaler.get_scale() == eager[2].get_scale()

@@ -16,6 +16,7 @@ import torch
 
 import ampkit
 from conftest import CUDA_ONLY, bits_equal
+from loops import capture_and_replay
 
 pytestmark = CUDA_ONLY
 
@@ -197,28 +198,8 @@ def test_a_step_with_min_scale_is_captured_in_a_cuda_graph_and_replays_as_eager_
         scaler.step(opt)
         scaler.update()
 
-    eager = setup()
-    for i in range(20):
-        step(*eager, xs[i], ys[i])
-    model, opt, scaler = setup()
-    static_x, static_y = xs[0].clone(), ys[0].clone()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for i in range(3):
-            static_x.copy_(xs[i])
-            static_y.copy_(ys[i])
-            step(model, opt, scaler, static_x, static_y)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    opt.zero_grad(set_to_none=False)
-    with torch.cuda.graph(graph):  # update() with min_scale read the device here before: capture raised
-        step(model, opt, scaler, static_x, static_y)
-    for i in range(3, 20):
-        static_x.copy_(xs[i])
-        static_y.copy_(ys[i])
-        graph.replay()
-    torch.cuda.synchronize()
+    # the capture once raised here: update() with min_scale read the device while it was captured
+    eager, (model, opt, scaler) = capture_and_replay(setup, step, xs, ys)
     for a, b in zip(eager[0].parameters(), model.parameters()):
         assert bits_equal(a.detach(), b.detach())
     assert scaler.get_scale() == eager[2].get_scale()

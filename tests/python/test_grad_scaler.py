@@ -14,6 +14,7 @@ import torch
 
 import ampkit
 from conftest import CUDA_ONLY, DEVICES, bits_equal
+from loops import drive_scaler
 
 SCALERS = {"torch": torch.amp.GradScaler, "ampkit": ampkit.GradScaler}
 
@@ -192,45 +193,31 @@ def test_scale_nested_outputs_like_torch():
         ampkit.GradScaler("cpu").scale([1.0])
 
 
-def _drive(scaler, overflows, n_params=1):
-    """Steps a tiny problem; overflows[i] says whether step i's grads hold Inf. Returns the scale history."""
-    history = []
-    ps = [torch.nn.Parameter(torch.ones(4)) for _ in range(n_params)]
-    opt = torch.optim.SGD(ps, lr=1e-3)
-    for o in overflows:
-        opt.zero_grad()
-        scaler.scale(sum(p.sum() for p in ps)).backward()
-        if o:
-            ps[-1].grad[-1] = math.inf
-        scaler.step(opt)
-        scaler.update()
-        history.append(scaler.get_scale())
-    return history
-
-
-def test_hysteresis_tolerates_overflows_until_the_nth_since_growth():
-    scaler = ampkit.GradScaler("cpu", init_scale=1024.0, growth_interval=3, hysteresis=3)
+@pytest.mark.parametrize("device", DEVICES)
+def test_hysteresis_tolerates_overflows_until_the_nth_since_growth(device):
+    scaler = ampkit.GradScaler(device, init_scale=1024.0, growth_interval=3, hysteresis=3)
     #             overflow: x  x  x  .  .  .  x  x  .  x  x
-    history = _drive(scaler, [1, 1, 1, 0, 0, 0, 1, 1, 0, 1, 1])
+    history = drive_scaler(scaler, [1, 1, 1, 0, 0, 0, 1, 1, 0, 1, 1], device=device)
     assert history == [1024, 1024, 512, 512, 512, 1024, 1024, 1024, 1024, 512, 256]
     stats = scaler.stats()
     assert stats["skipped_steps"] == 7 and stats["steps"] == 11 and stats["last_overflow_step"] == 11
     # hysteresis=1 is torch's rule
-    h1 = _drive(ampkit.GradScaler("cpu", init_scale=1024.0, growth_interval=3), [1, 1, 0, 0, 0, 1])
-    ht = _drive(torch.amp.GradScaler("cpu", init_scale=1024.0, growth_interval=3), [1, 1, 0, 0, 0, 1])
+    overflows = [1, 1, 0, 0, 0, 1]
+    h1 = drive_scaler(ampkit.GradScaler(device, init_scale=1024.0, growth_interval=3), overflows, device=device)
+    ht = drive_scaler(torch.amp.GradScaler(device, init_scale=1024.0, growth_interval=3), overflows, device=device)
     assert h1 == ht
 
 
 def test_min_and_max_scale_bound_the_scale_and_warn_once():
     scaler = ampkit.GradScaler("cpu", init_scale=8.0, min_scale=2.0, growth_interval=1, max_scale=16.0)
     with pytest.warns(UserWarning, match="min_scale") as record:
-        history = _drive(scaler, [1, 1, 1, 1, 1])
+        history = drive_scaler(scaler, [1, 1, 1, 1, 1])
     assert history == [4.0, 2.0, 2.0, 2.0, 2.0]
     assert len([w for w in record if "min_scale" in str(w.message)]) == 1
-    assert _drive(scaler, [0, 0, 0, 0]) == [4.0, 8.0, 16.0, 16.0]
+    assert drive_scaler(scaler, [0, 0, 0, 0]) == [4.0, 8.0, 16.0, 16.0]
     raising = ampkit.GradScaler("cpu", init_scale=2.0, min_scale=2.0, raise_at_min_scale=True)
     with pytest.raises(RuntimeError, match="min_scale"):
-        _drive(raising, [1])
+        drive_scaler(raising, [1])
 
 
 def test_fixed_scale_mode_checks_and_skips_without_scaling():

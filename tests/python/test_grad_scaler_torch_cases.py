@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import ampkit
+from loops import drive_scaler
 
 # torch.testing._internal imports expecttest (a test requirement, staged for GPU hosts by
 # scripts/stage_gpu_deps.sh): without it this module skips instead of failing the collection of the suite.
@@ -78,15 +79,7 @@ def test_it_is_a_torch_amp_grad_scaler_whose_state_stays_ampkits():
     scaler = ampkit.GradScaler("cpu", init_scale=8.0, hysteresis=2)
     assert isinstance(scaler, torch.amp.GradScaler)
     assert scaler._scale is None and scaler._growth_tracker is None  # torch's __init__ did not run
-    p = torch.nn.Parameter(torch.ones(3))
-    opt = torch.optim.SGD([p], lr=1.0)
-    for poison in (True, False):
-        scaler.scale(p.sum()).backward()
-        if poison:
-            p.grad[0] = float("inf")
-        scaler.step(opt)
-        scaler.update()
-        opt.zero_grad()
+    drive_scaler(scaler, [1, 0])
     # hysteresis=2: one overflow skips the step without backing off (an extra torch's scaler does not have)
     assert scaler.get_scale() == 8.0 and scaler.stats()["skipped_steps"] == 1
     assert ampkit.OptState is torch.amp.grad_scaler.OptState

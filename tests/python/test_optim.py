@@ -13,6 +13,7 @@ import torch
 import ampkit
 from conftest import DEVICES, bits_equal
 from factories import grads_for, make_params
+from loops import step_in_lockstep
 
 ADAM_OPTIONS = [dict(weight_decay=wd, amsgrad=ams, maximize=mx)
                 for wd, ams, mx in itertools.product([0.0, 0.1], [False, True], [False, True])]
@@ -32,11 +33,7 @@ def test_fp32_matches_torch_optim(device, ours, theirs, options):
     lr = 1e-2
     a = ours(a_params, lr=lr, **options)
     t = theirs(t_params, lr=lr, **options)
-    for step in range(60):
-        for p, q, g in zip(a_params, t_params, grads_for(a_params, step)):
-            p.grad, q.grad = g.clone(), g.clone()
-        a.step()
-        t.step()
+    step_in_lockstep([(a_params, a), (t_params, t)], range(60))
     for p, q in zip(a_params, t_params):
         torch.testing.assert_close(p, q, rtol=2e-5, atol=2e-6)
     for p, q in zip(a_params, t_params):
@@ -54,12 +51,9 @@ def test_low_precision_params_follow_the_fp32_run_through_their_masters(device, 
     fp_params = [p.detach().float().requires_grad_() for p in lp_params]
     lp = cls(lp_params, lr=1e-2, **options)
     fp = cls(fp_params, lr=1e-2, **options)
-    for step in range(40):
-        grads = grads_for(lp_params, step, torch.float32)
-        for p, q, g in zip(lp_params, fp_params, grads):
-            p.grad, q.grad = g.to(dtype), g.to(dtype).float()  # same (rounded) grad values for both
-        lp.step()
-        fp.step()
+    # the same (rounded) grad values for both
+    step_in_lockstep([(lp_params, lp, lambda g: g.to(dtype)), (fp_params, fp, lambda g: g.to(dtype).float())],
+                     range(40), grads=lambda params, step: grads_for(params, step, torch.float32))
     for p, q in zip(lp_params, fp_params):
         master = lp.state[p]["master_param"]
         assert master.dtype == torch.float32
@@ -101,21 +95,13 @@ def test_skipped_steps_change_nothing_even_the_first(device, cls, options):
 def test_state_dict_round_trip_continues_bit_identically_and_stays_fp32(device):
     params = make_params(device, torch.bfloat16)
     opt = ampkit.optim.AdamW(params, lr=1e-2)
-    for step in range(5):
-        for p, g in zip(params, grads_for(params, step)):
-            p.grad = g
-        opt.step()
+    step_in_lockstep([(params, opt)], range(5))
     clone_params = [p.detach().clone().requires_grad_() for p in params]
     clone = ampkit.optim.AdamW(clone_params, lr=1e-2)
     clone.load_state_dict(copy.deepcopy(opt.state_dict()))
     for st in clone.state.values():
         assert all(v.dtype == torch.float32 for v in st.values())
-    for step in range(5, 10):
-        grads = grads_for(params, step)
-        for p, q, g in zip(params, clone_params, grads):
-            p.grad, q.grad = g.clone(), g.clone()
-        opt.step()
-        clone.step()
+    step_in_lockstep([(params, opt), (clone_params, clone)], range(5, 10))
     for p, q in zip(params, clone_params):
         assert bits_equal(p.detach(), q.detach())
         assert bits_equal(opt.state[p]["master_param"], clone.state[q]["master_param"])
@@ -125,19 +111,11 @@ def test_loads_a_torch_optimizer_state_dict():
     params = make_params("cpu")
     t = torch.optim.AdamW([p.detach().clone().requires_grad_() for p in params], lr=1e-2)
     tp = t.param_groups[0]["params"]
-    for step in range(4):
-        for p, g in zip(tp, grads_for(tp, step)):
-            p.grad = g
-        t.step()
+    step_in_lockstep([(tp, t)], range(4))
     a_params = [p.detach().clone().requires_grad_() for p in tp]
     a = ampkit.optim.AdamW(a_params, lr=1e-2)
     a.load_state_dict(t.state_dict())
-    for step in range(4, 8):
-        grads = grads_for(tp, step)
-        for p, q, g in zip(a_params, tp, grads):
-            p.grad, q.grad = g.clone(), g.clone()
-        a.step()
-        t.step()
+    step_in_lockstep([(a_params, a), (tp, t)], range(4, 8))
     for p, q in zip(a_params, tp):
         torch.testing.assert_close(p, q, rtol=2e-5, atol=2e-6)
 
@@ -264,12 +242,7 @@ def test_remainder_mode_holds_the_exact_master_of_the_fp32_master_mode(device, c
     ref_params = [p.detach().clone().requires_grad_() for p in rem_params]
     rem = cls(rem_params, lr=1e-2, master_weights="remainder", **options)
     ref = cls(ref_params, lr=1e-2, **options)  # FP32 masters
-    for step in range(30):
-        grads = grads_for(rem_params, step)
-        for p, q, g in zip(rem_params, ref_params, grads):
-            p.grad, q.grad = g.clone(), g.clone()
-        rem.step()
-        ref.step()
+    step_in_lockstep([(rem_params, rem), (ref_params, ref)], range(30))
     for p, q in zip(rem_params, ref_params):
         master = cls.master_from_remainder(p, rem.state[p]["param_remainder"])
         assert bits_equal(master, ref.state[q]["master_param"])  # exact: same FP32 math, lossless storage
@@ -307,14 +280,13 @@ def test_tensor_lr_equals_float_lr(device, cls):
     kwargs = dict(momentum=0.9) if cls is ampkit.optim.SGD else {}
     a = cls(a_params, lr=torch.tensor(0.01, device=device), **kwargs)
     b = cls(b_params, lr=float(torch.tensor(0.01, dtype=torch.float32)), **kwargs)  # the FP32 tensor's value
-    for step in range(10):
-        for p, q, g in zip(a_params, b_params, grads_for(a_params, step)):
-            p.grad, q.grad = g.clone(), g.clone()
+
+    def schedule(step):
         if step == 5:  # a schedule changes the tensor in place
             a.param_groups[0]["lr"].fill_(0.005)
             b.param_groups[0]["lr"] = float(torch.tensor(0.005, dtype=torch.float32))
-        a.step()
-        b.step()
+
+    step_in_lockstep([(a_params, a), (b_params, b)], range(10), before_step=schedule)
     for p, q in zip(a_params, b_params):
         assert bits_equal(p.detach(), q.detach())
 

@@ -12,6 +12,7 @@ import torch
 
 import ampkit
 from conftest import CUDA_ONLY
+from loops import run_steps, seeded_bf16_grads
 
 LEAN = ["stochastic", "kahan"]
 ULP_BELOW_1 = 2.0 ** -8  # BF16's unit in the last place in [0.5, 1)
@@ -199,7 +200,9 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
                                                                       b.reshape(-1).view(torch.uint8))
 
 
-def make_lean(cls, mode, sizes=(5, 33, 1000), device="cpu", **kwargs):
+def make_lean(cls, mode, sizes=(5, 33, 1000), device="cpu", *, seed: int, **kwargs):
+    """BF16 parameters of the given sizes drawn after torch.manual_seed(seed), and their optimizer in `mode`."""
+    torch.manual_seed(seed)
     params = [torch.nn.Parameter(torch.randn(n, device=device).to(torch.bfloat16)) for n in sizes]
     return params, cls(params, lr=1e-2, master_weights=mode, **kwargs)
 
@@ -208,11 +211,14 @@ OPTIMIZERS = [(ampkit.optim.AdamW, {}), (ampkit.optim.Adam, dict(weight_decay=0.
               (ampkit.optim.SGD, dict(momentum=0.9)), (ampkit.optim.SGD, {})]
 
 
-@pytest.mark.parametrize("cls,kwargs", OPTIMIZERS)
-@pytest.mark.parametrize("mode", LEAN)
+def each_optimizer_in_each_lean_mode(test):
+    """Parametrizes ``test(cls, kwargs, mode)`` over OPTIMIZERS and LEAN."""
+    return pytest.mark.parametrize("cls,kwargs", OPTIMIZERS)(pytest.mark.parametrize("mode", LEAN)(test))
+
+
+@each_optimizer_in_each_lean_mode
 def test_a_skipped_step_writes_nothing_and_the_next_step_rounds_as_without_it(cls, kwargs, mode):
-    torch.manual_seed(5)
-    params, opt = make_lean(cls, mode, **kwargs)
+    params, opt = make_lean(cls, mode, seed=5, **kwargs)
     scaler = ampkit.GradScaler("cpu", init_scale=256.0)
 
     def step(nan: bool) -> None:
@@ -249,27 +255,17 @@ def test_a_skipped_step_writes_nothing_and_the_next_step_rounds_as_without_it(cl
 
 # ---- state_dict: bit-identical resumption -----------------------------------------------------------------------
 
-@pytest.mark.parametrize("cls,kwargs", OPTIMIZERS)
-@pytest.mark.parametrize("mode", LEAN)
+@each_optimizer_in_each_lean_mode
 def test_resuming_from_a_state_dict_is_bit_identical(cls, kwargs, mode):
     sizes = (7, 64, 1031)
-    torch.manual_seed(6)
-    grads = [[torch.randn(n).to(torch.bfloat16) for n in sizes] for _ in range(10)]
+    grads = seeded_bf16_grads(6, sizes, 10)
 
-    def run(params, opt, steps):
-        for gs in steps:
-            for p, g in zip(params, gs):
-                p.grad = g.clone()
-            opt.step()
-
-    torch.manual_seed(7)
-    params, opt = make_lean(cls, mode, sizes, **kwargs)
+    params, opt = make_lean(cls, mode, sizes, seed=7, **kwargs)
     start = [p.detach().clone() for p in params]
-    run(params, opt, grads)
+    run_steps(params, opt, grads)
 
-    torch.manual_seed(7)
-    first, opt1 = make_lean(cls, mode, sizes, **kwargs)
-    run(first, opt1, grads[:5])
+    first, opt1 = make_lean(cls, mode, sizes, seed=7, **kwargs)
+    run_steps(first, opt1, grads[:5])
     saved = copy.deepcopy(opt1.state_dict())
     saved_weights = [p.detach().clone() for p in first]
     torch.manual_seed(123)  # another generator state: the seeds come from the state dict, not from it
@@ -283,7 +279,7 @@ def test_resuming_from_a_state_dict_is_bit_identical(cls, kwargs, mode):
             assert st["kahan_comp"].dtype == torch.bfloat16  # not cast to FP32 on load
         else:
             assert st["sr_seed"].dtype == torch.int64
-    run(resumed, opt2, grads[5:])
+    run_steps(resumed, opt2, grads[5:])
     assert not all(same_bits(p.detach(), s) for p, s in zip(params, start))
     assert all(same_bits(p.detach(), q.detach()) for p, q in zip(params, resumed))
     for a, b in zip(state_bits(opt, params), state_bits(opt2, resumed)):
@@ -365,15 +361,12 @@ def test_opcheck_the_fused_steps_with_lean_companions(mode):
 # ---- CPU against CUDA ---------------------------------------------------------------------------------------------
 
 @CUDA_ONLY
-@pytest.mark.parametrize("cls,kwargs", OPTIMIZERS)
-@pytest.mark.parametrize("mode", LEAN)
+@each_optimizer_in_each_lean_mode
 def test_cuda_rounds_every_element_as_the_cpu(cls, kwargs, mode):
     # Sizes that are multiples of 8: no element takes the CPU's scalar-tail formula (NOTE [torch's scalar tail]).
     sizes = (8, 1024, 70_000)
-    torch.manual_seed(11)
-    grads = [[torch.randn(n).to(torch.bfloat16) for n in sizes] for _ in range(4)]
-    torch.manual_seed(12)
-    cpu, cpu_opt = make_lean(cls, mode, sizes, **kwargs)
+    grads = seeded_bf16_grads(11, sizes, 4)
+    cpu, cpu_opt = make_lean(cls, mode, sizes, seed=12, **kwargs)
     assert_cuda_steps_as_cpu(cpu, cpu_opt, lambda ps: cls(ps, lr=1e-2, master_weights=mode, **kwargs), grads)
 
 

@@ -13,6 +13,7 @@ import torch
 import ampkit
 from ampkit import _C
 from conftest import CUDA_ONLY, DEVICES
+from loops import run_steps, seeded_bf16_grads
 from test_optim_lean import assert_cuda_steps_as_cpu
 
 U8, BF16, F32 = torch.uint8, torch.bfloat16, torch.float32
@@ -208,29 +209,22 @@ def test_a_skipped_step_writes_nothing(cls, kwargs, mode):
 @pytest.mark.parametrize("cls,kwargs", CASES)
 @pytest.mark.parametrize("mode", [None, "kahan", "stochastic"])
 def test_resuming_from_a_state_dict_is_bit_identical(cls, kwargs, mode):
-    torch.manual_seed(3)
-    grads = [[torch.randn(n).to(torch.bfloat16) for n in SIZES] for _ in range(6)]
+    grads = seeded_bf16_grads(3, SIZES, 6)
     weights = [torch.randn(n).to(torch.bfloat16) for n in SIZES]
-
-    def run(params, opt, steps):
-        for gs in steps:
-            for p, g in zip(params, gs):
-                p.grad = g.clone()
-            opt.step()
 
     torch.manual_seed(4)
     whole = [torch.nn.Parameter(w.clone()) for w in weights]
     opt = cls(whole, lr=1e-2, master_weights=mode, **kwargs)
-    run(whole, opt, grads)
+    run_steps(whole, opt, grads)
     torch.manual_seed(4)
     first = [torch.nn.Parameter(w.clone()) for w in weights]
     opt1 = cls(first, lr=1e-2, master_weights=mode, **kwargs)
-    run(first, opt1, grads[:3])
+    run_steps(first, opt1, grads[:3])
     saved = copy.deepcopy(opt1.state_dict())
     resumed = [torch.nn.Parameter(p.detach().clone()) for p in first]
     opt2 = cls(resumed, lr=1e-2, master_weights=mode, **kwargs)
     opt2.load_state_dict(saved)
-    run(resumed, opt2, grads[3:])
+    run_steps(resumed, opt2, grads[3:])
     assert all(same_bits(a.detach(), b.detach()) for a, b in zip(whole, resumed))
     for a, b in zip(whole, resumed):
         sa, sb = opt.state[a], opt2.state[b]
@@ -460,8 +454,7 @@ def test_a_compiled_step_creates_and_updates_the_same_lean_states():
 @pytest.mark.parametrize("mode", [None, "remainder", "kahan", "stochastic"])
 def test_cuda_steps_lean_states_as_the_cpu(cls, kwargs, mode):
     sizes = (8, 4096, 5008, 70_000)  # multiples of 8: no element takes the CPU's scalar-tail formula
-    torch.manual_seed(8)
-    grads = [[torch.randn(n).to(torch.bfloat16) for n in sizes] for _ in range(4)]
+    grads = seeded_bf16_grads(8, sizes, 4)
     cpu = [torch.nn.Parameter(torch.randn(n).to(torch.bfloat16)) for n in sizes]
     cpu_opt = cls(cpu, lr=1e-2, master_weights=mode, **kwargs)
     assert_cuda_steps_as_cpu(cpu, cpu_opt, lambda ps: cls(ps, lr=1e-2, master_weights=mode, **kwargs), grads)
