@@ -161,6 +161,15 @@ def test_python_components_import_only_what_they_may(importer, forbidden):
     assert not bad, "\n".join(bad)
 
 
+def test_only_native_loads_the_extension():
+    # ampkit._native checks the torch version before it loads _C; every other module takes _C from there, so that
+    # no import order loads the extension first.
+    bad = [f"{f.relative_to(ROOT)}:{line}: imports {module}.{name} (import _C from ampkit._native)"
+           for f in sources("ampkit") if f.name != "_native.py"
+           for line, module, name in python_imports(f) if reaches(module, name, "ampkit._C")]
+    assert not bad, "\n".join(bad)
+
+
 def _private(name: str) -> bool:
     return name.startswith("_") and not name.startswith("__")
 
