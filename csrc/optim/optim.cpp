@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -150,39 +151,66 @@ void read_options(torch::serialize::InputArchive& archive, Options& o) {
   });
 }
 
-// The entries of a LibTorch param state, as the core names them (and back).
-core::ParamState to_core(const AdamParamState& s) {
+// The entries of a LibTorch param state (for_each_entry) paired with the core's entries of the same name, found once.
+template <typename State>
+const std::vector<std::pair<at::Tensor State::*, core::ParamState::Field>>& entry_map() {
+  static const auto map = [] {
+    std::vector<std::pair<at::Tensor State::*, core::ParamState::Field>> m;
+    State::for_each_entry([&](const char* name, at::Tensor State::*member) {
+      for (const auto& [core_name, field] : core::ParamState::fields()) {
+        if (std::strcmp(core_name, name) == 0) {
+          m.emplace_back(member, field);
+        }
+      }
+    });
+    return m;
+  }();
+  return map;
+}
+
+// A LibTorch param state's entries as the core names them (and back).
+template <typename State>
+core::ParamState to_core(const State& s) {
   core::ParamState c;
-  c.step = s.step();
-  c.exp_avg = s.exp_avg();
-  c.exp_avg_sq = s.exp_avg_sq();
-  c.max_exp_avg_sq = s.max_exp_avg_sq();
-  c.master_param = s.master_param();
-  c.param_remainder = s.param_remainder();
-  c.kahan_comp = s.kahan_comp();
-  c.sr_seed = s.sr_seed();
+  for (const auto& [member, field] : entry_map<State>()) {
+    c.*field = s.*member;
+  }
   return c;
 }
 
-void from_core(const core::ParamState& c, AdamParamState& s) {
-  s.step(c.step).exp_avg(c.exp_avg).exp_avg_sq(c.exp_avg_sq).max_exp_avg_sq(c.max_exp_avg_sq);
-  s.master_param(c.master_param).param_remainder(c.param_remainder).kahan_comp(c.kahan_comp).sr_seed(c.sr_seed);
+template <typename State>
+void from_core(const core::ParamState& c, State& s) {
+  for (const auto& [member, field] : entry_map<State>()) {
+    s.*member = c.*field;
+  }
 }
 
-core::ParamState to_core(const SGDParamState& s) {
-  core::ParamState c;
-  c.step = s.step();
-  c.momentum_buffer = s.momentum_buffer();
-  c.master_param = s.master_param();
-  c.param_remainder = s.param_remainder();
-  c.kahan_comp = s.kahan_comp();
-  c.sr_seed = s.sr_seed();
-  return c;
+// A param state's entries into an archive and back, as torch::optim::serialize's TORCH_ARG macros do (absent
+// entries are not written; entries an archive lacks are left as they are), with the step as an int64, as LibTorch's
+// (NOTE [LibTorch archives]).
+template <typename State>
+void write_entries(torch::serialize::OutputArchive& archive, const State& s) {
+  State::for_each_entry([&](const char* name, at::Tensor State::*member) {
+    if (std::strcmp(name, "step") == 0) {
+      write_step(archive, s.*member);
+    } else if ((s.*member).defined()) {
+      archive.write(name, c10::IValue(s.*member));
+    }
+  });
 }
 
-void from_core(const core::ParamState& c, SGDParamState& s) {
-  s.step(c.step).momentum_buffer(c.momentum_buffer).master_param(c.master_param).param_remainder(c.param_remainder);
-  s.kahan_comp(c.kahan_comp).sr_seed(c.sr_seed);
+template <typename State>
+void read_entries(torch::serialize::InputArchive& archive, const char* state_name, State& s) {
+  State::for_each_entry([&](const char* name, at::Tensor State::*member) {
+    if (std::strcmp(name, "step") == 0) {
+      s.*member = read_step(archive, state_name);
+      return;
+    }
+    c10::IValue value;
+    if (archive.try_read(name, value)) {
+      s.*member = value.toTensor();
+    }
+  });
 }
 
 using StateMap = ska::flat_hash_map<void*, std::unique_ptr<torch::optim::OptimizerParamState>>;
@@ -369,26 +397,10 @@ void AdamOptionsT<kDecoupled>::serialize(torch::serialize::InputArchive& archive
   read_options(archive, *this);
 }
 
-void AdamParamState::serialize(torch::serialize::OutputArchive& archive) const {
-  write_step(archive, step());  // an int64, as LibTorch's (NOTE [LibTorch archives])
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(exp_avg);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(exp_avg_sq);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(max_exp_avg_sq);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(master_param);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(param_remainder);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(kahan_comp);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(sr_seed);
-}
+void AdamParamState::serialize(torch::serialize::OutputArchive& archive) const { write_entries(archive, *this); }
 
 void AdamParamState::serialize(torch::serialize::InputArchive& archive) {
-  step(read_step(archive, "AdamParamState"));
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, exp_avg);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, exp_avg_sq);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, max_exp_avg_sq);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, master_param);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, param_remainder);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, kahan_comp);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, sr_seed);
+  read_entries(archive, "AdamParamState", *this);
 }
 
 // The config of a group's options: each row's field (NOTE [Optimizer option table]); a PY_ROW's value is its
@@ -418,22 +430,10 @@ void SGDOptions::serialize(torch::serialize::OutputArchive& archive) const { wri
 
 void SGDOptions::serialize(torch::serialize::InputArchive& archive) { read_options(archive, *this); }
 
-void SGDParamState::serialize(torch::serialize::OutputArchive& archive) const {
-  write_step(archive, step());  // an int64, as LibTorch's (NOTE [LibTorch archives])
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(momentum_buffer);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(master_param);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(param_remainder);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(kahan_comp);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(sr_seed);
-}
+void SGDParamState::serialize(torch::serialize::OutputArchive& archive) const { write_entries(archive, *this); }
 
 void SGDParamState::serialize(torch::serialize::InputArchive& archive) {
-  step(read_step(archive, "SGDParamState"));
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, momentum_buffer);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, master_param);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, param_remainder);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, kahan_comp);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, sr_seed);
+  read_entries(archive, "SGDParamState", *this);
 }
 
 core::GroupConfig SGD::config(const SGDOptions& o) {
