@@ -12,7 +12,8 @@ namespace ampkit::fp8 {
 std::array<double, 3> fp8_maxes(const std::string& fp8_format) {
   TORCH_CHECK_VALUE(fp8_format == "hybrid" || fp8_format == "e4m3",
                     "ampkit::fp8: fp8_format must be 'hybrid' or 'e4m3', but got '", fp8_format, "'");
-  return {448.0, 448.0, fp8_format == "hybrid" ? 57344.0 : 448.0};
+  const auto dtypes = ampkit::fp8_dtypes(fp8_format);
+  return {ampkit::fp8_max(dtypes[0]), ampkit::fp8_max(dtypes[1]), ampkit::fp8_max(dtypes[2])};
 }
 
 std::string unsupported_reason(int64_t in_features, int64_t out_features) {

@@ -119,6 +119,28 @@ void fp8_update_cpu(const Fp8UpdateArgs& a) {
 
 }  // namespace
 
+}  // namespace ampkit::detail
+
+namespace ampkit {
+
+double fp8_max(at::ScalarType dtype) {
+  TORCH_CHECK_VALUE(dtype == at::ScalarType::Float8_e4m3fn || dtype == at::ScalarType::Float8_e5m2,
+                    "ampkit::fp8_max: dtype must be Float8_e4m3fn or Float8_e5m2, but got ", dtype);
+  return dtype == at::ScalarType::Float8_e5m2 ? kernels::kFp8E5M2Max : kernels::kFp8E4M3Max;
+}
+
+std::array<at::ScalarType, 3> fp8_dtypes(c10::string_view fp8_format) {
+  const std::string_view format(fp8_format.data(), fp8_format.size());
+  TORCH_CHECK_VALUE(format == "hybrid" || format == "e4m3",
+                    "ampkit::fp8_dtypes: fp8_format must be 'hybrid' or 'e4m3', but got '", format, "'");
+  return {at::ScalarType::Float8_e4m3fn, at::ScalarType::Float8_e4m3fn,
+          format == "hybrid" ? at::ScalarType::Float8_e5m2 : at::ScalarType::Float8_e4m3fn};
+}
+
+}  // namespace ampkit
+
+namespace ampkit::detail {
+
 at::Tensor fp8_to_float_cpu(const at::Tensor& q) {
   TORCH_INTERNAL_ASSERT(q.device().is_cpu() && (q.scalar_type() == at::ScalarType::Float8_e4m3fn ||
                                                 q.scalar_type() == at::ScalarType::Float8_e5m2));

@@ -44,8 +44,6 @@ struct Fp8LinearConfig {
 
 bool is_float(at::ScalarType t) { return t == at::kFloat || t == at::kBFloat16 || t == at::kHalf; }
 
-double fp8_max_of(at::ScalarType t) { return t == at::ScalarType::Float8_e5m2 ? 57344.0 : 448.0; }
-
 Fp8LinearConfig make_config(const char* op, const at::Tensor& input, const at::Tensor& weight,
                             const std::optional<at::Tensor>& bias, at::TensorList histories, at::TensorList scales,
                             c10::string_view fp8_format, double epsilon, bool power_of_2,
@@ -81,8 +79,8 @@ Fp8LinearConfig make_config(const char* op, const at::Tensor& input, const at::T
                      *out_dtype);
   }
   Fp8LinearConfig c{op,
-                    at::ScalarType::Float8_e4m3fn,
-                    format == "hybrid" ? at::ScalarType::Float8_e5m2 : at::ScalarType::Float8_e4m3fn,
+                    ampkit::fp8_dtypes(fp8_format)[0],
+                    ampkit::fp8_dtypes(fp8_format)[2],
                     epsilon,
                     power_of_2,
                     input.scalar_type(),
@@ -119,6 +117,22 @@ Fp8LinearConfig make_config(const char* op, const at::Tensor& input, const at::T
   return c;
 }
 
+// The configs of the two ops, each from its own arguments (every kernel and the autograd function of an op reads
+// its arguments through these).
+Fp8LinearConfig current_config(const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                               c10::string_view fp8_format, double amax_epsilon, bool power_of_2,
+                               std::optional<at::ScalarType> out_dtype, c10::string_view granularity) {
+  return make_config("fp8_linear", input, weight, bias, {}, {}, fp8_format, amax_epsilon, power_of_2, out_dtype,
+                     granularity);
+}
+
+Fp8LinearConfig delayed_config(const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                               at::TensorList amax_histories, at::TensorList scales, c10::string_view fp8_format,
+                               std::optional<at::ScalarType> out_dtype) {
+  return make_config("fp8_linear_delayed", input, weight, bias, amax_histories, scales, fp8_format, 0.0, false,
+                     out_dtype);
+}
+
 struct Quantized {
   at::Tensor q;
   at::Tensor q_t;          // tensorwise: q's transpose; rowwise: x^T quantized along its own rows
@@ -137,7 +151,7 @@ at::Tensor abs_max(const at::Tensor& x, bool rows) {
 Quantized quantize_rows(const at::Tensor& x, at::ScalarType dtype, const Fp8LinearConfig& c) {
   const at::Tensor amax = x.sym_size(1) == 0 ? at::zeros_symint({x.sym_size(0), 1}, x.options().dtype(at::kFloat))
                                              : abs_max(x, /*rows=*/true);
-  const at::Tensor scale = ampkit::fp8_compute_scale(amax, fp8_max_of(dtype), 0.0, c.epsilon, c.power_of_2);
+  const at::Tensor scale = ampkit::fp8_compute_scale(amax, ampkit::fp8_max(dtype), 0.0, c.epsilon, c.power_of_2);
   auto [q, unused_amax, unused_t] = ampkit::fp8_quantize(x, scale, dtype, false);
   return {q, at::Tensor(), at::reciprocal(scale), at::Tensor()};
 }
@@ -161,7 +175,7 @@ Quantized quantize_operand(const at::Tensor& x, at::ScalarType dtype, const Fp8L
   } else {
     const at::Tensor amax =
         x.sym_numel() == 0 ? at::zeros({}, x.options().dtype(at::kFloat)) : abs_max(x, /*rows=*/false);
-    scale = ampkit::fp8_compute_scale(amax, fp8_max_of(dtype), 0.0, c.epsilon, c.power_of_2);
+    scale = ampkit::fp8_compute_scale(amax, ampkit::fp8_max(dtype), 0.0, c.epsilon, c.power_of_2);
   }
   auto [q, amax, q_t] = ampkit::fp8_quantize(x, scale, dtype, transpose);
   if (c.delayed() && x.device().type() != at::kMeta) {
@@ -335,8 +349,7 @@ class Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
 at::Tensor fp8_linear_forward(const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                               c10::string_view fp8_format, double amax_epsilon, bool power_of_2,
                               std::optional<at::ScalarType> out_dtype, c10::string_view granularity) {
-  const auto c = make_config("fp8_linear", input, weight, bias, {}, {}, fp8_format, amax_epsilon, power_of_2, out_dtype,
-                             granularity);
+  const auto c = current_config(input, weight, bias, fp8_format, amax_epsilon, power_of_2, out_dtype, granularity);
   return forward(input, weight, bias, c, nullptr, false, false);
 }
 
@@ -344,8 +357,7 @@ at::Tensor fp8_linear_delayed_forward(const at::Tensor& input, const at::Tensor&
                                       const std::optional<at::Tensor>& bias, at::TensorList amax_histories,
                                       at::TensorList scales, c10::string_view fp8_format,
                                       std::optional<at::ScalarType> out_dtype) {
-  const auto c =
-      make_config("fp8_linear_delayed", input, weight, bias, amax_histories, scales, fp8_format, 0.0, false, out_dtype);
+  const auto c = delayed_config(input, weight, bias, amax_histories, scales, fp8_format, out_dtype);
   return forward(input, weight, bias, c, nullptr, false, false);
 }
 
@@ -359,17 +371,14 @@ at::Tensor fp8_linear_meta(const at::Tensor& input, const at::Tensor& weight, co
                            c10::string_view fp8_format, double amax_epsilon, bool power_of_2,
                            std::optional<at::ScalarType> out_dtype, c10::string_view granularity) {
   return meta_result(input, weight,
-                     make_config("fp8_linear", input, weight, bias, {}, {}, fp8_format, amax_epsilon, power_of_2,
-                                 out_dtype, granularity));
+                     current_config(input, weight, bias, fp8_format, amax_epsilon, power_of_2, out_dtype, granularity));
 }
 
 at::Tensor fp8_linear_delayed_meta(const at::Tensor& input, const at::Tensor& weight,
                                    const std::optional<at::Tensor>& bias, at::TensorList amax_histories,
                                    at::TensorList scales, c10::string_view fp8_format,
                                    std::optional<at::ScalarType> out_dtype) {
-  return meta_result(input, weight,
-                     make_config("fp8_linear_delayed", input, weight, bias, amax_histories, scales, fp8_format, 0.0,
-                                 false, out_dtype));
+  return meta_result(input, weight, delayed_config(input, weight, bias, amax_histories, scales, fp8_format, out_dtype));
 }
 
 }  // namespace
@@ -377,8 +386,7 @@ at::Tensor fp8_linear_delayed_meta(const at::Tensor& input, const at::Tensor& we
 at::Tensor fp8_linear_autograd(const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                                c10::string_view fp8_format, double amax_epsilon, bool power_of_2,
                                std::optional<at::ScalarType> out_dtype, c10::string_view granularity) {
-  const auto c = make_config("fp8_linear", input, weight, bias, {}, {}, fp8_format, amax_epsilon, power_of_2, out_dtype,
-                             granularity);
+  const auto c = current_config(input, weight, bias, fp8_format, amax_epsilon, power_of_2, out_dtype, granularity);
   return Fp8LinearFunction::apply(input, weight, bias, c);
 }
 
@@ -386,8 +394,7 @@ at::Tensor fp8_linear_delayed_autograd(const at::Tensor& input, const at::Tensor
                                        const std::optional<at::Tensor>& bias, at::TensorList amax_histories,
                                        at::TensorList scales, c10::string_view fp8_format,
                                        std::optional<at::ScalarType> out_dtype) {
-  const auto c =
-      make_config("fp8_linear_delayed", input, weight, bias, amax_histories, scales, fp8_format, 0.0, false, out_dtype);
+  const auto c = delayed_config(input, weight, bias, amax_histories, scales, fp8_format, out_dtype);
   return Fp8LinearFunction::apply(input, weight, bias, c);
 }
 

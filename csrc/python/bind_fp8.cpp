@@ -5,6 +5,7 @@
 #include <string>
 
 #include "ampkit/fp8.h"
+#include "ampkit/ops.h"
 #include "binding.h"
 
 namespace ampkit::python {
@@ -17,6 +18,14 @@ void bind_fp8(py::module_& m) {
         return py::make_tuple(maxes[0], maxes[1], maxes[2]);
       },
       py::arg("fp8_format"), "The FP8 maxima of (input, weight, grad_output) for a recipe's fp8_format.");
+  m.def(
+      "fp8_dtypes",
+      [](const std::string& fp8_format) {
+        const auto dtypes =
+            guarded_as("ampkit::fp8_dtypes", "ampkit.fp8", [&] { return ampkit::fp8_dtypes(fp8_format); });
+        return py::make_tuple(py::cast(dtypes[0]), py::cast(dtypes[1]), py::cast(dtypes[2]));
+      },
+      py::arg("fp8_format"), "The FP8 dtypes of (input, weight, grad_output) for a recipe's fp8_format.");
   m.def(
       "fp8_unsupported_reason",
       [](int64_t in_features, int64_t out_features) {

@@ -86,6 +86,7 @@ class Float8Linear(nn.Linear):
             raise ValueError(f"ampkit.fp8.Float8Linear: {reason}")
         # The formats' maxima for (input, weight, grad_output), looked up once (no C++ call in the traced forward).
         self._fp8_maxes = list(_C.fp8_maxes(self.recipe.fp8_format))
+        self._fp8_dtypes = list(_C.fp8_dtypes(self.recipe.fp8_format))
         self._fp8_stats: Optional[tuple] = None  # (report, layer name) inside quantization_report()
         self._init_scaling_buffers(self.weight.device)
 
@@ -157,7 +158,7 @@ class Float8Linear(nn.Linear):
             amax = (torch.zeros((x.shape[0], 1) if dims else (), device=x.device) if x.shape[-1] == 0 or x.numel() == 0
                     else torch.linalg.vector_norm(x, float("inf"), dim=dims, keepdim=dims is not None).float())
             scale = torch.ops.ampkit.fp8_compute_scale(amax, fp8_max, 0.0, recipe.amax_epsilon, recipe.power_of_2)
-        dtype = torch.float8_e5m2 if fp8_max == 57344.0 else torch.float8_e4m3fn
+        dtype = self._fp8_dtypes[role]
         report, name = self._fp8_stats
         report._record(name, _ROLES[role], x.numel(), torch.ops.ampkit.fp8_quantization_stats(x, scale, dtype))
 

@@ -10,7 +10,7 @@ from fractions import Fraction
 import pytest
 import torch
 
-import ampkit  # noqa: F401
+import ampkit
 from conftest import DEVICES
 
 FORMATS = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
@@ -280,3 +280,13 @@ def test_meta_shapes():
     assert s.shape == (3, 1) and s.dtype == torch.float32
     with pytest.raises(ValueError, match="ampkit::fp8_quantize: scale must have one element"):
         torch.ops.ampkit.fp8_quantize(x, torch.empty(5, device="meta"), torch.float8_e4m3fn)
+
+
+def test_fp8_formats_dtypes_and_maxima_are_torchs():
+    e4m3, e5m2 = torch.float8_e4m3fn, torch.float8_e5m2
+    assert ampkit._C.fp8_dtypes("hybrid") == (e4m3, e4m3, e5m2)
+    assert ampkit._C.fp8_dtypes("e4m3") == (e4m3, e4m3, e4m3)
+    for fmt in ("hybrid", "e4m3"):
+        assert ampkit._C.fp8_maxes(fmt) == tuple(torch.finfo(d).max for d in ampkit._C.fp8_dtypes(fmt))
+    with pytest.raises(ValueError, match="fp8_format must be 'hybrid' or 'e4m3', but got 'e5m2'"):
+        ampkit._C.fp8_dtypes("e5m2")

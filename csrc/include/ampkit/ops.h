@@ -5,6 +5,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/macros/Export.h>
 
+#include <array>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -196,6 +197,12 @@ AMPKIT_API std::tuple<at::Tensor, at::Tensor, std::optional<at::Tensor>> fp8_qua
                                                                                       const at::Tensor& scale,
                                                                                       at::ScalarType dtype,
                                                                                       bool transpose = false);
+
+// The FP8 formats' largest finite values, defined once: fp8_max(Float8_e4m3fn) 448, fp8_max(Float8_e5m2) 57344
+// (another dtype: ValueError). fp8_dtypes(fp8_format): the dtypes of (input, weight, grad_output) under a recipe's
+// fp8_format: "e4m3" all E4M3, "hybrid" E5M2 for grad_output (another format: ValueError).
+AMPKIT_API double fp8_max(at::ScalarType dtype);
+AMPKIT_API std::array<at::ScalarType, 3> fp8_dtypes(c10::string_view fp8_format);
 
 // The scale for each element of `amax` (FP32, any shape; the result is a new contiguous FP32 tensor of its shape):
 // a = max(amax, epsilon); a of 0, Inf or NaN gives 1; else (fp8_max / a) / 2^margin, an overflow giving FLT_MAX,
