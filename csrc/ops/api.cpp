@@ -171,6 +171,10 @@ bool cuda_arch_supported(int major, int minor) {
   return info.cuda_compiled && detail::cuda_archs_cover(detail::parse_cuda_archs(info.cuda_archs), major, minor);
 }
 
+static_assert(kScaleStatSteps == kernels::kStatSteps && kScaleStatSkipped == kernels::kStatSkipped &&
+                  kScaleStatLastOverflow == kernels::kStatLastOverflow &&
+                  kScaleStatOverflowsAtMin == kernels::kStatOverflowsAtMin && kScaleStats == kernels::kNumStats,
+              "<ampkit/ops.h>'s scale statistics slots are UpdateScaleOp's");
 static_assert(kGradStatsColumns == kernels::kGradStatsColumns && kGradStatsHistMinExp == kernels::kGradHistMinExp &&
                   kGradStatsHistFirst == 4,
               "ampkit/ops.h states the grad_stats layout of kernels/amp_functors.h");

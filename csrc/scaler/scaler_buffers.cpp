@@ -33,8 +33,8 @@
 
 #include <tuple>
 
-#include "../../kernels/amp_functors.h"
 #include "ampkit/grad_scaler.h"
+#include "ampkit/ops.h"
 
 namespace ampkit {
 namespace {
@@ -301,7 +301,7 @@ void GradScaler::watch_min_scale() {
     if (!w.host.defined()) {
       w.host = at::empty({1}, at::TensorOptions().dtype(at::kLong).pinned_memory(device.is_cuda()));
     }
-    w.host.copy_(stats_.narrow(0, kernels::kStatOverflowsAtMin, 1), /*non_blocking=*/true);
+    w.host.copy_(stats_.narrow(0, ampkit::kScaleStatOverflowsAtMin, 1), /*non_blocking=*/true);
     record(w.copied, device);
     w.pending = true;
   }

@@ -70,10 +70,21 @@ def test_cpu_sources_include_no_cuda_header():
     ("csrc/optim", ("autocast/", "python/", "ops/")),
     ("csrc/autocast", ("python/", "ops/")),
     ("csrc/distributed", ("ampkit/optim.h", "ampkit/autocast.h", "optim/", "autocast/", "python/", "ops/")),
+    ("csrc/fp8", ("ampkit/grad_scaler.h", "ampkit/optim.h", "ampkit/autocast.h", "scaler/", "optim/", "autocast/",
+                  "python/", "ops/")),
+    ("csrc/monitor", ("ampkit/optim.h", "ampkit/autocast.h", "optim/", "autocast/", "python/", "ops/")),
 ])
 def test_components_include_only_layers_below(folder, forbidden):
     bad = [f"{f.relative_to(ROOT)}: {inc}" for f in files(folder) for inc in includes(f)
            if any(inc.lstrip("<").startswith(x) or f"/{x}" in inc for x in forbidden)]
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("folder", ["csrc/scaler", "csrc/optim", "csrc/autocast", "csrc/distributed", "csrc/fp8",
+                                    "csrc/monitor"])
+def test_components_reach_kernels_only_through_the_ops(folder):
+    """kernels/ is the ops' own layer: a component reads what it needs of it through <ampkit/ops.h>."""
+    bad = [f"{f.relative_to(ROOT)}: {inc}" for f in files(folder) for inc in includes(f) if "kernels/" in inc]
     assert not bad, "\n".join(bad)
 
 

@@ -94,9 +94,14 @@ AMPKIT_API void update_scale_(const at::Tensor& scale, const at::Tensor& growth_
 //
 // Args:
 //   scale, growth_tracker, hysteresis_tracker: one-element FP32 / int32 / int32 tensors on one device; mutated.
-//   stats: int64 tensor of 4 elements [steps, skipped steps, last overflow step (0: none), overflows met at
-//          min_scale] on that device; mutated.
+//   stats: int64 tensor of kScaleStats elements [steps, skipped steps, last overflow step (0: none), overflows met
+//          at min_scale] (slots kScaleStatSteps ... kScaleStatOverflowsAtMin) on that device; mutated.
 //   found_inf: one-element FP32 tensor on that device (nonzero: this step overflowed).
+constexpr int kScaleStatSteps = 0;
+constexpr int kScaleStatSkipped = 1;
+constexpr int kScaleStatLastOverflow = 2;
+constexpr int kScaleStatOverflowsAtMin = 3;
+constexpr int kScaleStats = 4;
 AMPKIT_API void update_scale_hysteresis_(const at::Tensor& scale, const at::Tensor& growth_tracker,
                                          const at::Tensor& hysteresis_tracker, const at::Tensor& stats,
                                          const at::Tensor& found_inf, double growth_factor, double backoff_factor,
