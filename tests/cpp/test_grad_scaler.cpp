@@ -2,6 +2,7 @@
 // everything untouched, unskipped steps equal an unscaled FP32 run bit for bit (power-of-two scales are exact),
 // error messages, hysteresis and bounds, torch::save / torch::load, and two ranks over a c10d process group.
 #include "support/catch_torch.h"
+#include "support/scaler_scenarios.h"
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 
 #include <algorithm>
@@ -296,27 +297,8 @@ TEST_CASE("GradScaler: the scaling option is in the checkpoint, one of the other
 }
 
 TEST_CASE("GradScaler: torch::save / torch::load round trip, and a failed load changes nothing", "[scaler][cpu]") {
-  GradScaler scaler(GradScalerOptions().init_scale(512.0).growth_interval(3).hysteresis(2));
-  auto p = torch::ones({4}, torch::requires_grad());
-  torch::optim::SGD opt({p}, 0.01);
-  for (int i = 0; i < 5; ++i) {
-    opt.zero_grad();
-    scaler.scale(p.sum()).backward();
-    if (i == 1) {
-      p.mutable_grad()[0] = kInf;
-    }
-    scaler.step(opt);
-    scaler.update();
-  }
-  // By the update rule (UpdateScaleOp): the overflow at step 2 takes one of the two hysteresis steps and keeps
-  // the scale; steps 3-5 are three clean steps, so step 5 grows the scale and refills the hysteresis tracker.
-  // tests/cpp/test_ops_cuda.cpp checks the same on a CUDA scaler.
-  const ampkit::GradScalerStats s = scaler.stats();
-  CHECK(s.steps == 5);
-  CHECK(s.skipped_steps == 1);
-  CHECK(s.last_overflow_step == 2);
-  CHECK(s.hysteresis_tracker == 2);
-  CHECK(scaler.get_scale() == 1024.0);
+  GradScaler scaler(ampkit::test::hysteresis_scenario_options());
+  ampkit::test::run_hysteresis_scenario(scaler, at::kCPU);
   const std::string path = "ampkit_test_scaler.pt";
   torch::save(scaler, path);
   GradScaler loaded;

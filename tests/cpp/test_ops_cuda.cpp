@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <limits>
 
+#include "support/scaler_scenarios.h"
 #include "support/test_helpers.h"
 
 using ampkit::test::bits_equal;
@@ -143,26 +144,8 @@ TEST_CASE("check_finite_ and update_scale_ (CUDA): match the CPU kernels", "[ops
 
 TEST_CASE("GradScaler (CUDA): stats(), state_dict() and torch::save work on a CUDA scaler", "[scaler][cuda]") {
   AMPKIT_REQUIRE_CUDA_DEVICE();
-  ampkit::GradScaler scaler(ampkit::GradScalerOptions().init_scale(512.0).growth_interval(3).hysteresis(2));
-  auto p = torch::ones({4}, torch::TensorOptions().device(kCuda).requires_grad(true));
-  torch::optim::SGD opt({p}, 0.01);
-  for (int i = 0; i < 5; ++i) {
-    opt.zero_grad();
-    scaler.scale(p.sum()).backward();
-    if (i == 1) {
-      p.mutable_grad()[0] = std::numeric_limits<float>::infinity();
-    }
-    scaler.step(opt);
-    scaler.update();
-  }
-  const ampkit::GradScalerStats s = scaler.stats();
-  CHECK(s.steps == 5);
-  CHECK(s.skipped_steps == 1);
-  CHECK(s.last_overflow_step == 2);
-  // The growth at step 5 (three clean steps after the overflow) refills the tracker (UpdateScaleOp; the CPU twin
-  // in tests/cpp/test_grad_scaler.cpp checks the same).
-  CHECK(s.hysteresis_tracker == 2);
-  CHECK(scaler.get_scale() == 1024.0);
+  ampkit::GradScaler scaler(ampkit::test::hysteresis_scenario_options());
+  ampkit::test::run_hysteresis_scenario(scaler, kCuda);
   const std::string path = "ampkit_test_cuda_scaler.pt";
   torch::save(scaler, path);
   ampkit::GradScaler loaded;

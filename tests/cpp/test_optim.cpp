@@ -39,6 +39,22 @@ std::vector<at::Tensor> clone_params(const std::vector<at::Tensor>& ps, at::Scal
   return out;
 }
 
+// Steps `opt` over ps and `loaded` over copy with the same BF16 grads for steps [first, end), then requires the
+// parameters equal bit for bit: a loaded optimizer continues as the saved one does.
+template <typename Optimizer>
+void step_in_lockstep(Optimizer& opt, Optimizer& loaded, std::vector<at::Tensor>& ps, std::vector<at::Tensor>& copy,
+                      int first, int end) {
+  for (int step = first; step < end; ++step) {
+    set_grads(ps, step, at::kBFloat16);
+    set_grads(copy, step, at::kBFloat16);
+    opt.step();
+    loaded.step();
+  }
+  for (size_t i = 0; i < ps.size(); ++i) {
+    REQUIRE(bits_equal(ps[i].detach(), copy[i].detach()));
+  }
+}
+
 }  // namespace
 
 TEST_CASE("optim::AdamW and SGD: FP32 results follow LibTorch's optimizers", "[optim][cpu]") {
@@ -142,15 +158,7 @@ TEST_CASE("optim: torch::save / torch::load round trip continues bit-identically
   torch::load(loaded, path);
   std::remove(path.c_str());
   CHECK(static_cast<const ampkit::optim::AdamWOptions&>(loaded.param_groups()[0].options()).lr() == 1e-2);
-  for (int step = 3; step < 6; ++step) {
-    set_grads(ps, step, at::kBFloat16);
-    set_grads(copy, step, at::kBFloat16);
-    opt.step();
-    loaded.step();
-  }
-  for (size_t i = 0; i < ps.size(); ++i) {
-    REQUIRE(bits_equal(ps[i].detach(), copy[i].detach()));
-  }
+  step_in_lockstep(opt, loaded, ps, copy, 3, 6);
 }
 
 TEST_CASE("optim: bad options and mismatched grads raise", "[optim][cpu]") {
@@ -383,15 +391,7 @@ TEST_CASE("optim::LAMB: no weight decay and no clip is Adam, save and load conti
   const auto& options = static_cast<const ampkit::optim::LAMBOptions&>(loaded.param_groups()[0].options());
   CHECK(options.lr() == 1e-2);
   CHECK(options.master_weights() == ampkit::optim::MasterWeights::remainder());
-  for (int step = 2; step < 4; ++step) {
-    set_grads(bf, step, at::kBFloat16);
-    set_grads(copy, step, at::kBFloat16);
-    opt.step();
-    loaded.step();
-  }
-  for (size_t i = 0; i < bf.size(); ++i) {
-    REQUIRE(bits_equal(bf[i].detach(), copy[i].detach()));
-  }
+  step_in_lockstep(opt, loaded, bf, copy, 2, 4);
 }
 
 TEST_CASE("optim::LAMB: bad options and parameters raise before anything is written", "[optim][cpu]") {
@@ -517,15 +517,7 @@ TEST_CASE("optim: MasterWeights::stochastic() and kahan() keep BF16 weights with
     torch::load(loaded, path);
     std::remove(path.c_str());
     CHECK(static_cast<const ampkit::optim::AdamWOptions&>(loaded.param_groups()[0].options()).master_weights() == mw);
-    for (int step = 3; step < 6; ++step) {
-      set_grads(ps, step, at::kBFloat16);
-      set_grads(copy, step, at::kBFloat16);
-      opt.step();
-      loaded.step();
-    }
-    for (size_t i = 0; i < ps.size(); ++i) {
-      REQUIRE(bits_equal(ps[i].detach(), copy[i].detach()));
-    }
+    step_in_lockstep(opt, loaded, ps, copy, 3, 6);
     // An FP32 parameter: refused before anything is written, naming the optimizer, the option and the dtype.
     auto fp32 = make_params(at::kFloat);
     ampkit::optim::AdamW bad(fp32, ampkit::optim::AdamWOptions(1e-2).master_weights(mw));

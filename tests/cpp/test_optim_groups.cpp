@@ -167,6 +167,28 @@ void same_adam_options(const Theirs& t, const Ours& o) {
   CHECK(t.amsgrad() == o.amsgrad());
 }
 
+template <typename Theirs, typename Ours>
+void same_sgd_options(const Theirs& t, const Ours& o) {
+  CHECK(t.lr() == o.lr());
+  CHECK(t.momentum() == o.momentum());
+  CHECK(t.dampening() == o.dampening());
+  CHECK(t.weight_decay() == o.weight_decay());
+  CHECK(t.nesterov() == o.nesterov());
+}
+
+// Every group of theirs (LibTorch's, options TO) and ours (ampkit's, AO) with the same options (`same`), then
+// four steps of both giving the same parameters.
+template <typename TO, typename AO, typename Theirs, typename Ours, typename Same>
+void groups_and_steps_agree(Theirs& theirs, std::vector<at::Tensor>& tp, Ours& ours, std::vector<at::Tensor>& op,
+                            const Same& same) {
+  REQUIRE(theirs.param_groups().size() == ours.param_groups().size());
+  for (size_t g = 0; g < theirs.param_groups().size(); ++g) {
+    INFO("group " << g);
+    same(options_of<TO>(theirs, g), options_of<AO>(ours, g));
+  }
+  ampkit::test::steps_agree(theirs, tp, ours, op, 0, 4);
+}
+
 }  // namespace
 
 TEST_CASE("optim groups: the groups of torch::optim's Adam, AdamW and SGD and ampkit's get the same options",
@@ -188,11 +210,7 @@ TEST_CASE("optim groups: the groups of torch::optim's Adam, AdamW and SGD and am
                               OptimizerParamGroup({op[1]}, own(AO().betas({.8, .95}))),
                               OptimizerParamGroup({op[2]}, own(AO(.02).amsgrad(true))), OptimizerParamGroup({op[3]})},
                              AO().lr(.002).eps(1e-6).weight_decay(0.01));
-    for (size_t g = 0; g < 4; ++g) {
-      INFO("group " << g);
-      same_adam_options(options_of<TO>(theirs, g), options_of<AO>(ours, g));
-    }
-    ampkit::test::steps_agree(theirs, tp, ours, op, 0, 4);
+    groups_and_steps_agree<TO, AO>(theirs, tp, ours, op, [](const auto& t, const auto& o) { same_adam_options(t, o); });
   }
   SECTION("AdamW") {
     using TO = torch::optim::AdamWOptions;
@@ -203,11 +221,7 @@ TEST_CASE("optim groups: the groups of torch::optim's Adam, AdamW and SGD and am
     ampkit::optim::AdamW ours(
         {OptimizerParamGroup({op[0], op[1]}, own(AO().weight_decay(.3))), OptimizerParamGroup({op[2], op[3]})},
         AO(.003).amsgrad(true));
-    for (size_t g = 0; g < 2; ++g) {
-      INFO("group " << g);
-      same_adam_options(options_of<TO>(theirs, g), options_of<AO>(ours, g));
-    }
-    ampkit::test::steps_agree(theirs, tp, ours, op, 0, 4);
+    groups_and_steps_agree<TO, AO>(theirs, tp, ours, op, [](const auto& t, const auto& o) { same_adam_options(t, o); });
   }
   SECTION("SGD") {
     using TO = torch::optim::SGDOptions;
@@ -220,17 +234,7 @@ TEST_CASE("optim groups: the groups of torch::optim's Adam, AdamW and SGD and am
         {OptimizerParamGroup({op[0]}, own(AO(0.01))), OptimizerParamGroup({op[1]}, own(AO(0.02).dampening(0.1))),
          OptimizerParamGroup({op[2], op[3]}, own(AO(0.001).weight_decay(0.05)))},
         AO(0.001).momentum(0.9));
-    for (size_t g = 0; g < 3; ++g) {
-      INFO("group " << g);
-      const auto& t = options_of<TO>(theirs, g);
-      const auto& o = options_of<AO>(ours, g);
-      CHECK(t.lr() == o.lr());
-      CHECK(t.momentum() == o.momentum());
-      CHECK(t.dampening() == o.dampening());
-      CHECK(t.weight_decay() == o.weight_decay());
-      CHECK(t.nesterov() == o.nesterov());
-    }
-    ampkit::test::steps_agree(theirs, tp, ours, op, 0, 4);
+    groups_and_steps_agree<TO, AO>(theirs, tp, ours, op, [](const auto& t, const auto& o) { same_sgd_options(t, o); });
   }
 }
 
