@@ -5,6 +5,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <iterator>
 #include <charconv>
 #include <deque>
 #include <cmath>
@@ -92,6 +93,56 @@ std::optional<at::Tensor> on_device(const std::optional<at::Tensor>& t, const at
   return t->device() == device ? *t : t->to(device, /*non_blocking=*/true);
 }
 
+}  // namespace
+
+const std::vector<EntryList>& entry_lists(Algorithm algorithm) {
+  using P = ParamState;
+  static const std::vector<EntryList> adam = {
+      {P::kStep, &P::step, OpList::kSteps},
+      {P::kExpAvg, &P::exp_avg, OpList::kFirst},
+      {P::kExpAvgSq, &P::exp_avg_sq, OpList::kSecond},
+      {P::kMaxExpAvgSq, &P::max_exp_avg_sq, OpList::kThird},
+      {P::kMasterParam, &P::master_param, OpList::kMasters},
+      {P::kParamRemainder, &P::param_remainder, OpList::kRemainders},
+      {P::kKahanComp, &P::kahan_comp, OpList::kRemainders},
+      {P::kSrSeed, &P::sr_seed, OpList::kRemainders},
+  };
+  static const std::vector<EntryList> lamb = [] {  // Adam's, without max_exp_avg_sq (its op has no such list)
+    std::vector<EntryList> l;
+    std::copy_if(adam.begin(), adam.end(), std::back_inserter(l),
+                 [](const EntryList& e) { return e.entry != P::kMaxExpAvgSq; });
+    return l;
+  }();
+  static const std::vector<EntryList> sgd = {
+      {P::kStep, &P::step, OpList::kSteps},
+      {P::kMomentumBuffer, &P::momentum_buffer, OpList::kFirst},
+      {P::kMasterParam, &P::master_param, OpList::kMasters},
+      {P::kParamRemainder, &P::param_remainder, OpList::kRemainders},
+      {P::kKahanComp, &P::kahan_comp, OpList::kRemainders},
+      {P::kSrSeed, &P::sr_seed, OpList::kRemainders},
+  };
+  return algorithm == Algorithm::kSGD ? sgd : (algorithm == Algorithm::kLamb ? lamb : adam);
+}
+
+const char* op_list_name(Algorithm algorithm, OpList list) {
+  switch (list) {
+    case OpList::kMasters:
+      return "master_params";
+    case OpList::kRemainders:
+      return "param_remainders";
+    case OpList::kFirst:
+      return algorithm == Algorithm::kSGD ? "momentum_buffers" : "exp_avgs";
+    case OpList::kSecond:
+      return algorithm == Algorithm::kSGD ? nullptr : "exp_avg_sqs";
+    case OpList::kThird:
+      return algorithm == Algorithm::kAdam ? "max_exp_avg_sqs" : nullptr;
+    default:
+      return "state_steps";
+  }
+}
+
+namespace {
+
 // The fused call of one bucket: the op of the group's algorithm over the entries the bucket reads.
 void fused_call(const GroupConfig& c, const StepPlan::Bucket& bucket, const std::vector<detail::Entry>& entries,
                 const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
@@ -112,16 +163,10 @@ void fused_call(const GroupConfig& c, const StepPlan::Bucket& bucket, const std:
     params.push_back(*e.param);
     grads.push_back(*e.grad);
   }
-  fill(masters, ParamState::kMasterParam, &ParamState::master_param);
-  // The BF16 weight's companion goes in param_remainders (NOTE [Weight companions] in csrc/ops/checks.cpp).
-  fill(remainders, ParamState::kParamRemainder, &ParamState::param_remainder);
-  fill(remainders, ParamState::kKahanComp, &ParamState::kahan_comp);
-  fill(remainders, ParamState::kSrSeed, &ParamState::sr_seed);
-  fill(first, ParamState::kExpAvg, &ParamState::exp_avg);
-  fill(first, ParamState::kMomentumBuffer, &ParamState::momentum_buffer);
-  fill(second, ParamState::kExpAvgSq, &ParamState::exp_avg_sq);
-  fill(third, ParamState::kMaxExpAvgSq, &ParamState::max_exp_avg_sq);
-  fill(steps, ParamState::kStep, &ParamState::step);
+  ampkit::detail::BorrowedTensors* lists[] = {&masters, &remainders, &first, &second, &third, &steps};  // OpList
+  for (const EntryList& e : entry_lists(c.algorithm)) {  // NOTE [State lists of the fused ops]
+    fill(*lists[static_cast<int>(e.list)], e.entry, e.field);
+  }
   const auto [lr, lr_tensor] = lr_for(c, device);
   if (c.algorithm == Algorithm::kLamb) {
     const std::optional<at::Tensor> norm =

@@ -624,6 +624,29 @@ void bind_optim(py::module_& m) {
       },
       py::arg("group"), py::arg("name"), py::arg("value"), py::arg("param"),
       "A loaded entry as the step keeps it, in the group's state dtypes (core::loaded_entry).");
+  cls.def(
+      "state_lists",
+      [](const OptimizerCore& self) {
+        const core::Algorithm algorithm = self.algorithm == "sgd"    ? core::Algorithm::kSGD
+                                          : self.algorithm == "lamb" ? core::Algorithm::kLamb
+                                                                     : core::Algorithm::kAdam;
+        py::dict list_of;
+        for (const core::EntryList& e : core::entry_lists(algorithm)) {
+          for (const auto& [name, field] : core::ParamState::fields()) {
+            if (field == e.field) {
+              list_of[py::str(name)] = core::op_list_name(algorithm, e.list);
+            }
+          }
+        }
+        py::list lists;
+        for (int l = 0; l <= static_cast<int>(core::OpList::kSteps); ++l) {
+          if (const char* name = core::op_list_name(algorithm, static_cast<core::OpList>(l))) {
+            lists.append(name);
+          }
+        }
+        return py::make_tuple(list_of, py::tuple(lists));
+      },
+      "(the op list of each state entry, the op's state lists): NOTE [State lists of the fused ops].");
   cls.def_static(
       "takes_fused", [](const at::Tensor& p) { return core::takes_fused(p, p); }, py::arg("param"),
       "Whether the fused kernels take this parameter (else torch.optim's single-tensor formulas).");

@@ -122,3 +122,17 @@ def test_the_core_is_one_bound_object_per_class():
     assert not [n for n in dir(_C) if n.startswith("_optim_") and n != "_optim_options"]
     with pytest.raises(ValueError, match="algorithm must be 'adam', 'sgd' or 'lamb', but got 'adagrad'"):
         _C.OptimizerCore("adagrad", "Adagrad")
+
+
+@pytest.mark.parametrize("algorithm,op", [("adam", "adamw_step_"), ("sgd", "sgd_step_"), ("lamb", "lamb_step_")])
+def test_state_lists_are_the_ops_lists(algorithm, op):
+    """NOTE [State lists of the fused ops]: every state list of the op's schema is in the table, and every entry
+    travels in one of them."""
+    list_of, op_lists = _C.OptimizerCore(algorithm, "X").state_lists()
+    schema = getattr(torch.ops.ampkit, op).default._schema
+    tensor_lists = [a.name for a in schema.arguments if str(a.type) == "List[Tensor]"]
+    assert set(op_lists) == set(tensor_lists) - {"params", "grads"}
+    assert set(list_of.values()) == set(op_lists)
+    moments = {"adam": {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"}, "lamb": {"exp_avg", "exp_avg_sq"},
+               "sgd": {"momentum_buffer"}}[algorithm]
+    assert set(list_of) == {"step", "master_param", "param_remainder", "kahan_comp", "sr_seed"} | moments

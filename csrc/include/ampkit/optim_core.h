@@ -160,6 +160,25 @@ struct StepPlan {
   AMPKIT_API static std::vector<std::string> entry_names(uint32_t entries);
 };
 
+// NOTE [State lists of the fused ops]
+// Each state entry a fused step reads travels in one list argument of its algorithm's op (adamw_step_, sgd_step_,
+// lamb_step_): master_param in master_params; param_remainder, kahan_comp and sr_seed in param_remainders (NOTE
+// [Weight companions] in csrc/ops/checks.cpp); exp_avg in exp_avgs (SGD's momentum_buffer in momentum_buffers),
+// exp_avg_sq in exp_avg_sqs, max_exp_avg_sq in max_exp_avg_sqs, step in state_steps. This table is that layout,
+// written once: the eager step's fused call (optim_core.cpp) and ampkit.optim's compiled step (through
+// OptimizerCore.state_lists()) both fill the op's lists from it. An op's lists that no entry of a bucket fills are
+// passed empty.
+enum class OpList : int8_t { kMasters, kRemainders, kFirst, kSecond, kThird, kSteps };
+struct EntryList {
+  ParamState::Bit entry;
+  ParamState::Field field;
+  OpList list;
+};
+// The table of an algorithm, in ParamState::fields() order; and the name of each of its op's lists (nullptr: the
+// op has no such list).
+AMPKIT_API const std::vector<EntryList>& entry_lists(Algorithm algorithm);
+AMPKIT_API const char* op_list_name(Algorithm algorithm, OpList list);
+
 // Checks the group (as check_group) and plans its step; states[i] is params[i]'s state (nullptr: none yet), and
 // grads[i] its grad (undefined: none), or params[i].grad() where `grads` is empty. Writes nothing.
 AMPKIT_API StepPlan plan_step(const GroupConfig& config, at::TensorList params,

@@ -14,15 +14,9 @@ from .. import _compile, _dtensor
 from .._native import _C
 
 _FUSED_CALLS = {"adam": "adamw_step_", "lamb": "lamb_step_", "sgd": "sgd_step_"}
-# Each fused op's state lists, and the list of each state entry.
-_LISTS = {"adam": ("master_params", "param_remainders", "exp_avgs", "exp_avg_sqs", "max_exp_avg_sqs", "state_steps"),
-          "lamb": ("master_params", "param_remainders", "exp_avgs", "exp_avg_sqs", "state_steps"),
-          "sgd": ("master_params", "param_remainders", "momentum_buffers", "state_steps")}
-# kahan_comp and sr_seed travel in param_remainders (NOTE [Weight companions] in csrc/ops/checks.cpp).
-_LIST_OF = {"master_param": "master_params", "param_remainder": "param_remainders", "kahan_comp": "param_remainders",
-            "sr_seed": "param_remainders", "exp_avg": "exp_avgs",
-            "exp_avg_sq": "exp_avg_sqs", "max_exp_avg_sq": "max_exp_avg_sqs", "momentum_buffer": "momentum_buffers",
-            "step": "state_steps"}
+# Each algorithm's (op list of each state entry, the op's state lists), read once (NOTE [State lists of the fused
+# ops]): the traced step reads a dict, no C++ call.
+_STATE_LISTS = {kind: _C.OptimizerCore(kind, kind).state_lists() for kind in _FUSED_CALLS}
 
 
 def _op_options(kind: str, table: str) -> tuple:
@@ -150,9 +144,10 @@ def _fused_call(optimizer, group: dict, params: list, states: list, reads: list,
     """The fused op of one bucket of the plan, over the entries it reads."""
     kind = optimizer._kind
     device = params[0].device
-    lists = {arg: [] for arg in _LISTS[kind]}
+    list_of, op_lists = _STATE_LISTS[kind]
+    lists = {arg: [] for arg in op_lists}
     for name in reads:
-        lists[_LIST_OF[name]] = [st[name] for st in states]
+        lists[list_of[name]] = [st[name] for st in states]
     options = {k: group[k] for k in _OPTIONS[kind]}
     if kind != "sgd":
         options["beta1"], options["beta2"] = group["betas"]
