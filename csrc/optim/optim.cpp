@@ -260,41 +260,42 @@ void FusedOptimizer<Derived, Options, State>::add_param_group(const torch::optim
   merge_group_options(param_groups_, param_groups_.size() - 1, {param_group}, static_cast<const Options&>(*defaults_));
 }
 
-// One step of every group through the core: every group is checked before the first one is written; states are
-// created for the params the core gives state to (an SGD param without momentum or master gets none).
+// One step of every group through the core's policy (NOTE [The policy across groups]): every group is checked
+// before the first one is written; states are created for the params the core gives state to (an SGD param without
+// momentum or master gets none).
 template <class Derived, class Options, class State>
 at::Tensor FusedOptimizer<Derived, Options, State>::step(LossClosure closure) {
   at::Tensor loss = run_closure(closure);
   const at::NoGradGuard no_grad;
-  std::vector<core::GroupConfig> configs;
-  for (const auto& group : param_groups_) {
-    configs.push_back(Derived::config(static_cast<const Options&>(group.options())));
-    core::check_group(configs.back(), group.params());
-  }
-  static_cast<Derived&>(*this).prepare_step(configs);
-  const std::optional<at::Tensor> scale = grad_scale();
-  const std::optional<at::Tensor> inf = found_inf();
+  std::vector<std::vector<core::ParamState>> cores(param_groups_.size());
+  std::vector<core::GroupStep> groups(param_groups_.size());
   for (size_t g = 0; g < param_groups_.size(); ++g) {
     const auto& params = param_groups_[g].params();
-    std::vector<core::ParamState> cores(params.size());
-    std::vector<core::ParamState*> ptrs(params.size());
+    groups[g].config = Derived::config(static_cast<const Options&>(param_groups_[g].options()));
+    groups[g].params = params;
+    cores[g].resize(params.size());
+    groups[g].states.resize(params.size());
     for (size_t i = 0; i < params.size(); ++i) {
       const auto it = state_.find(params[i].unsafeGetTensorImpl());
       if (it != state_.end()) {
-        cores[i] = to_core(static_cast<const State&>(*it->second));
+        cores[g][i] = to_core(static_cast<const State&>(*it->second));
       }
-      ptrs[i] = &cores[i];
+      groups[g].states[i] = &cores[g][i];
     }
-    core::step(configs[g], params, ptrs, scale, inf);
+  }
+  const at::Tensor norm = core::step_groups(groups, grad_scale(), found_inf());
+  static_cast<Derived&>(*this).stepped(norm);
+  for (size_t g = 0; g < param_groups_.size(); ++g) {
+    const auto& params = param_groups_[g].params();
     for (size_t i = 0; i < params.size(); ++i) {
-      if (cores[i].empty()) {
+      if (cores[g][i].empty()) {
         continue;
       }
       auto& slot = state_[params[i].unsafeGetTensorImpl()];
       if (!slot) {
         slot = std::make_unique<State>();
       }
-      from_core(cores[i], static_cast<State&>(*slot));
+      from_core(cores[g][i], static_cast<State&>(*slot));
     }
   }
   return loss;
@@ -483,21 +484,9 @@ core::GroupConfig LAMB::config(const LAMBOptions& o) {
   return c;
 }
 
-void LAMB::prepare_step(std::vector<core::GroupConfig>& configs) {
-  if (std::none_of(configs.begin(), configs.end(), [](const auto& c) { return c.max_grad_norm > 0; })) {
-    return;
-  }
-  std::vector<at::Tensor> grads;
-  for (const auto& group : param_groups_) {
-    for (const auto& p : group.params()) {
-      if (p.grad().defined()) {
-        grads.push_back(p.grad());
-      }
-    }
-  }
-  last_grad_norm_ = ampkit::global_grad_norm(grads, grad_scale());
-  for (auto& c : configs) {
-    c.grad_norm = last_grad_norm_;
+void LAMB::stepped(const at::Tensor& grad_norm) {
+  if (grad_norm.defined()) {
+    last_grad_norm_ = grad_norm;
   }
 }
 

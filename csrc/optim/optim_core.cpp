@@ -8,6 +8,7 @@
 #include <iterator>
 #include <charconv>
 #include <deque>
+#include <functional>
 #include <cmath>
 #include <limits>
 #include <map>
@@ -547,11 +548,11 @@ void warn_if_updates_vanish(const GroupConfig& c, const StepPlan& plan, at::Tens
 
 }  // namespace
 
-void step(const GroupConfig& c, at::TensorList params, const std::vector<ParamState*>& states,
-          const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
-  // Every parameter is checked before any state is completed: completing a remainder from a master rewrites the
-  // BF16 weight.
-  const StepPlan plan = plan_step(c, params, std::vector<const ParamState*>(states.begin(), states.end()));
+namespace {
+
+// A group's step along its plan (made by plan_step on these params and states, nothing written since).
+void run_plan(const GroupConfig& c, const StepPlan& plan, at::TensorList params, const std::vector<ParamState*>& states,
+              const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
   if (c.master_weights == MasterWeights::kOff) {
     warn_if_updates_vanish(c, plan, params, grad_scale);  // NOTE [Plain BF16 stagnation guard]
   }
@@ -591,6 +592,58 @@ void step(const GroupConfig& c, at::TensorList params, const std::vector<ParamSt
   if (!single.empty()) {
     detail::single_tensor_step(c, single, grad_scale, found_inf);
   }
+}
+
+StepPlan plan_of(const GroupConfig& c, at::TensorList params, const std::vector<ParamState*>& states) {
+  return plan_step(c, params, std::vector<const ParamState*>(states.begin(), states.end()));
+}
+
+}  // namespace
+
+void step(const GroupConfig& c, at::TensorList params, const std::vector<ParamState*>& states,
+          const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
+  // Every parameter is checked before any state is completed: completing a remainder from a master rewrites the
+  // BF16 weight.
+  run_plan(c, plan_of(c, params, states), params, states, grad_scale, found_inf);
+}
+
+// NOTE [The policy across groups]
+at::Tensor step_groups(std::vector<GroupStep>& groups, const std::optional<at::Tensor>& grad_scale,
+                       const std::optional<at::Tensor>& found_inf, const std::function<at::Tensor()>& global_norm) {
+  std::vector<StepPlan> plans(groups.size());
+  for (size_t g = 0; g < groups.size(); ++g) {  // every group checked before the first is written
+    if (groups[g].check) {
+      groups[g].check();
+    } else {
+      plans[g] = plan_of(groups[g].config, groups[g].params, groups[g].states);
+    }
+  }
+  at::Tensor norm;
+  if (std::any_of(groups.begin(), groups.end(), [](const GroupStep& g) { return g.config.max_grad_norm > 0; })) {
+    if (global_norm) {
+      norm = global_norm();
+    } else {
+      std::vector<at::Tensor> grads;
+      for (const GroupStep& group : groups) {
+        for (const at::Tensor& p : group.params) {
+          if (p.grad().defined()) {
+            grads.push_back(p.grad());
+          }
+        }
+      }
+      norm = ampkit::global_grad_norm(grads, grad_scale);
+    }
+  }
+  for (size_t g = 0; g < groups.size(); ++g) {
+    GroupStep& group = groups[g];
+    if (group.step) {
+      group.step(norm);
+      continue;
+    }
+    group.config.grad_norm = norm;
+    run_plan(group.config, plans[g], group.params, group.states, grad_scale, found_inf);
+  }
+  return norm;
 }
 
 }  // namespace core

@@ -7,6 +7,8 @@
 #include <torch/extension.h>
 
 #include <cstring>
+#include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -182,21 +184,32 @@ void read_row(const std::string& optimizer, const py::dict& group, PyObject* key
   }
 }
 
-// One row's read; its key made once (an interned str, kept).
+// A param-group key made once (an interned str, kept for the process).
+PyObject* interned(const char* name) {
+  PyObject* key = PyUnicode_InternFromString(name);  // NOLINT(cppcoreguidelines-owning-memory)
+  if (key == nullptr) {
+    throw py::error_already_set();
+  }
+  return key;
+}
+
+// One row's read; its key made once.
 #define AMPKIT_GROUP_FIELD(T, name, default_, archive, python, field)                                              \
   {                                                                                                                \
-    static PyObject* const key = PyUnicode_InternFromString(#name); /* NOLINT(cppcoreguidelines-owning-memory) */  \
+    static PyObject* const key = interned(#name);                                                                  \
     read_row<ampkit::optim::OptionPython::python>(optimizer, group, key, #name, T(default_), write_unscaled_grads, \
                                                   c.field, c);                                                     \
   }
 #define AMPKIT_GROUP_PY_FIELD(T, name, default_, field) AMPKIT_GROUP_FIELD(T, name, default_, kOptional, kGroup, field)
 
-// The rows of an algorithm read from a group into `c` (kDecoupled: the Adam list's defaults, Adam's).
-template <core::Algorithm kAlgorithm>
+// The rows of an algorithm read from a group into `c` (kDecoupled: the Adam list's defaults, AdamW's or Adam's).
+template <core::Algorithm kAlgorithm, bool kDecoupled = false>
 void read_group(const std::string& optimizer, const py::dict& group, bool write_unscaled_grads, core::GroupConfig& c) {
-  [[maybe_unused]] constexpr bool kDecoupled = false;
   using betas_t = std::tuple<double, double>;
   using ampkit::optim::MasterWeights;
+  c.optimizer = optimizer.c_str();
+  c.algorithm = kAlgorithm;
+  c.python_spelling = true;
   if constexpr (kAlgorithm == core::Algorithm::kAdam) {
     AMPKIT_ADAM_OPTIONS(AMPKIT_GROUP_FIELD, AMPKIT_GROUP_PY_FIELD)
   } else if constexpr (kAlgorithm == core::Algorithm::kSGD) {
@@ -205,26 +218,6 @@ void read_group(const std::string& optimizer, const py::dict& group, bool write_
     AMPKIT_LAMB_OPTIONS(AMPKIT_GROUP_FIELD, AMPKIT_GROUP_PY_FIELD)
     c.write_unscaled_grads = false;  // LAMB only reads the grads
   }
-}
-
-// A param group of ampkit.optim (a dict with torch.optim's keys) as the core's config; `optimizer` must outlive it.
-core::GroupConfig group_config(const std::string& kind, const std::string& optimizer, const py::dict& group,
-                               bool write_unscaled_grads) {
-  TORCH_CHECK_VALUE(kind == "adam" || kind == "sgd" || kind == "lamb", "ampkit.optim: unknown algorithm '", kind, "'");
-  core::GroupConfig c;
-  c.optimizer = optimizer.c_str();
-  if (kind == "sgd") {
-    c.algorithm = core::Algorithm::kSGD;
-    read_group<core::Algorithm::kSGD>(optimizer, group, write_unscaled_grads, c);
-  } else if (kind == "lamb") {
-    c.algorithm = core::Algorithm::kLamb;
-    read_group<core::Algorithm::kLamb>(optimizer, group, write_unscaled_grads, c);
-  } else {
-    c.algorithm = core::Algorithm::kAdam;
-    read_group<core::Algorithm::kAdam>(optimizer, group, write_unscaled_grads, c);
-  }
-  c.python_spelling = true;
-  return c;
 }
 
 // A row's default as ampkit.optim spells it: None for an unset master_weights and for FP32 states.
@@ -357,40 +350,122 @@ void state_to_py(const Before& before, const core::ParamState& after, py::dict& 
   }
 }
 
-// Steps `params` (core::step) with the states `dicts` hold (a null object: none yet), then writes into each dict
-// the entries the step created or replaced; `created(i, d)` is given the dict made for a parameter that had none
-// and has a state now. The states' plain tensors are borrowed where the core allows it (NOTE [Borrowed states] in
-// csrc/optim/borrowed_tensors.h). Python code that could free a state (a key's __hash__) runs only before the
-// borrows are taken or after they are released; writing back stores str-keyed items into the caller's dicts.
-template <typename Created>
-void step_with_states(const core::GroupConfig& config, at::TensorList params, const std::vector<py::object>& dicts,
-                      const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf,
-                      const Created& created) {
-  std::vector<std::pair<size_t, py::dict>> made;  // the dicts made for parameters that had no state
-  {
-    core::BorrowedStates states(dicts.size(), !core::may_replace_entries(config));
+// The states of a group's parameters, read from their dicts (a null object: none yet) for a step and written back:
+// the states' plain tensors are borrowed where the core allows it (NOTE [Borrowed states] in
+// csrc/optim/borrowed_tensors.h). Python code that could free a borrowed entry (a key's __hash__, a store into
+// these dicts) runs only before the borrows are taken or after they are released.
+class GroupStates {
+ public:
+  GroupStates(const core::GroupConfig& config, const std::vector<py::object>& dicts)
+      : dicts_(dicts), states_(dicts.size(), !core::may_replace_entries(config)) {
     const auto* plain = reinterpret_cast<PyTypeObject*>(THPVariableClass);
     for (size_t i = 0; i < dicts.size(); ++i) {
       if (dicts[i]) {
         read_state(py::reinterpret_borrow<py::dict>(dicts[i]), [&](size_t k, PyObject* value, const at::Tensor& t) {
-          states.set(i, k, t, Py_TYPE(value) == plain);  // a subclass may hold its tensor elsewhere: referenced
+          states_.set(i, k, t, Py_TYPE(value) == plain);  // a subclass may hold its tensor elsewhere: referenced
         });
       }
     }
-    guarded([&] { core::step(config, params, states.pointers(), grad_scale, found_inf); });
-    for (size_t i = 0; i < dicts.size(); ++i) {
-      const auto before = [&](size_t k) { return states.before(i, k); };
-      if (dicts[i]) {
-        py::dict d = py::reinterpret_borrow<py::dict>(dicts[i]);
-        state_to_py(before, states[i], d);
-      } else if (!states[i].empty()) {  // (an SGD parameter without momentum or master gets none)
+  }
+
+  const std::vector<core::ParamState*>& pointers() const { return states_.pointers(); }
+
+  // Writes into each dict the entries the step created or replaced; a parameter that had no dict and has a state
+  // now gets a new one, in `made` (stored by the caller once the borrows are released).
+  void write_back(std::vector<std::pair<size_t, py::dict>>& made) {
+    for (size_t i = 0; i < dicts_.size(); ++i) {
+      const auto before = [&](size_t k) { return states_.before(i, k); };
+      if (dicts_[i]) {
+        py::dict d = py::reinterpret_borrow<py::dict>(dicts_[i]);
+        state_to_py(before, states_[i], d);
+      } else if (!states_[i].empty()) {  // (an SGD parameter without momentum or master gets none)
         made.emplace_back(i, py::dict());
-        state_to_py(before, states[i], made.back().second);
+        state_to_py(before, states_[i], made.back().second);
       }
     }
   }
+
+ private:
+  const std::vector<py::object>& dicts_;
+  core::BorrowedStates states_;
+};
+
+// Steps `params` (core::step) with the states `dicts` hold, then writes into each dict the entries the step created
+// or replaced; `created(i, d)` is given the dict made for a parameter that had none and has a state now.
+template <typename Created>
+void step_with_states(const core::GroupConfig& config, at::TensorList params, const std::vector<py::object>& dicts,
+                      const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf,
+                      const Created& created) {
+  std::vector<std::pair<size_t, py::dict>> made;
+  {
+    GroupStates states(config, dicts);
+    guarded([&] { core::step(config, params, states.pointers(), grad_scale, found_inf); });
+    states.write_back(made);
+  }
   for (const auto& [i, d] : made) {
     created(i, d);  // may run Python code (the key's __hash__): no borrow is held
+  }
+}
+
+// A param group's parameters with a grad, read for a step (NOTE [Group steps from Python]): the tensors (borrowed,
+// NOTE [Borrowed tensor lists]: `keys` holds their Python objects), their state dicts (a null object: none yet);
+// `dtensor`: the group holds a DTensor parameter, and nothing more was read.
+struct GroupScan {
+  ampkit::detail::BorrowedTensors params;
+  std::vector<py::object> keys;
+  std::vector<py::object> dicts;
+  bool dtensor = false;
+};
+
+void scan_group(const std::string& optimizer, const py::dict& group, StateLookup& lookup, GroupScan& scan) {
+  const py::object list = group["params"];
+  if (!PyList_Check(list.ptr())) {
+    throw py::type_error(optimizer + ".step: param_groups[i]['params'] must be a list, but got " +
+                         std::string(py::str(py::type::of(list))));
+  }
+  const Py_ssize_t n = PyList_GET_SIZE(list.ptr());
+  scan.params.reserve(n);
+  scan.keys.reserve(n);
+  scan.dicts.reserve(n);
+  const py::object& dtensor = dtensor_type();
+  // Two passes over the parameters (NOTE [One pass per parameter] in csrc/ops/checks.cpp): this one reads each
+  // one's type, grad and state dict, and is the only one that may run Python code (an isinstance, a subclass's
+  // __hash__); the step then borrows the states' entries (NOTE [Borrowed states]).
+  // The list's size is read on every iteration: Python code may change it.
+  for (Py_ssize_t i = 0; i < PyList_GET_SIZE(list.ptr()); ++i) {
+    PyObject* item = PyList_GET_ITEM(list.ptr(), i);
+    // The plain tensor class it is an instance of (-1: none), tested first: isinstance costs several times more.
+    const int plain = plain_type(item);
+    if (!dtensor.is_none() && plain < 0) {
+      const int is = PyObject_IsInstance(item, dtensor.ptr());
+      if (is < 0) {
+        throw py::error_already_set();
+      }
+      if (is == 1) {
+        scan.dtensor = true;
+        return;
+      }
+    }
+    if (!THPVariable_Check(item)) {
+      throw py::type_error(optimizer + ".step: params[" + std::to_string(i) + "] is not a tensor but " +
+                           std::string(py::str(py::type::of(py::handle(item)))));
+    }
+    py::object key = py::reinterpret_borrow<py::object>(item);  // held while Python code may run
+    const at::Tensor& p = THPVariable_Unpack(item);
+    if (!p.grad().defined()) {
+      continue;
+    }
+    PyObject* d = lookup.get(item, plain);
+    if (d == nullptr && PyErr_Occurred()) {
+      throw py::error_already_set();
+    }
+    if (d != nullptr && !PyDict_Check(d)) {
+      throw py::type_error(optimizer + ".step: the state of params[" + std::to_string(i) +
+                           "] must be a dict, but got " + std::string(py::str(py::type::of(py::handle(d)))));
+    }
+    scan.params.push_back(p);
+    scan.keys.push_back(std::move(key));
+    scan.dicts.push_back(d != nullptr ? py::reinterpret_borrow<py::object>(d) : py::object());
   }
 }
 
@@ -412,22 +487,56 @@ const char* mode_name(core::MasterMode mode) {
 }  // namespace
 
 // NOTE [The bound optimizer core]
-// ampkit.optim reaches the C++ core through one object per optimizer class, _C.OptimizerCore(algorithm, name): its
-// methods take a param group (a dict with torch.optim's keys, read through the option table, NOTE [Optimizer option
-// table]) and make the core's decisions on it; `name` names the optimizer in errors. What needs no group (whether
-// the kernels take a parameter, remainders, masters, the entries' names) are static methods.
+// ampkit.optim reaches the C++ core through one object per optimizer class, _C.OptimizerCore(optimizer, name):
+// `optimizer` names the option table it reads ('Adam', 'AdamW', 'SGD', 'LAMB': the algorithm and its defaults),
+// `name` the optimizer in errors (the class's name). Its methods take a param group (a dict with torch.optim's
+// keys, read through the option table, NOTE [Optimizer option table]; a key the group lacks takes the table's
+// default) and make the core's decisions on it. What needs no group (whether the kernels take a parameter,
+// remainders, masters, the entries' names) are static methods.
 struct OptimizerCore {
-  std::string algorithm;
+  std::string optimizer;  // the table: "Adam", "AdamW", "SGD", "LAMB"
   std::string name;
+  core::Algorithm algorithm = core::Algorithm::kAdam;
+  bool decoupled = false;  // AdamW's defaults
+
+  static OptimizerCore make(const std::string& optimizer, const std::string& name) {
+    OptimizerCore self{optimizer, name};
+    if (optimizer == "SGD") {
+      self.algorithm = core::Algorithm::kSGD;
+    } else if (optimizer == "LAMB") {
+      self.algorithm = core::Algorithm::kLamb;
+    } else {
+      TORCH_CHECK_VALUE(optimizer == "Adam" || optimizer == "AdamW", "ampkit._C.OptimizerCore: optimizer must be ",
+                        "'Adam', 'AdamW', 'SGD' or 'LAMB', but got '", optimizer, "'");
+      self.decoupled = optimizer == "AdamW";
+    }
+    return self;
+  }
+
+  const char* algorithm_name() const {
+    return algorithm == core::Algorithm::kSGD ? "sgd" : algorithm == core::Algorithm::kLamb ? "lamb" : "adam";
+  }
 
   core::GroupConfig config(const py::dict& group, bool write_unscaled_grads = true) const {
-    return guarded([&] { return group_config(algorithm, name, group, write_unscaled_grads); });
+    return guarded([&] {
+      core::GroupConfig c;
+      if (algorithm == core::Algorithm::kSGD) {
+        read_group<core::Algorithm::kSGD>(name, group, write_unscaled_grads, c);
+      } else if (algorithm == core::Algorithm::kLamb) {
+        read_group<core::Algorithm::kLamb>(name, group, write_unscaled_grads, c);
+      } else if (decoupled) {
+        read_group<core::Algorithm::kAdam, true>(name, group, write_unscaled_grads, c);
+      } else {
+        read_group<core::Algorithm::kAdam, false>(name, group, write_unscaled_grads, c);
+      }
+      return c;
+    });
   }
 };
 
 constexpr const char* kCoreDoc =
-    "The C++ core of an ampkit optimizer (NOTE [The bound optimizer core]): algorithm 'adam', 'sgd' or 'lamb'; "
-    "name: the optimizer's name in errors.";
+    "The C++ core of an ampkit optimizer (NOTE [The bound optimizer core]): optimizer 'Adam', 'AdamW', 'SGD' or "
+    "'LAMB' (the option table it reads); name: the optimizer's name in errors.";
 
 void bind_optim(py::module_& m) {
   m.def(
@@ -436,17 +545,13 @@ void bind_optim(py::module_& m) {
       "The option table of an ampkit optimizer ('Adam', 'AdamW', 'SGD', 'LAMB'): (name, default, python, archive, "
       "field, state entry) per option, in order (NOTE [Optimizer option table] in ampkit/optim_options.h).");
   py::class_<OptimizerCore> cls(m, "OptimizerCore", kCoreDoc);
-  cls.def(py::init([](const std::string& algorithm, const std::string& name) {
-            guarded([&] {
-              TORCH_CHECK_VALUE(algorithm == "adam" || algorithm == "sgd" || algorithm == "lamb",
-                                "ampkit._C.OptimizerCore: algorithm must be 'adam', 'sgd' or 'lamb', but got '",
-                                algorithm, "'");
-            });
-            return OptimizerCore{algorithm, name};
+  cls.def(py::init([](const std::string& optimizer, const std::string& name) {
+            return guarded([&] { return OptimizerCore::make(optimizer, name); });
           }),
-          py::arg("algorithm"), py::arg("name"));
-  cls.def_readonly("algorithm", &OptimizerCore::algorithm);
+          py::arg("optimizer"), py::arg("name"));
+  cls.def_readonly("optimizer", &OptimizerCore::optimizer);
   cls.def_readonly("name", &OptimizerCore::name);
+  cls.def_property_readonly("algorithm", &OptimizerCore::algorithm_name, "'adam', 'sgd' or 'lamb'.");
   cls.def(
       "check_config",
       [](const OptimizerCore& self, const py::dict& group) {
@@ -477,89 +582,89 @@ void bind_optim(py::module_& m) {
       py::arg("group"), py::arg("params"), py::arg("states"), py::arg("grad_scale"), py::arg("found_inf"),
       py::arg("write_unscaled_grads"), py::arg("grad_norm"),
       "One step of `params` (each with a grad) with their state dicts `states`, completed in place.");
-  // One group's step with the lists assembled here (NOTE [Group steps from Python]): `state` is the optimizer's
-  // state mapping (a dict: parameter -> dict of entries); states the step creates are added to it. Returns False,
-  // having done nothing, for a group with DTensor parameters.
+  // Every group's step (NOTE [The policy across groups] in ampkit/optim_core.h), with the lists assembled here
+  // (NOTE [Group steps from Python]): `state` is the optimizer's state mapping (a dict: parameter -> dict of
+  // entries); states the step creates are added to it. A group of DTensor parameters, or with differentiable=True,
+  // is the caller's: check_own(i) checks group i before any group is written, step_own(i, grad_norm) steps it in
+  // its turn (touching no other group's states). global_norm() (None: the core's) gives LAMB's clipping norm.
+  // Returns the norm the groups were clipped with (None: none).
   cls.def(
-      "step_group",
-      [](const OptimizerCore& self, const py::dict& group, const py::dict& state,
+      "step_groups",
+      [](const OptimizerCore& self, const py::list& param_groups, const py::dict& state,
          const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf,
-         bool write_unscaled_grads, const std::optional<at::Tensor>& grad_norm) {
-        const std::string& optimizer = self.name;
+         bool write_unscaled_grads, const py::object& check_own, const py::object& step_own,
+         const py::object& global_norm) -> std::optional<at::Tensor> {
         // NOTE [Group steps from Python]
         // ampkit.optim's step over thousands of small parameters spent a third of its time building Python lists
         // (the parameters with a grad, their states) and converting them. Here the parameters' grads are read from
         // the C++ tensors, states looked up in the optimizer's dict (dict.get: no default entry is created) and
         // read in place; only the entries the step creates or replaces are written back.
-        core::GroupConfig config = self.config(group, write_unscaled_grads);
-        if (grad_norm.has_value()) {
-          config.grad_norm = *grad_norm;
-        }
-        const py::object list = group["params"];
-        if (!PyList_Check(list.ptr())) {
-          throw py::type_error(optimizer + ".step: param_groups[i]['params'] must be a list, but got " +
-                               std::string(py::str(py::type::of(list))));
-        }
-        const Py_ssize_t n = PyList_GET_SIZE(list.ptr());
-        // NOTE [Borrowed tensor lists]: `keys` holds the parameters' Python objects, which keep their tensors alive
-        // (Python references: no atomic count, no GIL round trip).
-        ampkit::detail::BorrowedTensors params;
-        std::vector<py::object> keys;
-        std::vector<py::object> dicts;  // the states (None: none yet)
-        params.reserve(n);
-        keys.reserve(n);
-        dicts.reserve(n);
+        const size_t n = param_groups.size();
+        std::vector<core::GroupStep> steps(n);
+        std::vector<GroupScan> scans(n);
         StateLookup lookup(state.ptr());
-        const py::object& dtensor = dtensor_type();
-        // Two passes over the parameters (NOTE [One pass per parameter] in csrc/ops/checks.cpp): this one reads each
-        // one's type, grad and state dict, and is the only one that may run Python code (an isinstance, a subclass's
-        // __hash__); step_with_states then borrows the states' entries (NOTE [Borrowed states]).
-        // The list's size is read on every iteration: Python code may change it.
-        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(list.ptr()); ++i) {
-          PyObject* item = PyList_GET_ITEM(list.ptr(), i);
-          // The plain tensor class it is an instance of (-1: none), tested first: isinstance costs several times more.
-          const int plain = plain_type(item);
-          // A DTensor parameter (FSDP2): False, nothing done; the caller steps the local shards.
-          if (!dtensor.is_none() && plain < 0) {
-            const int is = PyObject_IsInstance(item, dtensor.ptr());
-            if (is < 0) {
+        static PyObject* const differentiable = interned("differentiable");
+        for (size_t g = 0; g < n; ++g) {
+          const py::object item = param_groups[g];
+          if (!PyDict_Check(item.ptr())) {
+            throw py::type_error(self.name + ".step: param_groups[" + std::to_string(g) + "] must be a dict, but got " +
+                                 std::string(py::str(py::type::of(item))));
+          }
+          const py::dict group = py::reinterpret_borrow<py::dict>(item);
+          steps[g].config = self.config(group, write_unscaled_grads);
+          PyObject* d = PyDict_GetItemWithError(group.ptr(), differentiable);
+          if (d == nullptr && PyErr_Occurred() != nullptr) {
+            throw py::error_already_set();
+          }
+          const int own = d == nullptr ? 0 : PyObject_IsTrue(d);
+          if (own < 0) {
+            throw py::error_already_set();
+          }
+          if (own == 0) {
+            scan_group(self.name, group, lookup, scans[g]);
+          }
+          if (own == 1 || scans[g].dtensor) {
+            steps[g].check = [&check_own, g] { check_own(g); };
+            steps[g].step = [&step_own, g](const at::Tensor& norm) {
+              step_own(g, norm.defined() ? py::cast(norm) : py::object(py::none()));
+            };
+          }
+        }
+        std::function<at::Tensor()> norm_of;
+        if (!global_norm.is_none()) {
+          norm_of = [&global_norm] { return global_norm().cast<at::Tensor>(); };
+        }
+        std::vector<std::vector<std::pair<size_t, py::dict>>> made(n);
+        at::Tensor norm;
+        {
+          std::vector<std::unique_ptr<GroupStates>> states(n);
+          for (size_t g = 0; g < n; ++g) {
+            if (!steps[g].step) {
+              states[g] = std::make_unique<GroupStates>(steps[g].config, scans[g].dicts);
+              steps[g].params = scans[g].params;
+              steps[g].states = states[g]->pointers();
+            }
+          }
+          norm = guarded([&] { return core::step_groups(steps, grad_scale, found_inf, norm_of); });
+          for (size_t g = 0; g < n; ++g) {
+            if (states[g]) {
+              states[g]->write_back(made[g]);
+            }
+          }
+        }
+        for (size_t g = 0; g < n; ++g) {  // may run Python code (the keys' __hash__): no borrow is held
+          for (const auto& [i, d] : made[g]) {
+            if (PyDict_SetItem(state.ptr(), scans[g].keys[i].ptr(), d.ptr()) != 0) {
               throw py::error_already_set();
             }
-            if (is == 1) {
-              return false;
-            }
           }
-          if (!THPVariable_Check(item)) {
-            throw py::type_error(optimizer + ".step: params[" + std::to_string(i) + "] is not a tensor but " +
-                                 std::string(py::str(py::type::of(py::handle(item)))));
-          }
-          py::object key = py::reinterpret_borrow<py::object>(item);  // held while Python code may run
-          const at::Tensor& p = THPVariable_Unpack(item);
-          if (!p.grad().defined()) {
-            continue;
-          }
-          PyObject* d = lookup.get(item, plain);
-          if (d == nullptr && PyErr_Occurred()) {
-            throw py::error_already_set();
-          }
-          if (d != nullptr && !PyDict_Check(d)) {
-            throw py::type_error(optimizer + ".step: the state of params[" + std::to_string(i) +
-                                 "] must be a dict, but got " + std::string(py::str(py::type::of(py::handle(d)))));
-          }
-          params.push_back(p);
-          keys.push_back(std::move(key));
-          dicts.push_back(d != nullptr ? py::reinterpret_borrow<py::object>(d) : py::object());
         }
-        step_with_states(config, params, dicts, grad_scale, found_inf, [&](size_t i, const py::dict& d) {
-          if (PyDict_SetItem(state.ptr(), keys[i].ptr(), d.ptr()) != 0) {
-            throw py::error_already_set();
-          }
-        });
-        return true;
+        return norm.defined() ? std::optional<at::Tensor>(norm) : std::nullopt;
       },
-      py::arg("group"), py::arg("state"), py::arg("grad_scale"), py::arg("found_inf"), py::arg("write_unscaled_grads"),
-      py::arg("grad_norm"),
-      "One group's step over the optimizer's state mapping; False (nothing done) for DTensor parameters.");
+      py::arg("param_groups"), py::arg("state"), py::arg("grad_scale"), py::arg("found_inf"),
+      py::arg("write_unscaled_grads"), py::arg("check_own"), py::arg("step_own"), py::arg("global_norm"),
+      "Every group's step over the optimizer's state mapping (NOTE [The policy across groups]); returns the global "
+      "grad norm the groups were clipped with, or None.");
   // The core's plan of a group's step (core::plan_step), for a compiled step (NOTE [Compiled steps] in
   // ampkit/_compile.py): `grads` one tensor or None per parameter (what the step will read; a trace passes meta
   // tensors of the traced grads' layout), `states` one dict or None. Returns (params, buckets): for each parameter
@@ -627,9 +732,7 @@ void bind_optim(py::module_& m) {
   cls.def(
       "state_lists",
       [](const OptimizerCore& self) {
-        const core::Algorithm algorithm = self.algorithm == "sgd"    ? core::Algorithm::kSGD
-                                          : self.algorithm == "lamb" ? core::Algorithm::kLamb
-                                                                     : core::Algorithm::kAdam;
+        const core::Algorithm algorithm = self.algorithm;
         py::dict list_of;
         for (const core::EntryList& e : core::entry_lists(algorithm)) {
           for (const auto& [name, field] : core::ParamState::fields()) {

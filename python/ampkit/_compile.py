@@ -47,9 +47,19 @@ SUPPORTED = False  # whether this torch takes opaque objects in custom ops (comp
 # NOTE [Scale hand-over under compile]
 # A traced GradScaler.step gives grad_scale/found_inf to the optimizer's step through this dict (keyed by the
 # optimizer's id, removed after the step), not as attributes of the optimizer as the eager step does: torch 2.11's
-# Dynamo refuses a setattr on an optimizer inside a graph. ampkit.optim's scalars() (optim/_traced.py) is what
+# Dynamo refuses a setattr on an optimizer inside a graph. ampkit.optim's scalars() below is what
 # both steps read. It lives here, below both, so that the scaler and the optimizers import neither the other.
 HANDED_OVER: dict[int, tuple] = {}
+
+
+def scalars(optimizer) -> tuple:
+    """The (grad_scale, found_inf) of an ampkit.optim step: handed over by a traced scaler step (NOTE [Scale
+    hand-over under compile]), else the attributes a scaler (or the user) set on the optimizer, else (None, None)."""
+    if HANDED_OVER:
+        handed = HANDED_OVER.get(id(optimizer))
+        if handed is not None:
+            return handed
+    return getattr(optimizer, "grad_scale", None), getattr(optimizer, "found_inf", None)
 
 
 def is_compiling() -> bool:

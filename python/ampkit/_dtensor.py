@@ -246,6 +246,58 @@ def store_state(p: torch.Tensor, state: dict, before: dict, after: dict) -> None
         state[key] = value
 
 
+# The groups of an ampkit.optim step that the core leaves to Python (NOTE [The policy across groups] in
+# ampkit/optim_core.h): a group holding DTensor parameters, whose local shards the core steps here, or one with
+# differentiable=True (torch.optim's own formulas, the optimizer's). OptimizerCore.step_groups calls check_group for
+# each before any group is written, and step_group in the group's turn; ``core`` is the optimizer's OptimizerCore.
+def check_group(optimizer, core, groups: list, index: int) -> None:
+    """Checks group ``index`` (DTensor parameters: their local shards and grads), writing nothing."""
+    group = groups[index]
+    with local_grads(group["params"], type(optimizer).__name__) as params:
+        core.check(group, params)
+
+
+def packed_entries(optimizer, group: dict) -> list:
+    """The state entries ``group`` keeps as 8-bit states (on parameters of 4096 elements or more)."""
+    return [entry for key, entry in zip(optimizer._state_dtype_keys, optimizer._state_dtype_entries)
+            if group.get(key) is torch.uint8]
+
+
+def step_group(optimizer, core, groups: list, grad_scale, found_inf, index: int, grad_norm) -> None:
+    """The step of group ``index``: differentiable=True, the optimizer's own; else the core updates each rank's
+    local shards (params, grads and states share storage with the DTensors), and states it creates are stored as
+    DTensors. 8-bit states follow the whole parameter (NOTE [8-bit states of DTensor parameters]): they are made
+    here, with the step count, for every shard of a parameter of 4096 elements or more, small shards included (the
+    core would keep FP32 for those). ``grad_norm``: LAMB's clipping norm, over every rank's shards (NOTE [Norms of
+    sharded grads])."""
+    group = groups[index]
+    params = [p for p in group["params"] if p.grad is not None]
+    if group.get("differentiable"):
+        optimizer._differentiable_step(group, params, grad_scale, found_inf)
+        return
+    name = type(optimizer).__name__
+    get_state = optimizer.state.get  # dict.get: no default entry created
+    found = [get_state(p) for p in params]
+    states = [{} if st is None else st for st in found]
+    before = [local_state(st, p) for p, st in zip(params, states)]
+    after = [dict(b) for b in before]
+    packed = packed_entries(optimizer, group)
+    for p, a in zip(params, after):
+        missing = [k for k in packed if k not in a]
+        if not missing or not is_dtensor(p) or p.numel() < BLOCKWISE8_MIN_NUMEL or not core.takes_fused(local(p)):
+            continue
+        if "step" not in a:  # a moment present without a step would be taken for a loaded one (SGD)
+            a["step"] = torch.ops.ampkit.make_optim_state(local(p), ["step"])[0]
+        for k in missing:
+            a[k] = packed_zeros(p, name)
+    with local_grads(params, name) as local_params:
+        core.step(group, local_params, after, grad_scale, found_inf, optimizer.write_unscaled_grads, grad_norm)
+    for p, st, b, a, had in zip(params, states, before, after, found):
+        store_state(p, st, b, a)
+        if had is None and st:  # a state the core created
+            optimizer.state[p] = st
+
+
 def _groups(grads: Iterable[torch.Tensor]) -> list:
     """The process groups of the mesh dimensions on which DTensor grads are not replicated, in order of first
     appearance (the same on every rank when the ranks hold the same parameters)."""
@@ -321,7 +373,6 @@ def global_grad_norm(grads: list, grad_scale: Optional[torch.Tensor]) -> torch.T
     import torch.distributed as dist
     from torch.distributed.tensor import Replicate
 
-    from . import ops
     # (mesh, the mesh dims the grads are sharded on) -> the mesh and the local shards, in order of first appearance
     groups: dict = {}
     plain = []
@@ -333,7 +384,8 @@ def global_grad_norm(grads: list, grad_scale: Optional[torch.Tensor]) -> torch.T
         groups.setdefault((id(g.device_mesh), dims), (g.device_mesh, []))[1].append(g._local_tensor)
     total = None
     for (_, dims), (mesh, local_grads) in groups.items():
-        partial = ops.global_grad_norm(local_grads, grad_scale).double().square().reshape(1)
+        # (torch.ops.ampkit: each list holds a grad; ampkit.ops' wrapper only adds the empty case)
+        partial = torch.ops.ampkit.global_grad_norm(local_grads, grad_scale).double().square().reshape(1)
         for dim in dims:
             group = mesh.get_group(dim)
             gathered = [torch.empty_like(partial) for _ in range(dist.get_world_size(group))]
@@ -341,7 +393,7 @@ def global_grad_norm(grads: list, grad_scale: Optional[torch.Tensor]) -> torch.T
             partial = torch.cat(gathered).sum().reshape(1)
         total = partial if total is None else total + partial.to(total.device)
     if plain:
-        partial = ops.global_grad_norm(plain, grad_scale).double().square().reshape(1)
+        partial = torch.ops.ampkit.global_grad_norm(plain, grad_scale).double().square().reshape(1)
         total = partial if total is None else total + partial.to(total.device)
     if total is None:
         return torch.zeros((), dtype=torch.float32)

@@ -118,7 +118,7 @@ def test_group_steps_leave_every_reference_count_as_it_was(master_weights):
             else:  # the list-based entry point, which takes references
                 group = opt.param_groups[0]
                 states = [opt.state.setdefault(p, {}) for p in params]
-                ampkit._C.OptimizerCore("adam", "AdamW").step(group, params, states, None, None, True, None)
+                ampkit._C.OptimizerCore("AdamW", "AdamW").step(group, params, states, None, None, True, None)
             if step == 1:
                 counts = [(sys.getrefcount(t), t._use_count()) for st in opt.state.values() for t in st.values()] + \
                          [(sys.getrefcount(p), p._use_count()) for p in params]

@@ -263,6 +263,19 @@ def _case_low_precision_params(rank: int, out_dir: str) -> dict:
         opt.step()
     assert all(torch.equal(p.to_local(), b) for p, b in zip(model.parameters(), before))
     assert len(opt.state) == 0
+    # The step of DTensor groups walks down the package as a plain one does (tests/python/test_layering.py): two
+    # groups whose lr changed, LAMB's norm over every shard included.
+    from test_layering import _returns, _walk
+    for cls, kwargs in ((ampkit.optim.AdamW, dict(lr=1e-2)), (ampkit.optim.LAMB, dict(lr=1e-2, max_grad_norm=0.5))):
+        model = _model()
+        params = list(model.parameters())
+        opt = cls([{"params": params[:1]}, {"params": params[1:]}], **kwargs)
+        _loss(model, rank, 0).backward()
+        opt.step()
+        for group in opt.param_groups:
+            group["lr"] = 2e-2
+        seq = _walk(opt.step)
+        assert _returns(seq) <= 2 and "ampkit._dtensor" in seq, (cls.__name__, seq)
     return {}
 
 

@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
+import ampkit
+
 ROOT = Path(__file__).resolve().parents[2]
 INCLUDE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]', re.M)
 SOURCES = ("*.h", "*.hpp", "*.cpp", "*.cu", "*.cuh")
@@ -241,3 +243,53 @@ def test_integrations_use_only_public_names_of_ampkit():
                 bad.append(f"{rel}:{node.lineno}: reads {ast.unparse(node)} ({node.attr} is private to ampkit's "
                            "scaler or optimizers: use or add a public method)")
     assert not bad, "\n".join(bad)
+
+
+def _walk(step) -> list:
+    """The ampkit modules a call goes through, in order: the module of each Python function it calls, a module
+    listed again only after the call has been in another one."""
+    import sys
+    seq: list = []
+
+    def profile(frame, event, arg):
+        module = frame.f_globals.get("__name__", "")
+        if event == "call" and module.startswith("ampkit") and (not seq or seq[-1] != module):
+            seq.append(module)
+
+    sys.setprofile(profile)
+    try:
+        step()
+    finally:
+        sys.setprofile(None)
+    return seq
+
+
+def _returns(seq: list) -> int:
+    """How many times a walk comes back to a module it has left."""
+    return sum(1 for i, m in enumerate(seq) if m in seq[:i])
+
+
+def test_walk_counts_returns():
+    assert _returns(["a", "b", "a", "c", "b"]) == 2
+    assert _returns(["a", "b", "c"]) == 0
+    seen = _walk(lambda: ampkit.ops.global_grad_norm([torch.ones(3)], None))
+    assert seen and seen[0] == "ampkit.ops", seen
+
+
+@pytest.mark.parametrize("name,kwargs", [("AdamW", {}), ("SGD", dict(momentum=0.9)), ("LAMB", dict(max_grad_norm=0.5))])
+def test_optimizer_step_walks_down_the_package(name, kwargs):
+    """The eager step of ampkit.optim is one descent: it comes back to a module it has left at most twice, checks,
+    clipping norm and steps included (two groups whose lr changed, as a scheduler changes it: checked again). The
+    same holds for DTensor groups (tests/python/test_fsdp2.py); differentiable=True, torch.optim's own formulas
+    outside the fused core, is not held to it."""
+    params = [torch.nn.Parameter(torch.randn(10)) for _ in range(3)]
+    opt = getattr(ampkit.optim, name)([{"params": params[:2]}, {"params": params[2:]}], lr=1e-3, **kwargs)
+    for p in params:
+        p.grad = torch.randn(10)
+    opt.step()
+    opt.param_groups[1]["lr"] = 2e-3
+    opt.param_groups[0]["lr"] = 2e-3
+    before = [p.detach().clone() for p in params]
+    seq = _walk(opt.step)
+    assert _returns(seq) <= 2, seq
+    assert all(not torch.equal(p, b) for p, b in zip(params, before))

@@ -85,28 +85,52 @@ def test_state_dtype_entries():
 
 def test_core_reads_every_group_option():
     """A group option reaches the core: a value out of its range is refused by the core under its own name."""
-    for name, kind, key, bad, message in [
-            ("Adam", "adam", "eps", -1.0, "Invalid epsilon value"),
-            ("Adam", "adam", "weight_decay", -1.0, "Invalid weight_decay value"),
-            ("Adam", "adam", "exp_avg_dtype", torch.float16, "exp_avg_dtype"),
-            ("SGD", "sgd", "momentum", -1.0, "Invalid momentum value"),
-            ("SGD", "sgd", "momentum_dtype", torch.float16, "momentum_dtype"),
-            ("LAMB", "lamb", "max_grad_norm", -1.0, "max_grad_norm"),
-            ("LAMB", "lamb", "betas", (1.5, 0.9), "beta"),
-            ("AdamW", "adam", "master_weights", "sometimes", "master_weights")]:
+    for name, key, bad, message in [
+            ("Adam", "eps", -1.0, "Invalid epsilon value"),
+            ("Adam", "weight_decay", -1.0, "Invalid weight_decay value"),
+            ("Adam", "exp_avg_dtype", torch.float16, "exp_avg_dtype"),
+            ("SGD", "momentum", -1.0, "Invalid momentum value"),
+            ("SGD", "momentum_dtype", torch.float16, "momentum_dtype"),
+            ("LAMB", "max_grad_norm", -1.0, "max_grad_norm"),
+            ("LAMB", "betas", (1.5, 0.9), "beta"),
+            ("AdamW", "master_weights", "sometimes", "master_weights")]:
         group = {r[0]: r[1] for r in _rows(name) if r[2] in ("group", "lr")}
-        _C.OptimizerCore(kind, name).check_config(group)  # the table's defaults pass
+        _C.OptimizerCore(name, name).check_config(group)  # the table's defaults pass
         group[key] = bad
         with pytest.raises((ValueError, TypeError), match=message):
-            _C.OptimizerCore(kind, name).check_config(group)
+            _C.OptimizerCore(name, name).check_config(group)
 
 
 def test_a_group_lacking_options_takes_the_table_defaults():
     # only lr: every other option from the table (LAMB's defaults clip at max_grad_norm 1.0)
-    _C.OptimizerCore("lamb", "LAMB").check_config({"lr": 1e-3})
-    _C.OptimizerCore("sgd", "SGD").check_config({"lr": torch.tensor(0.5)})
+    _C.OptimizerCore("LAMB", "LAMB").check_config({"lr": 1e-3})
+    _C.OptimizerCore("SGD", "SGD").check_config({"lr": torch.tensor(0.5)})
     with pytest.raises(ValueError, match="Invalid learning rate"):
-        _C.OptimizerCore("adam", "Adam").check_config({"lr": -1.0})
+        _C.OptimizerCore("Adam", "Adam").check_config({"lr": -1.0})
+
+
+@pytest.mark.parametrize("name", ["Adam", "AdamW", "SGD", "LAMB"])
+def test_a_partial_group_steps_as_the_optimizers_defaults(name):
+    """A group with only lr, stepped by a class's core, takes that class's defaults (AdamW's decoupled weight
+    decay of 1e-2, not Adam's 0): the bits of the optimizer built with lr alone."""
+    torch.manual_seed(0)
+    # (LAMB's clipping norm is the optimizer's, over every group: without it the core steps unclipped)
+    kwargs = {"SGD": dict(momentum=0.9), "LAMB": dict(max_grad_norm=0.0)}.get(name, {})
+    params = [torch.randn(40, dtype=torch.float32) for _ in range(3)]
+    grads = [torch.randn_like(p) for p in params]
+    ours = [p.clone().requires_grad_() for p in params]
+    theirs = [p.clone().requires_grad_() for p in params]
+    for p, g in zip(ours + theirs, grads + grads):
+        p.grad = g.clone()
+    opt = getattr(ampkit.optim, name)(theirs, lr=1e-2, **kwargs)
+    core = _C.OptimizerCore(name, name)
+    states = [{} for _ in ours]
+    for _ in range(2):
+        opt.step()
+        core.step(dict(lr=1e-2, **kwargs), ours, states, None, None, True, None)
+    for a, b in zip(ours, theirs):
+        assert torch.equal(a, b)
+    assert not torch.equal(ours[0], params[0])
 
 
 def test_unknown_optimizer_is_refused():
@@ -118,17 +142,18 @@ def test_the_core_is_one_bound_object_per_class():
     opt = ampkit.optim.AdamW([torch.nn.Parameter(torch.zeros(3))])
     core = opt._cpp_core()
     assert isinstance(core, _C.OptimizerCore) and core is type(opt)._cpp_core()
-    assert (core.algorithm, core.name) == ("adam", "AdamW")
+    assert (core.algorithm, core.optimizer, core.name) == ("adam", "AdamW", "AdamW")
     assert not [n for n in dir(_C) if n.startswith("_optim_") and n != "_optim_options"]
-    with pytest.raises(ValueError, match="algorithm must be 'adam', 'sgd' or 'lamb', but got 'adagrad'"):
+    with pytest.raises(ValueError, match="optimizer must be 'Adam', 'AdamW', 'SGD' or 'LAMB', but got 'adagrad'"):
         _C.OptimizerCore("adagrad", "Adagrad")
 
 
-@pytest.mark.parametrize("algorithm,op", [("adam", "adamw_step_"), ("sgd", "sgd_step_"), ("lamb", "lamb_step_")])
-def test_state_lists_are_the_ops_lists(algorithm, op):
+@pytest.mark.parametrize("table,algorithm,op", [("Adam", "adam", "adamw_step_"), ("SGD", "sgd", "sgd_step_"),
+                                                ("LAMB", "lamb", "lamb_step_")])
+def test_state_lists_are_the_ops_lists(table, algorithm, op):
     """NOTE [State lists of the fused ops]: every state list of the op's schema is in the table, and every entry
     travels in one of them."""
-    list_of, op_lists = _C.OptimizerCore(algorithm, "X").state_lists()
+    list_of, op_lists = _C.OptimizerCore(table, "X").state_lists()
     schema = getattr(torch.ops.ampkit, op).default._schema
     tensor_lists = [a.name for a in schema.arguments if str(a.type) == "List[Tensor]"]
     assert set(op_lists) == set(tensor_lists) - {"params", "grads"}

@@ -102,7 +102,7 @@ class AMPKIT_API ScaledStep : public AmpScalingOptimizer {
 // The base of the optimizers below (CRTP): everything they share, written once. Derived supplies
 //   static constexpr const char* kName;                      // "Adam": the name its errors use
 //   static core::GroupConfig config(const Options& options);  // the core's view of a group's options
-// and may hide prepare_step (LAMB's global grad norm) or override save (SGD's). State is the per-parameter state
+// and may hide stepped (LAMB keeps the global grad norm) or override save (SGD's). State is the per-parameter state
 // it keeps. Instantiated in libampkit for Adam, AdamW, SGD and LAMB only.
 template <class Derived, class Options, class State>
 class AMPKIT_API FusedOptimizer : public torch::optim::Optimizer, public ScaledStep {
@@ -131,8 +131,9 @@ class AMPKIT_API FusedOptimizer : public torch::optim::Optimizer, public ScaledS
   // others (NOTE [Group options]); a group carrying another optimizer's options is refused.
   FusedOptimizer(const std::vector<torch::optim::OptimizerParamGroup>& param_groups, Options defaults);
 
-  // Called by step() once every group is checked, before the first is written: nothing here.
-  void prepare_step(std::vector<core::GroupConfig>&) {}
+  // Called by step() after every group stepped, with the global grad norm they were clipped with (undefined: none;
+  // NOTE [The policy across groups] in ampkit/optim_core.h): nothing here.
+  void stepped(const at::Tensor&) {}
 };
 
 template <bool kDecoupled>
@@ -277,9 +278,9 @@ class AMPKIT_API LAMB : public FusedOptimizer<LAMB, LAMBOptions, AdamParamState>
  private:
   friend class FusedOptimizer<LAMB, LAMBOptions, AdamParamState>;
 
-  // The clipping of step(): with max_grad_norm > 0 in any group, one global norm over every group's grads, into
-  // each group's config and last_grad_norm_ (NOTE [LAMB passes]).
-  void prepare_step(std::vector<core::GroupConfig>& configs);
+  // The clipping of step(): with max_grad_norm > 0 in any group, the core takes one global norm over every group's
+  // grads (NOTE [The policy across groups], NOTE [LAMB passes]); kept in last_grad_norm_.
+  void stepped(const at::Tensor& grad_norm);
 
   at::Tensor last_grad_norm_;
 };

@@ -10,6 +10,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -197,6 +198,28 @@ AMPKIT_API bool may_replace_entries(const GroupConfig& config);
 AMPKIT_API void step(const GroupConfig& config, at::TensorList params, const std::vector<ParamState*>& states,
                      const std::optional<at::Tensor>& grad_scale = std::nullopt,
                      const std::optional<at::Tensor>& found_inf = std::nullopt);
+
+// NOTE [The policy across groups]
+// An optimizer's step is all or nothing over its param groups, and LAMB's clipping needs one norm over every
+// group's grads: step_groups() plans (checks) every group before the first one is written, then, where any group
+// clips (max_grad_norm > 0), takes the global norm of the unscaled grads once and gives it to every group, then
+// steps the groups in order, each along its plan. The LibTorch optimizers and ampkit.optim (through
+// OptimizerCore.step_groups) both step through it. A group the caller steps itself (ampkit.optim: the local shards
+// of DTensor parameters, differentiable=True) comes with `check` and `step`, which the core calls in that group's
+// turns: check before any group is written, step(grad_norm) in order.
+struct GroupStep {
+  GroupConfig config;
+  at::TensorList params;                                  // held by the caller for the call
+  std::vector<ParamState*> states;                        // states[i]: params[i]'s (not null), completed by the step
+  std::function<void()> check;                            // set: the caller's group (params, states unused)
+  std::function<void(const at::Tensor& grad_norm)> step;  // its step; grad_norm undefined where none is taken
+};
+// The global norm of the clipping groups' grads (undefined: none clips): `global_norm` where given (ampkit.optim's,
+// over DTensor shards too), else ampkit::global_grad_norm over every core-stepped group's grads. Returns it.
+AMPKIT_API at::Tensor step_groups(std::vector<GroupStep>& groups,
+                                  const std::optional<at::Tensor>& grad_scale = std::nullopt,
+                                  const std::optional<at::Tensor>& found_inf = std::nullopt,
+                                  const std::function<at::Tensor()>& global_norm = {});
 
 // Gives the parameter an FP32 master copied from its current value (O2: call while the weights are FP32).
 AMPKIT_API void init_master(const at::Tensor& param, ParamState& state);

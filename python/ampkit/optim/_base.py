@@ -5,12 +5,14 @@ calls.
 """
 from __future__ import annotations
 
+import operator
+from functools import partial
 from itertools import chain
 from typing import Any, Callable, Optional
 
 import torch
 
-from .. import _compile, _dtensor
+from .. import _checks, _compile, _dtensor
 from .. import integrations as _integrations
 from . import _traced
 
@@ -44,10 +46,11 @@ class FusedOptimizer(torch.optim.Optimizer):
     _group_forced: dict = {}
 
     _flags: tuple[str, ...] = ()  # the bool options of this optimizer
+    _numbers: tuple[str, ...] = ()  # its number options (lr, eps, ...)
+    _where: Optional[str] = None  # the prefix of its number and betas errors (None: torch.optim's, unprefixed)
     # master_weights' named modes: "remainder" (BF16 weight + int16 remainder: the exact FP32 master), and without
     # a master for BF16 weights "stochastic" (stochastic rounding, state "sr_seed") and "kahan" (state "kahan_comp")
     _master_modes: tuple[str, ...] = ("remainder", "stochastic", "kahan")
-    _core_checks_first = True  # step() runs nothing before the core's checks of a group (LAMB: its grad norm)
     # The group options that pick the moments' dtypes (torch.float32, torch.bfloat16, torch.uint8: NOTE [8-bit
     # block-wise states] in kernels/blockwise8.h); None is FP32. _state_dtype_entries: the state entry of each.
     _state_dtype_keys: tuple[str, ...] = ()
@@ -56,21 +59,20 @@ class FusedOptimizer(torch.optim.Optimizer):
     @classmethod
     def _cpp_core(cls):
         """The class's C++ core, ``_C.OptimizerCore`` (NOTE [The bound optimizer core] in
-        csrc/python/bind_optim.cpp), made once per class."""
-        bound = cls.__dict__.get("_bound_core")
-        if bound is None:
-            bound = _core().OptimizerCore(cls._kind, cls.__name__)
-            cls._bound_core = bound
-        return bound
+        csrc/python/bind_optim.cpp), made once per class (``_bound_core``)."""
+        return cls._bound_core
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        if cls._table is not None:  # every class that has an option table, a user's subclass included
+            cls._bound_core = _core().OptimizerCore(cls._table, cls.__name__)
         if "_table" not in cls.__dict__:
             return
         rows = _core()._optim_options(cls._table)
         # (name, default, python, archive, field, state entry); python "group"/"lr": a param-group key
         cls._options = {name: default for name, default, python, *_ in rows if python in ("group", "lr")}
         cls._flags = tuple(name for name, default in cls._options.items() if isinstance(default, bool))
+        cls._numbers = tuple(name for name, default in cls._options.items() if isinstance(default, float))
         moments = [(name, entry) for name, _, python, _, _, entry in rows if entry is not None]
         cls._state_dtype_keys = tuple(name for name, _ in moments)
         cls._state_dtype_entries = tuple(entry for _, entry in moments)
@@ -103,26 +105,9 @@ class FusedOptimizer(torch.optim.Optimizer):
 
     @classmethod
     def _check_group(cls, group: dict) -> None:
-        """torch's checks (_check_values) plus ampkit's: master_weights and bool flags."""
-        name = cls.__name__
-        mw = group.get("master_weights")
-        if not (mw is None or isinstance(mw, bool) or mw in cls._master_modes):
-            modes = ", ".join(repr(m) for m in cls._master_modes)
-            raise ValueError(f"{name}: master_weights must be None, True, False or one of {modes}, but got {mw!r}")
-        for flag in cls._flags:
-            value = group.get(flag, False)
-            if not isinstance(value, (bool, int)) or isinstance(value, int) and value not in (0, 1):
-                raise TypeError(f"{name}: {flag} must be True or False, but got {type(value).__name__} {value!r}")
-        lr = group.get("lr")
-        if isinstance(lr, torch.Tensor) and lr.is_meta:
-            raise ValueError(f"{name}: lr must be a number or a one-element tensor holding a value, but got a tensor "
-                             "on the meta device")
-        cls._check_values(group)
-
-    @classmethod
-    def _check_ranges(cls, group: dict) -> None:
-        """torch.optim's range checks and messages, made by the C++ core."""
-        cls._cpp_core().check_config(group)
+        """The checks of a group's values: types from the class's tables, ranges in the C++ core
+        (``_checks.optimizer_group``)."""
+        _checks.optimizer_group(cls, group)
 
     @staticmethod
     def master_from_remainder(param: torch.Tensor, remainder: torch.Tensor) -> torch.Tensor:
@@ -162,30 +147,26 @@ class FusedOptimizer(torch.optim.Optimizer):
         with torch.enable_grad():
             return closure()
 
-    def _core_checks_the_group(self) -> bool:
-        """Whether the step's only group is left to the core's own checks, which run before it writes anything
-        (one pass over the parameters instead of two); a step over several groups checks them all first."""
-        return (self._core_checks_first and len(self.param_groups) == 1
-                and not self.param_groups[0].get("differentiable"))
-
     def _validate(self) -> None:
-        """Checks every group before anything is written (an optimizer step is atomic: a bad group raises before
-        the first group is updated): the options, and the tensors unless the core checks them (above)."""
-        checked_by_core = self._core_checks_the_group()
+        """The Python checks of each group's values (types, flags, master modes), re-run for a group whose values
+        changed (a value replaced, a key added or removed) since it was last checked; the core checks the ranges
+        and tensors of every group, each step, before it writes anything (NOTE [The policy across groups] in
+        ampkit/optim_core.h)."""
+        checked = self.__dict__.setdefault("_checked_values", {})
+        cls = type(self)
         for group in self.param_groups:
-            self._check_group(group)
-            if not checked_by_core:
-                self._check_tensors(group)
-
-    def _check_tensors(self, group: dict) -> None:
-        name = type(self).__name__
-        with _dtensor.local_grads(group["params"], name) as params:  # DTensors: their local shards
-            self._cpp_core().check(group, params)
+            values = tuple(chain.from_iterable(group.items()))
+            last = checked.get(id(group))
+            if (last is not None and last[0] is group and len(last[1]) == len(values)
+                    and all(map(operator.is_, last[1], values))):
+                continue
+            _checks.optimizer_group(cls, group)  # (not through _check_group: the step's walk stays one descent)
+            checked[id(group)] = (group, values)
 
     @torch.no_grad()
     def step(self, closure: Optional[Callable[[], float]] = None):
         loss = self._run_closure(closure)
-        if _compile.is_compiling():
+        if torch.compiler.is_compiling():
             reason = _traced.step(self)
             if reason is None:
                 return loss
@@ -194,33 +175,18 @@ class FusedOptimizer(torch.optim.Optimizer):
         if self.__dict__.get("_groups_with_duplicates"):
             self._refuse_duplicates()
         self._validate()
-        checked_by_core = self._core_checks_the_group()
-        core = self._cpp_core()
-        grad_scale, found_inf = _traced.scalars(self)
+        core = self._bound_core
+        grad_scale, found_inf = _compile.scalars(self)
         if found_inf is not None and "step" in self.__dict__:  # a scaler's step through a patched step method
             _integrations._check_unattached_accelerate(self)
-        grad_norm = self._global_grad_norm(grad_scale)
-        get_state = self.state.get  # dict.get: no default entry created (one hash per parameter)
-        for group in self.param_groups:
-            # The lists are assembled in C++ (NOTE [Group steps from Python] in csrc/python/bind_optim.cpp); False for
-            # a group of DTensors, which steps its local shards below.
-            if not group["differentiable"] and core.step_group(
-                    group, self.state, grad_scale, found_inf, self.write_unscaled_grads, grad_norm):
-                continue
-            if checked_by_core:  # the only group, of DTensors (the core did not see it): checked now
-                self._check_tensors(group)
-            params = [p for p in group["params"] if p.grad is not None]
-            if group["differentiable"]:
-                self._differentiable_step(group, params, grad_scale, found_inf)
-                continue
-            states = [get_state(p) for p in params]
-            new = [i for i, st in enumerate(states) if st is None]
-            for i in new:
-                states[i] = {}
-            self._local_step(group, params, states, grad_scale, found_inf, grad_norm)
-            for i in new:  # states the core created
-                if states[i]:
-                    self.state[params[i]] = states[i]
+        groups = self.param_groups
+        # The core steps every group (NOTE [The policy across groups], NOTE [Group steps from Python] in
+        # csrc/python/bind_optim.cpp); a group it leaves to Python, of DTensors or differentiable=True, it checks and
+        # steps through _dtensor's functions, in that group's turns.
+        core.step_groups(groups, self.state, grad_scale, found_inf, self.write_unscaled_grads,
+                         partial(_dtensor.check_group, self, core, groups),
+                         partial(_dtensor.step_group, self, core, groups, grad_scale, found_inf),
+                         partial(self._global_grad_norm, grad_scale))
         return loss
 
     def _global_grad_norm(self, grad_scale) -> Optional[torch.Tensor]:
@@ -229,34 +195,7 @@ class FusedOptimizer(torch.optim.Optimizer):
 
     def _packed_entries(self, group: dict) -> list:
         """The state entries the group keeps as 8-bit states (on parameters of 4096 elements or more)."""
-        return [entry for key, entry in zip(self._state_dtype_keys, self._state_dtype_entries)
-                if group.get(key) is torch.uint8]
-
-    def _local_step(self, group: dict, params: list, states: list, grad_scale, found_inf, grad_norm) -> None:
-        """The step of a group holding DTensor parameters: the core updates each rank's local shards (params,
-        grads and states share storage with the DTensors); states it creates are stored as DTensors. 8-bit states
-        follow the whole parameter (NOTE [8-bit states of DTensor parameters] in ampkit/_dtensor.py): they are
-        made here, with the step count, for every shard of a parameter of 4096 elements or more, small shards
-        included (the core would keep FP32 for those). ``grad_norm``: LAMB's clipping norm, over every rank's
-        shards (NOTE [Norms of sharded grads] in ampkit/_dtensor.py)."""
-        name = type(self).__name__
-        core = self._cpp_core()
-        before = [_dtensor.local_state(st, p) for p, st in zip(params, states)]
-        after = [dict(b) for b in before]
-        packed = self._packed_entries(group)
-        for p, a in zip(params, after):
-            missing = [k for k in packed if k not in a]
-            if (not missing or not _dtensor.is_dtensor(p) or p.numel() < _dtensor.BLOCKWISE8_MIN_NUMEL
-                    or not core.takes_fused(_dtensor.local(p))):
-                continue
-            if "step" not in a:  # a moment present without a step would be taken for a loaded one (SGD)
-                a["step"] = torch.ops.ampkit.make_optim_state(_dtensor.local(p), ["step"])[0]
-            for k in missing:
-                a[k] = _dtensor.packed_zeros(p, name)
-        with _dtensor.local_grads(params, name) as local_params:
-            core.step(group, local_params, after, grad_scale, found_inf, self.write_unscaled_grads, grad_norm)
-        for p, st, b, a in zip(params, states, before, after):
-            _dtensor.store_state(p, st, b, a)
+        return _dtensor.packed_entries(self, group)
 
     def _differentiable_step(self, group: dict, params: list, grad_scale, found_inf) -> None:
         """differentiable=True: torch.optim's own single-tensor functions (autograd through the update)."""

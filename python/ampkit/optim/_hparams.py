@@ -1,18 +1,10 @@
-"""torch.optim's constructor rules for ampkit.optim's optimizers, with torch's messages and exception types: the
-devices that take ``capturable=True``, tensor ``lr`` and ``betas``, and the ``fused``/``foreach``/``differentiable``
-combinations. (Per-group number checks are the optimizers' ``_check_values``, with the ranges in the C++ core; the
-package-wide argument checks are ampkit/_checks.py.)
+"""torch.optim's constructor rules for ampkit.optim's optimizers, with torch's messages and exception types: tensor
+``lr`` and ``betas``, and the ``fused``/``foreach``/``differentiable`` combinations. (A param group's value checks
+are ``_checks.optimizer_group``, from the option table, with the ranges in the C++ core.)
 """
 from __future__ import annotations
 
 import torch
-
-
-def _capturable_devices() -> list[str]:
-    """The device types on which torch.optim accepts capturable=True."""
-    from torch.optim import optimizer as _optimizer
-    getter = getattr(_optimizer, "_get_capturable_supported_devices", None)
-    return getter() if getter is not None else ["cuda"]
 
 
 def _check_tensor_hparams(lr, betas, foreach, capturable) -> None:

@@ -1,7 +1,7 @@
 """ampkit.optim's optimizers: Adam, AdamW and SGD (torch.optim's arguments and results) and LAMB (Apex's
-``FusedLAMB``), each its constructor, ``_check_values``, the single-tensor step for ``differentiable=True`` and
-what differs from ``FusedOptimizer`` (ampkit/optim/_base.py), which owns the step itself. Their ``__module__`` is
-``ampkit.optim`` (set there), where they are public.
+``FusedLAMB``), each its constructor, the single-tensor step for ``differentiable=True`` and what differs from
+``FusedOptimizer`` (ampkit/optim/_base.py), which owns the step itself. Their ``__module__`` is ``ampkit.optim``
+(set there), where they are public.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from torch.optim import sgd as _torch_sgd
 
 from .. import _checks, _dtensor, ops
 from ._base import FusedOptimizer
-from ._hparams import _capturable_devices, _check_betas, _check_fused_flags, _check_tensor_hparams
+from ._hparams import _check_betas, _check_fused_flags, _check_tensor_hparams
 
 
 class Adam(FusedOptimizer):
@@ -33,7 +33,7 @@ class Adam(FusedOptimizer):
                  exp_avg_sq_dtype: Optional[torch.dtype] = None, write_unscaled_grads: bool = True) -> None:
         self.write_unscaled_grads = _checks.flag(type(self).__name__, "write_unscaled_grads", write_unscaled_grads)
         _check_tensor_hparams(lr, betas, foreach, capturable)
-        self._check_values(dict(lr=lr, eps=eps, betas=betas, weight_decay=weight_decay))
+        self._check_group(dict(lr=lr, eps=eps, betas=betas, weight_decay=weight_decay))
         _check_betas(betas, foreach, capturable)
         betas = tuple(b.squeeze() if isinstance(b, torch.Tensor) and b.dim() != 0 else b for b in betas)
         if decoupled_weight_decay is None:
@@ -45,30 +45,6 @@ class Adam(FusedOptimizer):
         super().__init__(params, defaults)
         _check_fused_flags(fused, foreach, differentiable)
 
-    @classmethod
-    def _check_values(cls, group: dict) -> None:
-        """torch.optim.Adam's checks and messages, for the constructor and for every group at step(): Python types
-        here, ranges in the C++ core."""
-        betas = group["betas"]
-        for key in ("lr", "eps", "weight_decay"):
-            _checks.number(None, key, group[key], any_size=key == "lr")  # lr's size: the core's check
-        if not isinstance(betas, (tuple, list)):
-            raise TypeError(f"betas must be a pair (beta1, beta2), but got {type(betas).__name__} {betas!r}")
-        if len(betas) != 2:
-            raise ValueError(f"betas must be a pair (beta1, beta2), but got {betas!r}")
-        for i, beta in enumerate(betas):
-            _checks.number(None, f"betas[{i}]", beta)
-        cls._check_ranges(group)
-
-    def _validate(self) -> None:
-        super()._validate()
-        for group in self.param_groups:
-            if group["capturable"] and not torch.compiler.is_compiling():
-                supported = _capturable_devices()
-                for p in group["params"]:
-                    if p.device.type not in supported:
-                        raise AssertionError(f"If capturable=True, params and state_steps must be on supported "
-                                             f"devices: {supported}.")
 
     def _torch_step(self, group: dict, params: list) -> None:
         """torch.optim's own single-tensor Adam (differentiable=True), on torch's state."""
@@ -120,7 +96,7 @@ class SGD(FusedOptimizer):
                  master_weights: Union[bool, str, None] = None, momentum_dtype: Optional[torch.dtype] = None,
                  write_unscaled_grads: bool = True) -> None:
         self.write_unscaled_grads = _checks.flag(type(self).__name__, "write_unscaled_grads", write_unscaled_grads)
-        self._check_values(dict(lr=lr, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov,
+        self._check_group(dict(lr=lr, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov,
                                 dampening=dampening))
         defaults = dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay, nesterov=nesterov,
                         maximize=maximize, master_weights=master_weights, momentum_dtype=momentum_dtype,
@@ -132,13 +108,6 @@ class SGD(FusedOptimizer):
     def _packed_entries(self, group: dict) -> list:
         return super()._packed_entries(group) if group["momentum"] != 0 else []  # no buffer without momentum
 
-    @classmethod
-    def _check_values(cls, group: dict) -> None:
-        """torch.optim.SGD's checks and messages (NaN refused too), for the constructor and for every group at
-        step(): Python types here, ranges in the C++ core."""
-        for key in ("lr", "momentum", "dampening", "weight_decay"):
-            _checks.number(None, key, group[key], any_size=key == "lr")  # lr's size: the core's check
-        cls._check_ranges(group)
 
     def _torch_step(self, group: dict, params: list) -> None:
         """torch.optim's own single-tensor SGD (differentiable=True), on torch's state."""
@@ -174,7 +143,7 @@ class LAMB(FusedOptimizer):
 
     _kind = "lamb"
     _table = "LAMB"
-    _core_checks_first = False
+    _where = "LAMB"
     _compat = dict(differentiable=False)
 
     def __init__(self, params, lr: float = 1e-3, bias_correction: bool = True,
@@ -196,17 +165,6 @@ class LAMB(FusedOptimizer):
         self._check_group(defaults)
         super().__init__(params, defaults)
 
-    @classmethod
-    def _check_values(cls, group: dict) -> None:
-        """Python types here, ranges (torch.optim's messages for lr, eps, betas, weight_decay) in the C++ core."""
-        betas = group["betas"]
-        for key in ("lr", "eps", "weight_decay", "max_grad_norm"):
-            _checks.number("LAMB", key, group[key], any_size=key == "lr")  # lr's size: the core's check
-        if not isinstance(betas, (tuple, list)) or len(betas) != 2:
-            raise ValueError(f"LAMB: betas must be a pair (beta1, beta2), but got {betas!r}")
-        for i, beta in enumerate(betas):
-            _checks.number("LAMB", f"betas[{i}]", beta)
-        cls._check_ranges(group)
 
     def _global_grad_norm(self, grad_scale) -> Optional[torch.Tensor]:
         if not any(group["max_grad_norm"] > 0 for group in self.param_groups):

@@ -16,7 +16,8 @@ from .._native import _C
 _FUSED_CALLS = {"adam": "adamw_step_", "lamb": "lamb_step_", "sgd": "sgd_step_"}
 # Each algorithm's (op list of each state entry, the op's state lists), read once (NOTE [State lists of the fused
 # ops]): the traced step reads a dict, no C++ call.
-_STATE_LISTS = {kind: _C.OptimizerCore(kind, kind).state_lists() for kind in _FUSED_CALLS}
+_TABLES = {"adam": "Adam", "lamb": "LAMB", "sgd": "SGD"}  # an option table of each algorithm
+_STATE_LISTS = {kind: _C.OptimizerCore(table, table).state_lists() for kind, table in _TABLES.items()}
 
 
 def _op_options(kind: str, table: str) -> tuple:
@@ -27,18 +28,7 @@ def _op_options(kind: str, table: str) -> tuple:
     return tuple(row[0] for row in _C._optim_options(table) if row[2] == "group" and row[0] in arguments)
 
 
-_OPTIONS = {kind: _op_options(kind, table) for kind, table in (("adam", "Adam"), ("lamb", "LAMB"), ("sgd", "SGD"))}
-
-
-def scalars(optimizer) -> tuple:
-    """The (grad_scale, found_inf) of this step: handed over by a traced scaler step (NOTE [Scale hand-over under
-    compile] in ampkit/_compile.py), else the attributes a scaler (or the user) set on the optimizer, else
-    (None, None)."""
-    if _compile.HANDED_OVER:
-        handed = _compile.HANDED_OVER.get(id(optimizer))
-        if handed is not None:
-            return handed
-    return getattr(optimizer, "grad_scale", None), getattr(optimizer, "found_inf", None)
+_OPTIONS = {kind: _op_options(kind, table) for kind, table in _TABLES.items()}
 
 
 def _meta_grad(layout: Optional[tuple]) -> Optional[torch.Tensor]:
@@ -95,7 +85,7 @@ def _layout(g: Optional[torch.Tensor]) -> Optional[tuple]:
 def step(optimizer) -> Optional[str]:
     """One step of ``optimizer`` (an ampkit.optim optimizer) as traced code. None when done; else, before anything
     is written, why the graph cannot hold it (the eager step then runs, outside the graph)."""
-    grad_scale, found_inf = scalars(optimizer)
+    grad_scale, found_inf = _compile.scalars(optimizer)
     plans = []
     for index, group in enumerate(optimizer.param_groups):
         params = group["params"]
