@@ -300,9 +300,11 @@ def step_group(optimizer, core, groups: list, grad_scale, found_inf, index: int,
 
 def _groups(grads: Iterable[torch.Tensor]) -> list:
     """The process groups of the mesh dimensions on which DTensor grads are not replicated, in order of first
-    appearance (the same on every rank when the ranks hold the same parameters)."""
+    appearance (the same on every rank when the ranks hold the same parameters), one per set of ranks: FSDP2 gives
+    each ``fully_shard`` call a mesh of its own, and their groups over the same ranks need one all-reduce."""
+    import torch.distributed as dist
     from torch.distributed.tensor import Replicate
-    seen, groups = set(), []
+    seen, ranks, groups = set(), set(), []
     for g in grads:
         if not is_dtensor(g):
             continue
@@ -313,7 +315,11 @@ def _groups(grads: Iterable[torch.Tensor]) -> list:
             key = (id(mesh), dim)
             if key not in seen:
                 seen.add(key)
-                groups.append(mesh.get_group(dim))
+                group = mesh.get_group(dim)
+                members = tuple(sorted(dist.get_process_group_ranks(group)))
+                if members not in ranks:
+                    ranks.add(members)
+                    groups.append(group)
     return groups
 
 
