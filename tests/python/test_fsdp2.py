@@ -73,10 +73,15 @@ def _worker(rank: int, store: str, out_dir: str, case, args: tuple, world: int) 
 
 # ---- model, data and checks -------------------------------------------------------------------------------------
 
-def _model(mp_policy=None, dtype=torch.float32, mesh=None) -> nn.Module:
+def _unsharded_model(dtype=torch.float32) -> nn.Module:
+    """The model of :func:`_model` before sharding, seeded alike."""
     torch.manual_seed(0)
     # 16 rows: even shards; 3 rows: 2 + 1; 1 row: rank 1's shard is empty.
-    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3), nn.ReLU(), nn.Linear(3, 1)).to(dtype)
+    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3), nn.ReLU(), nn.Linear(3, 1)).to(dtype)
+
+
+def _model(mp_policy=None, dtype=torch.float32, mesh=None) -> nn.Module:
+    model = _unsharded_model(dtype)
     kwargs = {} if mp_policy is None else {"mp_policy": mp_policy}
     if mesh is not None:
         kwargs["mesh"] = mesh
