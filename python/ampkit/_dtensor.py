@@ -10,12 +10,14 @@ keeps them: ``zeros_like`` of a DTensor is a DTensor), so that ``state_dict()`` 
 
 An Inf/NaN in a sharded grad is seen only by the rank that holds that shard: ``all_reduce_found_inf`` all-reduces
 found_inf (MAX) over the mesh dimensions the grads are not replicated on, as torch's DTensor does for
-``torch._amp_foreach_non_finite_check_and_unscale_``, so that every rank skips the step together.
+``torch._amp_foreach_non_finite_check_and_unscale_``, so that every rank skips the step together; a group whose
+ranks hold the same flag already (flags recorded by ``ampkit.distributed.compress_fsdp``, which travel with the
+reduced grads: NOTE [Compressed FSDP reduction]) is left out.
 """
 from __future__ import annotations
 
 import contextlib
-from typing import Iterable, Iterator, Optional
+from typing import Container, Iterable, Iterator, Optional
 
 import torch
 
@@ -339,19 +341,23 @@ class StepParams:
         """:func:`local_grads` of these parameters."""
         return local_grads(self.params, where) if self.sharded else contextlib.nullcontext(self.params)
 
-    def all_reduce_found_inf(self, found_infs: Iterable[torch.Tensor]) -> None:
+    def all_reduce_found_inf(self, found_infs: Iterable[torch.Tensor], agreed: Container = ()) -> None:
         """:func:`all_reduce_found_inf` over these parameters' grads; nothing to do for plain parameters."""
         if self.sharded:
-            all_reduce_found_inf(found_infs, self.params)
+            all_reduce_found_inf(found_infs, self.params, agreed)
 
 
-def all_reduce_found_inf(found_infs: Iterable[torch.Tensor], params: Iterable[torch.Tensor]) -> None:
-    """All-reduces (MAX, in place) each found_inf flag over the groups of the DTensor grads of ``params``; a no-op
-    without DTensor grads."""
+def all_reduce_found_inf(found_infs: Iterable[torch.Tensor], params: Iterable[torch.Tensor],
+                         agreed: Container = ()) -> None:
+    """All-reduces (MAX, in place) each found_inf flag over the groups of the DTensor grads of ``params``, but over
+    none whose ranks (a sorted tuple of global ranks) are in ``agreed``: there every rank holds the same flags
+    already. A no-op without DTensor grads."""
+    import torch.distributed as dist
     groups = _groups(p.grad for p in params if p.grad is not None)
+    if agreed:
+        groups = [g for g in groups if tuple(sorted(dist.get_process_group_ranks(g))) not in agreed]
     if not groups:
         return
-    import torch.distributed as dist
     flags, done = [], set()
     for t in found_infs:
         key = None if t is None else (t.device, t.data_ptr())

@@ -264,6 +264,9 @@ class GradScaler(torch.amp.GradScaler):
             calibration_margin=calibration_margin, spike_skip=spike_skip)
         self._grouped = process_group is not None
         self._hook_buckets: set = set()  # the DDP buckets unscaled by ampkit.distributed's unscale hooks
+        # The rank sets (sorted tuples of global ranks) on which this iteration's recorded flags agree (NOTE
+        # [Compressed FSDP reduction] in ampkit/distributed.py): found_inf is not all-reduced over those ranks again.
+        self._agreed_ranks: set = set()
         # A value assigned to _init_growth_tracker (torch's attribute): read back as assigned; before the first
         # scale() it is also the growth tracker the device state starts from (pending until then).
         self._assigned_growth_tracker: Optional[int] = None
@@ -349,7 +352,7 @@ class GradScaler(torch.amp.GradScaler):
         self._check_calibration("GradScaler.unscale_", params)
         with params.local_grads("GradScaler.unscale_") as local:
             self._core.unscale_params_(key, local)
-        params.all_reduce_found_inf(self._core.found_inf_per_device(key))
+        params.all_reduce_found_inf(self._core.found_inf_per_device(key), self._agreed())
 
     def _prepare_fused_step(self, key: int, params: _dtensor.StepParams):
         checks = self._core.stage(key) == OptState.READY.value  # else unscale_ checked (and all-reduced)
@@ -357,8 +360,13 @@ class GradScaler(torch.amp.GradScaler):
         with params.local_grads("GradScaler.step") as local:
             grad_scale, found_inf = self._core.prepare_fused_step(key, local)
         if checks:
-            params.all_reduce_found_inf([found_inf, *self._core.found_inf_per_device(key)])
+            params.all_reduce_found_inf([found_inf, *self._core.found_inf_per_device(key)], self._agreed())
         return grad_scale, found_inf
+
+    def _agreed(self) -> set:
+        """The rank sets on which every rank holds this iteration's found_inf already: those noted by
+        :meth:`_note_agreed_ranks`, when the flags were recorded (``record_unscaled_grads``), else none."""
+        return self._agreed_ranks if self._agreed_ranks and self._core.grads_unscaled_outside() else set()
 
     def _check_spike_group(self, where: str) -> None:
         """Each rank sees its own loss: several processes must all-reduce the decision (NOTE [Spike-aware
@@ -480,6 +488,11 @@ class GradScaler(torch.amp.GradScaler):
                 "micro-batches under ddp.no_sync() so that only the last backward synchronizes.")
         buckets.add(index)
 
+    def _note_agreed_ranks(self, ranks: tuple) -> None:
+        """ampkit.distributed.compress_fsdp: the flags it records in this iteration are the same on every rank of
+        ``ranks`` (a sorted tuple of global ranks), so found_inf needs no all-reduce over a group of those ranks."""
+        self._agreed_ranks.add(ranks)
+
     def unscale_factor(self, device: Union[str, torch.device]) -> torch.Tensor:
         """``1 / scale`` on ``device`` as a one-element float32 tensor (the float64 reciprocal rounded once, the
         factor :meth:`unscale_` multiplies by), without a host sync; computed once per scale (a call from another
@@ -505,6 +518,8 @@ class GradScaler(torch.amp.GradScaler):
             return
         if self._hook_buckets:  # (no __dict__ access: torch 2.11's Dynamo cannot trace one in a compiled update)
             self._hook_buckets.clear()
+        if self._agreed_ranks:
+            self._agreed_ranks.clear()
         if new_scale is None and self._traced():
             torch.ops.ampkit._scaler_update(self._handle)
         elif new_scale is None:
