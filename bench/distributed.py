@@ -17,14 +17,24 @@ what each implementation does, per FP32 gradient element):
       exist                                                                                       = 12 B, 2 passes
 The passes alone are also timed in this process (one thread per pass, as on a rank), torch's four against
 ampkit's two over the same 4.2 M elements, with the bytes each moves.
+
+FSDP2 rows: the same layer under ``fully_shard`` (one FSDP module, the root: one all-gather of the parameters in
+the forward, none in the backward), ampkit.GradScaler with ampkit.optim.AdamW, gradients reduced by FSDP2's default
+reduce-scatter (FP32), by FSDP2 with ``MixedPrecisionPolicy(reduce_dtype=torch.bfloat16)`` (torch's BF16
+reduce-scatter: Gloo adds in BF16), or by ``ampkit.distributed.compress_fsdp`` (BF16 or FP16 on the wire, FP32
+sums). Their bytes are counted, not derived: each rank reads the bytes its process wrote to its sockets
+(``wchar`` of /proc/self/io: Gloo's sends, headers of its own protocol included) around the forward, the backward and
+the scaler's step + update of every step, and reports the median per phase; the backward's is the gradient
+reduction. A ring reduce-scatter (NCCL) would send (world-1)/world of the buffer instead of Gloo's whole buffer.
 Time on this machine is the loopback all-reduce of 2 processes on 2 cores: a noisy, CPU-bound stand-in for a
 network; the bytes are what a network would carry.
 
-Usage: python bench/distributed.py [--world 2] [--steps 12] [--json PATH]
+Usage: python bench/distributed.py [--world 2] [--steps 12] [--only ddp|fsdp2] [--json PATH]
 """
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -46,6 +56,64 @@ CONFIGS = [
     ("ddp_ampkit_fp16_hook", "DDP + ampkit fp16_compress_unscale_hook, ampkit GradScaler", 2, 12, 2),
     ("ampkit_allreduce_fp16", "ampkit GradientAllReduce fp16, ampkit GradScaler", 2, 12, 2),
 ]
+# (name, label, MixedPrecisionPolicy.reduce_dtype, compress_fsdp's dtype or None)
+FSDP_CONFIGS = [
+    ("fsdp2_fp32", "FSDP2 default (FP32 reduce-scatter), ampkit GradScaler", None, None),
+    ("fsdp2_bf16_reduce_dtype", "FSDP2 reduce_dtype=BF16 (Gloo adds in BF16)", torch.bfloat16, None),
+    ("fsdp2_ampkit_bf16", "FSDP2 + ampkit compress_fsdp BF16, FP32 sums", None, torch.bfloat16),
+    ("fsdp2_ampkit_fp16", "FSDP2 + ampkit compress_fsdp FP16, FP32 sums", None, torch.float16),
+]
+
+
+def _bytes_written() -> int:
+    """Bytes this process has written (sockets included) so far: /proc/self/io's wchar; -1 where there is none."""
+    try:
+        with open("/proc/self/io") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("wchar:"))
+    except OSError:
+        return -1
+
+
+def _fsdp_rank(rank, world, store, steps, name, results):
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    model = opt = compression = None
+    try:
+        _, _, reduce_dtype, wire = next(c for c in FSDP_CONFIGS if c[0] == name)
+        torch.manual_seed(0)
+        model = torch.nn.Linear(2048, 2048)
+        fully_shard(model, mp_policy=MixedPrecisionPolicy(reduce_dtype=reduce_dtype))
+        scaler = ampkit.GradScaler("cpu", init_scale=1024.0)
+        compression = None if wire is None else ampkit.distributed.compress_fsdp(model, scaler, dtype=wire)
+        opt = ampkit.optim.AdamW(model.parameters(), lr=1e-4)
+        x = torch.randn(16, 2048)
+        times, phases = [], {"forward": [], "backward": [], "step": []}
+        for _ in range(steps):
+            dist.barrier()
+            t0 = time.perf_counter()
+            b0 = _bytes_written()
+            opt.zero_grad()
+            loss = scaler.scale(model(x).square().mean())
+            b1 = _bytes_written()
+            loss.backward()
+            b2 = _bytes_written()
+            scaler.step(opt)
+            scaler.update()
+            b3 = _bytes_written()
+            times.append(time.perf_counter() - t0)
+            for phase, n in zip(phases, (b1 - b0, b2 - b1, b3 - b2)):
+                phases[phase].append(n)
+        if rank == 0:
+            results[name] = dict(step_ms=statistics.median(times[2:]) * 1e3,
+                                 bytes={k: statistics.median(v[2:]) for k, v in phases.items()},
+                                 compressed_bytes_per_step=None if compression is None
+                                 else compression.bytes_sent() // steps)
+    finally:
+        model = opt = compression = None  # DTensors hold the group: gone before it (see tests/python/test_fsdp2.py)
+        gc.collect()
+        dist.destroy_process_group()
 
 
 def _rank(rank, world, store, steps, name, results):
@@ -131,18 +199,31 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--world", type=int, default=2)
     parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--only", choices=("ddp", "fsdp2"))
     parser.add_argument("--json")
     args = parser.parse_args()
     numel = 2048 * 2048 + 2048
     results = mp.Manager().dict()
     with tempfile.TemporaryDirectory() as tmp:
-        for i, (name, *_rest) in enumerate(CONFIGS):
-            mp.spawn(_rank, args=(args.world, os.path.join(tmp, f"store{i}"), args.steps, name, results),
+        runs = ([] if args.only == "fsdp2" else [(_rank, c[0]) for c in CONFIGS]) + (
+            [] if args.only == "ddp" else [(_fsdp_rank, c[0]) for c in FSDP_CONFIGS])
+        for i, (fn, name) in enumerate(runs):
+            mp.spawn(fn, args=(args.world, os.path.join(tmp, f"store{i}"), args.steps, name, results),
                      nprocs=args.world, join=True)
-    base = results["ddp_torch_fp16_hook"]
-    rows = []
     print(f"{args.world} Gloo ranks, {numel / 1e6:.1f} M FP32 gradients, torch {torch.__version__}, median of "
           f"{args.steps - 2} steps")
+    rows = [] if args.only == "fsdp2" else _ddp_table(args, numel, results)
+    fsdp_rows = [] if args.only == "ddp" else _fsdp_table(results)
+    passes = None if args.only == "fsdp2" else _passes_table(args, numel)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(world=args.world, numel=numel, torch=torch.__version__, rows=rows, fsdp2_rows=fsdp_rows,
+                           passes=passes), f, indent=1)
+
+
+def _ddp_table(args, numel: int, results) -> list:
+    base = results["ddp_torch_fp16_hook"]
+    rows = []
     print(f"{'configuration':<55} {'step ms':>8} {'vs torch hook':>13} {'MB sent':>8} {'B/elem outside':>15}"
           f" {'passes':>6}")
     for name, label, wire, touched, passes in CONFIGS:
@@ -151,6 +232,29 @@ def main() -> None:
                    bytes_sent=numel * wire, bytes_per_elem_outside_allreduce=touched, passes=passes)
         rows.append(row)
         print(f"{label:<55} {ms:8.1f} {base / ms:12.2f}x {numel * wire / 1e6:8.1f} {touched:15d} {passes:6d}")
+    return rows
+
+
+def _fsdp_table(results) -> list:
+    """The FSDP2 rows: bytes each rank wrote per step, by phase, against FSDP2's default."""
+    base = results["fsdp2_fp32"]["bytes"]["backward"]
+    rows = []
+    print("FSDP2, bytes rank 0 wrote to its sockets per step (median), forward (all-gather), backward (gradient "
+          "reduction), step + update:")
+    print(f"{'configuration':<55} {'step ms':>8} {'fwd MB':>7} {'bwd MB':>7} {'step B':>7} {'bwd vs default':>14}")
+    for name, label, _, _ in FSDP_CONFIGS:
+        r = results[name]
+        b = r["bytes"]
+        rows.append(dict(config=name, label=label, step_ms=r["step_ms"], bytes_forward=b["forward"],
+                         bytes_backward=b["backward"], bytes_step=b["step"],
+                         backward_vs_default=b["backward"] / base,
+                         compressed_bytes_per_step=r["compressed_bytes_per_step"]))
+        print(f"{label:<55} {r['step_ms']:8.1f} {b['forward'] / 1e6:7.2f} {b['backward'] / 1e6:7.2f} "
+              f"{b['step']:7.0f} {b['backward'] / base:13.3f}x")
+    return rows
+
+
+def _passes_table(args, numel: int) -> dict:
     passes = _time_passes(numel, args.world)
     print(f"passes outside the all-reduce, one thread, {numel / 1e6:.1f} M elements:")
     for name, label in (("torch", "torch: cast, divide, copy back, unscale+check"),
@@ -159,10 +263,7 @@ def main() -> None:
         r = passes[name]
         print(f"  {label:<50} {r['ms']:7.2f} ms {r['bytes_per_elem']:3d} B/elem {r['gb_per_s']:6.1f} GB/s"
               + (f"  {passes['torch']['ms'] / r['ms']:.2f}x torch" if name == "ampkit" else ""))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(dict(world=args.world, numel=numel, torch=torch.__version__, rows=rows, passes=passes), f,
-                      indent=1)
+    return passes
 
 
 if __name__ == "__main__":
