@@ -9,25 +9,35 @@ skipped on every rank of every node and the scale halves. ``--save-at N --checkp
 checkpoint (torch.distributed.checkpoint, torch's get_state_dict: model, optimizer, scaler) after step N;
 ``--resume DIR`` continues from one, on this or another number of nodes.
 
+``--compress bf16`` (or ``fp16``) hands the root module and the scaler to ``ampkit.distributed.compress_fsdp``
+(NOTE [Compressed FSDP reduction] in python/ampkit/distributed.py): within each node the gradients go over an
+all-to-all in BF16 (FP16) and each rank adds the parts it receives in FP32; the scaler's overflow check travels
+with them, so the scaler all-reduces no found_inf flag and every rank still skips together. The all-reduce across
+the nodes stays FSDP2's own, in its ``reduce_dtype``: with ``bf16`` that is the parameters' BF16 (both legs in
+BF16 on the wire); ``fp16`` shards with ``MixedPrecisionPolicy(reduce_dtype=torch.float32)``, since compress_fsdp
+puts FP32 buffers only on an FP16 wire (casting and checking them there), so that leg goes in FP32. ``--compress
+none`` (the default) leaves FSDP2's reduce-scatter and the scaler's all-reduce as they are. A checkpoint holds no
+transport: a run resumes with or without ``--compress`` (pass it again to keep it).
+
 Two nodes of two processes on this machine (loopback), one command per node, started together:
 
     torchrun --nnodes 2 --nproc-per-node 2 --node-rank 0 --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:29500 \\
         --rdzv-id hsdp examples/python/fsdp2_train.py --steps 24 --inf-at-step 8 --inf-on-node 1 \\
-        --save-at 16 --checkpoint /tmp/hsdp-ckpt
+        --save-at 16 --checkpoint /tmp/hsdp-ckpt --compress bf16
     torchrun --nnodes 2 --nproc-per-node 2 --node-rank 1 --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:29500 \\
         --rdzv-id hsdp examples/python/fsdp2_train.py --steps 24 --inf-at-step 8 --inf-on-node 1 \\
-        --save-at 16 --checkpoint /tmp/hsdp-ckpt
+        --save-at 16 --checkpoint /tmp/hsdp-ckpt --compress bf16
 
 On a cluster, the endpoint is the first node's address and the checkpoint a folder every node writes to. The
 checkpoint resumed on one node of two processes (the same global batch, split over two ranks instead of four):
 
     torchrun --nnodes 1 --nproc-per-node 2 --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:29501 --rdzv-id resume \\
-        examples/python/fsdp2_train.py --steps 24 --resume /tmp/hsdp-ckpt
+        examples/python/fsdp2_train.py --steps 24 --resume /tmp/hsdp-ckpt --compress bf16
 
 (or ``torchrun --standalone --nproc-per-node 2 ...``). A node is the mesh's row: the rendezvous numbers the nodes
 (torchrun's GROUP_RANK), which may differ from ``--node-rank``; ``--inf-on-node`` counts as it does.
 ``--report DIR`` writes what each rank saw (losses, scale, skipped steps, digests of its shards and of the whole
-state) to DIR/rank<R>.json.
+state; with ``--compress``, the bytes compress_fsdp sent) to DIR/rank<R>.json.
 """
 from __future__ import annotations
 
@@ -47,10 +57,11 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 import ampkit
+import ampkit.distributed
 
 # --lean: the optimizer's arguments beyond lr and weight decay. "masters" (the default) keeps FP32 masters and FP32
 # moments: 14 bytes per BF16 parameter; each lean mode keeps fewer (README's table of the lean modes).
@@ -60,6 +71,13 @@ LEAN = {
     "8bit": dict(master_weights=True, exp_avg_dtype=torch.uint8, exp_avg_sq_dtype=torch.uint8),
     "kahan": dict(master_weights="kahan"),
     "remainder": dict(master_weights="remainder"),
+}
+# --compress: compress_fsdp's wire dtype and the MixedPrecisionPolicy to shard with (None: FSDP2's default, reduce
+# in the parameters' BF16). FP16 takes an FP32 buffer (compress_fsdp refuses BF16 grads on an FP16 wire).
+COMPRESS = {
+    "none": (None, None),
+    "bf16": (torch.bfloat16, None),
+    "fp16": (torch.float16, MixedPrecisionPolicy(reduce_dtype=torch.float32)),
 }
 
 
@@ -104,17 +122,21 @@ class GPT(nn.Module):
         return self.head(self.ln(x))
 
 
-def build(cfg: GPTConfig, mesh, lean: str, lr: float):
+def build(cfg: GPTConfig, mesh, lean: str, lr: float, compress: str = "none"):
     """The model in BF16, each block and then the root sharded over the mesh's "shard" dimension and replicated
-    over its "replicate" one (HSDP); the optimizer; the scaler."""
+    over its "replicate" one (HSDP); the optimizer; the scaler; with ``compress`` other than "none", the gradient
+    reduction of every FSDP module compressed for that scaler (compress_fsdp on the root), else None."""
     torch.manual_seed(0)  # the same initial weights on every rank
+    wire, policy = COMPRESS[compress]
+    shard = dict(mesh=mesh) if policy is None else dict(mesh=mesh, mp_policy=policy)
     model = GPT(cfg).to(torch.bfloat16)
     for block in model.blocks:
-        fully_shard(block, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+        fully_shard(block, **shard)
+    fully_shard(model, **shard)
     optimizer = ampkit.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, **LEAN[lean])
     scaler = ampkit.GradScaler("cpu", init_scale=2.0**16, growth_interval=10)
-    return model, optimizer, scaler
+    compression = None if wire is None else ampkit.distributed.compress_fsdp(model, scaler, dtype=wire)
+    return model, optimizer, scaler, compression
 
 
 def batch(cfg: GPTConfig, step: int, global_batch: int, rank: int, world: int) -> tuple:
@@ -212,9 +234,9 @@ def train(args) -> None:
     node = rank // per_node  # the mesh's row: the rendezvous's numbering of the nodes (GROUP_RANK)
     mesh = init_device_mesh("cpu", (nodes, per_node), mesh_dim_names=("replicate", "shard"))
     cfg = GPTConfig()
-    model, optimizer, scaler = build(cfg, mesh, args.lean, args.lr)
+    model, optimizer, scaler, compression = build(cfg, mesh, args.lean, args.lr, args.compress)
     report = {"rank": rank, "world": world, "node": node, "group_rank": int(os.environ.get("GROUP_RANK", node)),
-              "mesh": [nodes, per_node], "lean": args.lean, "steps": []}
+              "mesh": [nodes, per_node], "lean": args.lean, "compress": args.compress, "steps": []}
     start = 0
     if args.resume:
         start = load(args.resume, model, optimizer, scaler)
@@ -229,7 +251,8 @@ def train(args) -> None:
         scaler.scale(loss).backward()
         for handle in handles:
             handle.remove()
-        # whether this rank's reduced shards hold the Inf (the scaler all-reduces its flag over the shards)
+        # whether this rank's reduced shards hold the Inf (the scaler all-reduces its flag over the shards; with
+        # --compress, every rank's do: compress_fsdp passes the flag on inside the reduced grads)
         nonfinite = any(not _local(p.grad).isfinite().all() for p in model.parameters() if p.grad is not None)
         scale = scaler.get_scale()
         scaler.step(optimizer)
@@ -247,11 +270,13 @@ def train(args) -> None:
             if rank == 0:
                 print(f"saved the state after step {step} to {args.checkpoint}", flush=True)
     stats = scaler.stats()
+    if compression is not None:
+        report["compressed_bytes_sent"] = compression.bytes_sent()
     if rank == 0:
         losses = [s["loss"] for s in report["steps"]]
-        print(f"{nodes} node(s) x {per_node} process(es), {args.lean}: steps {start}-{args.steps - 1}, loss "
-              f"{losses[0]:.4f} -> {losses[-1]:.4f}, skipped {stats['skipped_steps']}, scale {stats['scale']:.0f}",
-              flush=True)
+        print(f"{nodes} node(s) x {per_node} process(es), {args.lean}, compress {args.compress}: steps "
+              f"{start}-{args.steps - 1}, loss {losses[0]:.4f} -> {losses[-1]:.4f}, skipped "
+              f"{stats['skipped_steps']}, scale {stats['scale']:.0f}", flush=True)
     if args.report:
         os.makedirs(args.report, exist_ok=True)
         with open(os.path.join(args.report, f"rank{rank}.json"), "w") as f:
@@ -264,6 +289,8 @@ def main() -> None:
     parser.add_argument("--global-batch", type=int, default=8, help="sequences per step over every rank")
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--lean", choices=sorted(LEAN), default="masters", help="the optimizer's state mode")
+    parser.add_argument("--compress", choices=list(COMPRESS), default="none",
+                        help="the gradients' dtype on the wire within a node (ampkit.distributed.compress_fsdp)")
     parser.add_argument("--inf-at-step", type=int, default=None)
     parser.add_argument("--inf-on-node", type=int, default=0)
     parser.add_argument("--save-at", type=int, default=None, help="save after this many steps (needs --checkpoint)")
