@@ -5,8 +5,10 @@ of the optimizers and the grad checks of the scaler are elementwise, so each ran
 ``p._local_tensor`` shares storage with the DTensor ``p`` and ``p.grad._local_tensor`` with its grad, so writes to
 them are writes to the DTensors. Optimizer states are kept as DTensors of the parameter's layout (as torch.optim
 keeps them: ``zeros_like`` of a DTensor is a DTensor), so that ``state_dict()`` and
-``torch.distributed.checkpoint`` see the same state as with torch.optim; ``step`` stays a plain scalar tensor. An
-8-bit state is packed per local shard instead (NOTE [8-bit states of DTensor parameters] below).
+``torch.distributed.checkpoint`` see the same state as with torch.optim; ``step`` stays a plain scalar tensor, and
+so does ``sr_seed``, the seed of ``master_weights="stochastic"``, the same on every rank (NOTE [Stochastic rounding
+of DTensor parameters] below). An 8-bit state is packed per local shard instead (NOTE [8-bit states of DTensor
+parameters] below).
 
 An Inf/NaN in a sharded grad is seen only by the rank that holds that shard: ``all_reduce_found_inf`` all-reduces
 found_inf (MAX) over the mesh dimensions the grads are not replicated on, as torch's DTensor does for
@@ -17,6 +19,7 @@ reduced grads: NOTE [Compressed FSDP reduction]) is left out.
 from __future__ import annotations
 
 import contextlib
+import weakref
 from typing import Container, Iterable, Iterator, Optional
 
 import torch
@@ -185,9 +188,16 @@ def packed_local(value: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
     return value._local_tensor.reshape(-1)[:blockwise8_bytes(p._local_tensor.numel())]
 
 
+# The state entries that stay plain tensors for DTensor parameters, the same on every rank: the step count (as
+# torch.optim keeps it) and the seed of stochastic rounding (NOTE [Stochastic rounding of DTensor parameters]).
+PLAIN_ENTRIES = ("step", "sr_seed")
+
+
 def wrap_state(key: str, value: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
     """A state entry made on ``p``'s local shard, as a DTensor: a packed 8-bit state by :func:`wrap_packed`,
-    another by :func:`wrap_like`."""
+    another by :func:`wrap_like`; an entry of ``PLAIN_ENTRIES`` as it is."""
+    if key in PLAIN_ENTRIES:
+        return value
     return wrap_packed(value, p) if is_packed(key, value) else wrap_like(value, p)
 
 
@@ -235,15 +245,15 @@ def local_state(state: dict, p: torch.Tensor) -> dict:
 def store_state(p: torch.Tensor, state: dict, before: dict, after: dict) -> None:
     """Writes back into ``state`` what the core changed in ``after`` (a ``local_state`` copy, ``before`` as it
     was passed): new or replaced tensors are wrapped as DTensors of ``p``'s layout, packed 8-bit states as NOTE
-    [8-bit states of DTensor parameters] says (``step`` stays a plain scalar, as torch.optim keeps it), removed
-    entries are removed; untouched entries keep their DTensor objects."""
+    [8-bit states of DTensor parameters] says (``step`` and ``sr_seed`` stay plain scalars: ``PLAIN_ENTRIES``),
+    removed entries are removed; untouched entries keep their DTensor objects."""
     for key in list(state):
         if key not in after:
             del state[key]
     for key, value in after.items():
         if key in before and before[key] is value:
             continue
-        if key != "step" and is_dtensor(p) and torch.is_tensor(value) and not is_dtensor(value):
+        if is_dtensor(p) and torch.is_tensor(value) and not is_dtensor(value):
             value = wrap_state(key, value, p)
         state[key] = value
 
@@ -270,8 +280,9 @@ def step_group(optimizer, core, groups: list, grad_scale, found_inf, index: int,
     local shards (params, grads and states share storage with the DTensors), and states it creates are stored as
     DTensors. 8-bit states follow the whole parameter (NOTE [8-bit states of DTensor parameters]): they are made
     here, with the step count, for every shard of a parameter of 4096 elements or more, small shards included (the
-    core would keep FP32 for those). ``grad_norm``: LAMB's clipping norm, over every rank's shards (NOTE [Norms of
-    sharded grads])."""
+    core would keep FP32 for those). master_weights="stochastic": the seeds are made here, the same on every rank,
+    and each shard rounds with its own key (NOTE [Stochastic rounding of DTensor parameters]). ``grad_norm``:
+    LAMB's clipping norm, over every rank's shards (NOTE [Norms of sharded grads])."""
     group = groups[index]
     params = [p for p in group["params"] if p.grad is not None]
     if group.get("differentiable"):
@@ -292,12 +303,129 @@ def step_group(optimizer, core, groups: list, grad_scale, found_inf, index: int,
             a["step"] = torch.ops.ampkit.make_optim_state(local(p), ["step"])[0]
         for k in missing:
             a[k] = packed_zeros(p, name)
+    seeds = shard_keys(core, params, after) if group.get("master_weights") == "stochastic" else ()
     with local_grads(params, name) as local_params:
         core.step(group, local_params, after, grad_scale, found_inf, optimizer.write_unscaled_grads, grad_norm)
+    for a, seed in seeds:  # the parameter's seed is what the state keeps, not the shard's key
+        a["sr_seed"] = seed
     for p, st, b, a, had in zip(params, states, before, after, found):
         store_state(p, st, b, a)
         if had is None and st:  # a state the core created
             optimizer.state[p] = st
+
+
+# NOTE [Stochastic rounding of DTensor parameters]
+# master_weights="stochastic" rounds each element with the random bits of (key, element index, step) (NOTE
+# [Counter-based stochastic rounding] in kernels/stochastic_rounding.h), the element index being its index in the
+# tensor the kernels are given: for a DTensor parameter, in the local shard. So that the rounding is the same
+# function of the parameter on every rank and across checkpoints:
+# - The seed (state "sr_seed") is one per parameter, the same on every rank of its mesh. The step that creates the
+#   state makes it here, before the core's step: each rank draws it from torch's default generator (as the core
+#   draws an unsharded parameter's), then the first rank's is broadcast, one mesh dimension after the other from the
+#   rank at coordinate 0 of that dimension (one broadcast of the group's new seeds per mesh layout and dimension of
+#   more than one rank, at state creation only). The ranks agree whatever state their generators are in (seeded per
+#   rank for dropout, say). As every FSDP2 step, state creation is collective: the ranks step the parameter
+#   together, with the same state entries. The seed is kept as a plain 0-dim int64 tensor, as ``step``: DCP saves
+#   it once (a plain tensor is the same on every rank) and every rank loads that one, on any number of ranks; a
+#   model that is not distributed loads it as it is. A state dict given to load_state_dict gives each rank the seed
+#   it holds.
+# - Each shard rounds with a key of its own: seed XOR (k * 0x9E3779B97F4A7C15 mod 2^64), k the shard's index (this
+#   rank's coordinates on the mesh dimensions the parameter is sharded on, row-major; replicas of a shard, HSDP's
+#   replicate dimension, share k, so they round alike and stay equal). Shard 0's key is the seed itself. With the
+#   seed alone, element i of every shard would take the same bits at every step: rounding errors correlated across
+#   shards. The key is passed to the core for the step only (``shard_keys``); the state keeps the seed. A key is
+#   made once per seed tensor and kept while the seed lives and is not written (its version counter), so that a
+#   step costs no tensor op per parameter.
+# - What holds: each rank's update of its shard is, bit for bit, ampkit's update of a plain tensor holding the
+#   shard, with its grad, step and key. Shard 0, and a parameter in one shard, round as the unsharded parameter.
+#   The other shards' elements take other bits than the same elements of an unsharded parameter: a run on several
+#   shards is NOT bit-identical to an unsharded run, nor to one on another number of shards, even from the same
+#   weights and grads. Each is unbiased (every element rounds up with probability its distance from the lower
+#   neighbour), and the weights differ by the rounding: at most one BF16 unit in the last place per element and step
+#   from the rounding alone. A checkpoint resumed on as many shards continues bit for bit; on another number of
+#   shards it loads bit for bit and rounds otherwise from its first step. (Bit-identity with the unsharded run
+#   would need the global element index in the counter: the shard's first element passed to the kernels.)
+_KEY_STRIDE = 0x9E3779B97F4A7C15  # 2^64 / the golden ratio, odd: k -> k * stride is one-to-one mod 2^64
+
+
+def shard_index(p: torch.Tensor) -> int:
+    """The index of this rank's shard of the DTensor parameter ``p``: its coordinates on the mesh dimensions ``p``
+    is sharded on, row-major (0 where it is replicated on every dimension)."""
+    mesh = p.device_mesh
+    coordinate = mesh.get_coordinate()
+    k = 0
+    for dim, placement in enumerate(p.placements):
+        if placement.is_shard():
+            k = k * mesh.size(dim) + coordinate[dim]
+    return k
+
+
+def shard_key_mask(k: int) -> int:
+    """What the seed is XORed with for shard ``k``, as a signed 64-bit integer (0 for shard 0)."""
+    mask = (k * _KEY_STRIDE) & 0xFFFFFFFFFFFFFFFF
+    return mask - (1 << 64) if mask >= 1 << 63 else mask
+
+
+def _broadcast_seeds(params: list, seeds: list) -> None:
+    """Makes each new seed the one of the rank at coordinate 0 of its parameter's mesh, in place: per mesh layout,
+    one broadcast of the stacked seeds per mesh dimension of more than one rank."""
+    import torch.distributed as dist
+    batches: dict = {}
+    for p, seed in zip(params, seeds):
+        mesh = p.device_mesh
+        key = (tuple(mesh.mesh.shape), tuple(mesh.mesh.reshape(-1).tolist()), seed.device)
+        batches.setdefault(key, (mesh, []))[1].append(seed)
+    for mesh, batch in batches.values():
+        stacked = torch.stack(batch)
+        coordinate = mesh.get_coordinate()
+        for dim in range(mesh.ndim):
+            if mesh.size(dim) == 1:
+                continue
+            source = list(coordinate)
+            source[dim] = 0
+            dist.broadcast(stacked, src=int(mesh.mesh[tuple(source)]), group=mesh.get_group(dim))
+        for seed, value in zip(batch, stacked.unbind()):
+            seed.copy_(value)
+
+
+# id of a seed tensor -> (a weak reference to it, its version when the key was made, the key of this rank's shard;
+# None: the seed itself). The reference's callback drops the entry when the seed dies, before its id can be reused.
+_made_keys: dict = {}
+
+
+def _shard_key(seed: torch.Tensor, p: torch.Tensor) -> Optional[torch.Tensor]:
+    """The key of this rank's shard of ``p`` whose seed is ``seed``; None where it is the seed itself (shard 0)."""
+    ident = id(seed)
+    made = _made_keys.get(ident)
+    if made is not None and made[0]() is seed and made[1] == seed._version:
+        return made[2]
+    k = shard_index(p)
+    key = torch.bitwise_xor(seed, shard_key_mask(k)) if k else None
+    _made_keys[ident] = (weakref.ref(seed, lambda _, ident=ident: _made_keys.pop(ident, None)), seed._version, key)
+    return key
+
+
+def shard_keys(core, params: list, after: list) -> list:
+    """Before the core's step of a master_weights="stochastic" group: makes the seeds the step would make for
+    DTensor parameters, the same on every rank, and puts each shard's key in place of its seed in ``after`` (NOTE
+    [Stochastic rounding of DTensor parameters]). Returns the (state, seed) pairs to put back after the step."""
+    new = [(p, a) for p, a in zip(params, after)
+           if is_dtensor(p) and "sr_seed" not in a and core.takes_fused(p._local_tensor)]
+    if new:
+        seeds = [torch.ops.ampkit.make_optim_state(p._local_tensor, ["sr_seed"])[0] for p, _ in new]
+        _broadcast_seeds([p for p, _ in new], seeds)
+        for (_, a), seed in zip(new, seeds):
+            a["sr_seed"] = seed
+    swapped = []
+    for p, a in zip(params, after):
+        seed = a.get("sr_seed")
+        if seed is None or not is_dtensor(p):
+            continue
+        key = _shard_key(seed, p)
+        if key is not None:
+            swapped.append((a, seed))
+            a["sr_seed"] = key
+    return swapped
 
 
 def _groups(grads: Iterable[torch.Tensor]) -> list:

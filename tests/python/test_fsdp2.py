@@ -184,18 +184,45 @@ def _train_with_shadow(model, opt, rank: int, shadow_cls, shadow_kwargs: dict, p
 
 
 def _check_shadow(opt, params, shadow_opt, shadows, what: str) -> None:
+    """Each shard and state entry equal to the shadow's; ``step`` and ``sr_seed`` plain scalars (the shadow's seed is
+    the shard's key, :func:`_shard_key`), every other entry a DTensor of the parameter's layout."""
     extra = _extra_keys(shadow_opt, opt)
     for i, (p, s) in enumerate(zip(params, shadows)):
         assert torch.equal(p.detach().to_local(), s.detach()), f"{what}: param {i}"
         assert set(opt.state[p]) - extra == set(shadow_opt.state[s]), what
         for key, v in opt.state[p].items():
-            if key == "step":
+            if key in ("step", "sr_seed"):
                 assert type(v) is torch.Tensor and v.dim() == 0, what
+                v = _shard_key(v, p) if key == "sr_seed" else v
             else:
                 assert isinstance(v, DTensor) and v.placements == p.placements and v.shape == p.shape, what
                 v = v.to_local()
             if key not in extra:
                 assert torch.equal(v, shadow_opt.state[s][key]), f"{what}: state[{key!r}] of param {i}"
+
+
+def _shard_key(seed: torch.Tensor, p) -> torch.Tensor:
+    """The key this rank's shard of ``p`` (on a one-dimensional mesh, or replicated over one) rounds with in
+    master_weights="stochastic": the parameter's seed XOR k * 0x9E3779B97F4A7C15 mod 2^64, k the shard's index (NOTE
+    [Stochastic rounding of DTensor parameters] in ampkit/_dtensor.py); shard 0's is the seed."""
+    dims = [d for d, placement in enumerate(p.placements) if placement.is_shard()]
+    k = p.device_mesh.get_local_rank(dims[0]) if dims else 0
+    mask = k * 0x9E3779B97F4A7C15 % 2**64
+    return seed ^ (mask - 2**64 if mask >= 2**63 else mask)
+
+
+def _keyed_like(opt, params):
+    """A ``prepare`` of :func:`_train_with_shadow` for master_weights="stochastic": before its first step, the
+    shadow of each shard takes the shard's key as its seed (the sharded step, which runs first, has made the seeds)."""
+    def prepare(shadow_opt):
+        shadows = shadow_opt.param_groups[0]["params"]
+
+        def take_keys(optimizer, args, kwargs):
+            for p, s in zip(params, shadows):
+                if not optimizer.state.get(s):
+                    optimizer.state[s]["sr_seed"] = _shard_key(opt.state[p]["sr_seed"], p)
+        shadow_opt.register_step_pre_hook(take_keys)
+    return prepare
 
 
 def _case_optimizers(rank: int, out_dir: str, bf16_compute: bool) -> dict:
@@ -238,17 +265,27 @@ def test_optimizers_match_torch_under_fsdp2(tmp_path, bf16_compute):
 
 
 def _case_low_precision_params(rank: int, out_dir: str) -> dict:
-    """BF16 sharded parameters with FP32 masters: the update of each rank's shards is exactly ampkit's update of
-    plain tensors holding those shards and grads; masters and remainders are DTensors of the parameter's layout."""
+    """BF16 sharded parameters with FP32 masters, remainders, Kahan compensations or stochastic rounding: the update
+    of each rank's shards is exactly ampkit's update of plain tensors holding those shards and grads (and, for
+    stochastic rounding, the shard's key); masters, remainders and compensations are DTensors of the parameter's
+    layout, stochastic rounding's seeds plain scalars. Each rank's default generator is seeded apart before the first
+    step: the seeds, which the ranks return, must agree all the same. Then :func:`_stochastic_shards` and an HSDP run
+    of stochastic rounding (whose two replicas, returned, must stay equal)."""
     cases = [(ampkit.optim.AdamW, dict(lr=1e-2)), (ampkit.optim.AdamW, dict(lr=1e-2, master_weights="remainder")),
              (ampkit.optim.SGD, dict(lr=0.05, momentum=0.9)),
              (ampkit.optim.AdamW, dict(lr=1e-2, master_weights="kahan", exp_avg_dtype=torch.bfloat16,
-                                       exp_avg_sq_dtype=torch.bfloat16))]
+                                       exp_avg_sq_dtype=torch.bfloat16)),
+             (ampkit.optim.AdamW, dict(lr=1e-2, master_weights="stochastic")),
+             (ampkit.optim.SGD, dict(lr=0.05, master_weights="stochastic"))]  # a state of step and sr_seed alone
+    out = {"seeds": {}}
     for cls, kwargs in cases:
         model = _model(dtype=torch.bfloat16)
+        torch.manual_seed(100 + rank)  # (dropout seeded per rank, say)
         opt = cls(model.parameters(), **kwargs)
-        params, shadow_opt, shadows = _train_with_shadow(model, opt, rank, cls, kwargs)
         what = f"{cls.__name__} {kwargs}"
+        stochastic = kwargs.get("master_weights") == "stochastic"
+        prepare = _keyed_like(opt, list(model.parameters())) if stochastic else None
+        params, shadow_opt, shadows = _train_with_shadow(model, opt, rank, cls, kwargs, prepare)
         assert all(p.dtype == torch.bfloat16 for p in params), what
         _check_shadow(opt, params, shadow_opt, shadows, what)
         for p in params:
@@ -257,8 +294,20 @@ def _case_low_precision_params(rank: int, out_dir: str) -> dict:
             elif kwargs.get("master_weights") == "kahan":  # BF16 moments: DTensors of the parameter's layout
                 assert opt.state[p]["kahan_comp"].dtype == torch.bfloat16, what
                 assert opt.state[p]["exp_avg"].dtype == opt.state[p]["exp_avg_sq"].dtype == torch.bfloat16, what
+            elif stochastic:
+                assert opt.state[p]["sr_seed"].dtype == torch.int64 and "master_param" not in opt.state[p], what
             else:
                 assert opt.state[p]["master_param"].dtype == torch.float32, what
+        if stochastic:
+            out["seeds"][what] = [opt.state[p]["sr_seed"].item() for p in params]
+    out["shards"] = _stochastic_shards(rank)
+    # HSDP (each rank a replica of the whole model): the replicas round alike and stay equal.
+    from torch.distributed.device_mesh import init_device_mesh
+    model = _model(dtype=torch.bfloat16, mesh=init_device_mesh("cpu", (WORLD, 1), mesh_dim_names=("replicate",
+                                                                                                  "shard")))
+    torch.manual_seed(100 + rank)
+    opt = ampkit.optim.AdamW(model.parameters(), lr=1e-2, master_weights="stochastic")
+    out["replica"] = _train(model, opt, rank)
     # A group the optimizer refuses (FP64 shards, masters asked for) raises before any shard or state changes.
     model = _model(dtype=torch.float64)
     opt = ampkit.optim.AdamW(model.parameters(), lr=1e-2, master_weights=True)
@@ -281,11 +330,60 @@ def _case_low_precision_params(rank: int, out_dir: str) -> dict:
             group["lr"] = 2e-2
         seq = _walk(opt.step)
         assert _returns(seq) <= 2 and "ampkit._dtensor" in seq, (cls.__name__, seq)
-    return {}
+    return out
 
 
-def test_low_precision_params_with_masters_under_fsdp2(tmp_path):
-    _run(tmp_path, "_case_low_precision_params")
+def _stochastic_shards(rank: int) -> dict:
+    """Stochastic rounding of a (2, 4096) BF16 weight, one row per rank, sharded and whole: every element 1.5, and
+    each SGD step (lr 1) the same grad, a fraction f of 1.5's unit in the last place (2^-7), so that each step
+    rounds an element down by one unit with probability f. Returns f, this rank's seed and, after each step, its row
+    sharded and the same row of the whole weight, stepped with the whole grad and the same seed."""
+    layer = nn.Linear(4096, 2, bias=False).to(torch.bfloat16)
+    with torch.no_grad():
+        layer.weight.fill_(1.5)
+    fully_shard(layer)
+    w = layer.weight
+    whole = nn.Parameter(w.detach().full_tensor())
+    grad = torch.full((1, 4096), 0.3 * 2**-7, dtype=torch.bfloat16)
+    opt = ampkit.optim.SGD([w], lr=1.0, master_weights="stochastic")
+    whole_opt = ampkit.optim.SGD([whole], lr=1.0, master_weights="stochastic")
+    rows = []
+    for _ in range(STEPS):
+        w.grad = DTensor.from_local(grad.clone(), w.device_mesh, w.placements, run_check=False, shape=w.shape,
+                                    stride=w.stride())
+        opt.step()
+        if not whole_opt.state:
+            whole_opt.state[whole]["sr_seed"] = opt.state[w]["sr_seed"].clone()
+        whole.grad = grad.expand(2, -1).clone()
+        whole_opt.step()
+        rows.append((w.detach().to_local()[0].clone(), whole.detach()[rank].clone()))
+    return {"f": grad[0, 0].item() * 2**7, "seed": opt.state[w]["sr_seed"].item(), "rows": rows}
+
+
+def test_low_precision_params_under_fsdp2(tmp_path):
+    results = _run(tmp_path, "_case_low_precision_params")
+    # master_weights="stochastic": one seed per parameter, the same on every rank.
+    assert results[0]["seeds"] == results[1]["seeds"] and len(results[0]["seeds"]) == 2
+    assert all(len(set(seeds)) == 6 for seeds in results[0]["seeds"].values()), "a seed per parameter"
+    for step, (a, b) in enumerate(zip(results[0]["replica"], results[1]["replica"])):
+        assert all(torch.equal(x, y) for x, y in zip(a, b)), f"HSDP replicas apart after step {step}"
+    # The shards of stochastic rounding: shard 0 rounds as the whole weight does, bit for bit; shard 1 with bits of
+    # its own, unlike the same row of the whole weight or rank 0's row (one seed, but a key per shard). Each row
+    # unbiased: after n steps its elements have moved down by n * f units on average (the count of an element's
+    # moves is Binomial(n, f): over 4096 elements the mean's standard deviation is 0.014 units at n = 4; tolerance
+    # 0.1, measured 0.027). An element rounds as another with independent bits with probability f^2 + (1 - f)^2,
+    # 0.58 at f = 0.3 (measured after the first step: 0.576 and 0.585; with the same bits, 1).
+    shards = [r["shards"] for r in results]
+    f = shards[0]["f"]
+    assert shards[0]["seed"] == shards[1]["seed"] and 0.25 < f < 0.35
+    for step in range(STEPS):
+        (row0, whole0), (row1, whole1) = shards[0]["rows"][step], shards[1]["rows"][step]
+        assert torch.equal(row0, whole0), f"step {step}"
+        for row in (row0, row1):
+            moved = ((1.5 - row.double()) * 2**7).mean().item()
+            assert abs(moved - (step + 1) * f) <= 0.1, (step, moved, f)
+    (row0, _), (row1, whole1) = shards[0]["rows"][0], shards[1]["rows"][0]
+    assert (row1 == whole1).double().mean() < 0.7 and (row1 == row0).double().mean() < 0.7
 
 
 # ---- distributed checkpoints --------------------------------------------------------------------------------------

@@ -24,9 +24,11 @@ parameter). On the CPU, FP32 steps are bit-identical to torch.optim's ``fused=Tr
 torch).
 
 DTensor parameters (FSDP2's ``fully_shard``): each rank updates its local shards, and the states are DTensors of
-the parameter's layout as torch.optim's (``step`` a plain scalar tensor), so ``state_dict()`` and
-``torch.distributed.checkpoint`` see the same structure as with torch.optim, and a checkpoint saved on N ranks
-loads on M (8-bit states excepted: they are packed per local shard).
+the parameter's layout as torch.optim's (``step`` a plain scalar tensor, and ``sr_seed``, the same on every rank),
+so ``state_dict()`` and ``torch.distributed.checkpoint`` see the same structure as with torch.optim, and a
+checkpoint saved on N ranks loads on M (8-bit states excepted: they are packed per local shard). Stochastic rounding
+keys each shard apart: a sharded run is not bit-identical to an unsharded one (NOTE [Stochastic rounding of DTensor
+parameters] in ampkit/_dtensor.py).
 """
 from __future__ import annotations
 

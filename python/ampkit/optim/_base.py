@@ -323,7 +323,7 @@ class FusedOptimizer(torch.optim.Optimizer):
             loaded = local.to(lp.device, copy=True)
         else:
             loaded = core.loaded_entry(group, key, local, lp)
-        return loaded if key == "step" else _dtensor.wrap_state(key, loaded, p)
+        return _dtensor.wrap_state(key, loaded, p)  # step and sr_seed stay plain (_dtensor.PLAIN_ENTRIES)
 
     def __setstate__(self, state: dict) -> None:
         # torch.optim's defaults for keys an older torch did not save, and Python-number steps made tensors.
