@@ -2,9 +2,10 @@
 torch.distributed.checkpoint (DCP) on N Gloo ranks and loaded on M (2 -> 1, 1 -> 2, 2 -> 4; one thread per rank), or
 into a model that is not distributed, through torch's own get_state_dict / set_state_dict (ampkit adds no wrapper).
 
-Five optimizer modes: AdamW with FP32 masters of BF16 parameters, AdamW with BF16 moments, AdamW with Kahan-
+Six optimizer modes: AdamW with FP32 masters of BF16 parameters, AdamW with BF16 moments, AdamW with Kahan-
 compensated BF16 parameters ("kahan": a BF16 state per element besides the moments), AdamW with BF16 parameters and
-int16 remainders ("remainder": the exact master in two tensors) and SGD with momentum; every run
+int16 remainders ("remainder": the exact master in two tensors), AdamW with stochastically rounded BF16 parameters
+("stochastic": a seed per parameter, a plain scalar as the step) and SGD with momentum; every run
 is driven by an ampkit.GradScaler (an Inf loss at step 1 skips a step and backs the scale off before the checkpoint),
 whose state goes into the same checkpoint. The global batch is the same at every world size (each rank takes its
 slice), so runs on different numbers of ranks differ only by the reduction of the gradients: FSDP2 reduce-scatters in
@@ -15,6 +16,10 @@ the parameters' dtype, BF16 for BF16 parameters. A resumed run's model and optim
   entry, the scaler).
 - Loaded on another number of ranks, or into a model that is not distributed, the state is the saved one bit for bit
   (DCP reshards the DTensor states); the run then continues within RESHARD_TOLERANCE of the uninterrupted one.
+- Stochastic rounding keys each shard by its index (NOTE [Stochastic rounding of DTensor parameters] in
+  ampkit/_dtensor.py): its seeds load bit for bit everywhere, and a run on another number of ranks rounds with other
+  bits from its first step. Each rank's default generator is seeded apart before the first step: the seeds, made
+  the same on every rank, must not depend on it.
 - 8-bit states are packed per local shard (NOTE [8-bit states of DTensor parameters] in ampkit/_dtensor.py): DCP
   refuses a checkpoint of another number of shards, and the refusal leaves the model, the optimizer and the scaler
   unchanged; the same states loaded into FP32 moments on the sharding they were saved from, and saved again, reshard.
@@ -59,6 +64,8 @@ MODES = {
               {"step", "exp_avg", "exp_avg_sq", "kahan_comp"}, WIDTHS),
     "remainder": (BF16, "AdamW", dict(lr=1e-2, weight_decay=0.1, master_weights="remainder"),
                   {"step", "exp_avg", "exp_avg_sq", "param_remainder"}, WIDTHS),
+    "stochastic": (BF16, "AdamW", dict(lr=1e-2, weight_decay=0.1, master_weights="stochastic"),
+                   {"step", "exp_avg", "exp_avg_sq", "sr_seed"}, WIDTHS),
     "sgd momentum": (torch.float32, "SGD", dict(lr=0.05, momentum=0.9, weight_decay=0.01, nesterov=True),
                      {"step", "momentum_buffer"}, WIDTHS),
 }
@@ -83,11 +90,15 @@ INF_AT = 1  # the loss is Inf at this step on every rank: the scaler skips it an
 # 1 -> 2, 2 -> 4, lr 1e-2): FP32 masters, Kahan-compensated weights and the masters of BF16 weights + remainders
 # 2.2e-3 (8e-4 absolute, 0.08 lr), BF16 weights 5.2e-3 (one BF16 unit in the last place of the largest: up to 2^-7),
 # moments 1.1e-2. ``kahan_comp`` and ``param_remainder`` alone are not compared: the split of a weight between its
-# BF16 value and the rest moves by a unit in the last place.
+# BF16 value and the rest moves by a unit in the last place. Stochastically rounded BF16 weights also round with
+# other bits on another number of shards (each shard's key: NOTE [Stochastic rounding of DTensor parameters]), so
+# each step may leave an element a unit in the last place further apart: measured 2 to 3 units of an element's last
+# place, 1.05e-2 of the largest weight (up to 2^-6 = 1.6e-2 for two units of the largest), moments 1.5e-2.
 RESHARD_TOLERANCE = {
     "fp32 grads": {"default": 1e-6},
     "bf16 grads": {"master_param": 5e-3, "compensated weight": 5e-3, "remainder master": 5e-3, "param": 1e-2,
                    "default": 3e-2},
+    "stochastic rounding": {"param": 2e-2, "default": 3e-2},
 }
 
 
@@ -109,6 +120,7 @@ def _make(mode: str, sharded: bool = True, init_scale: float = 1024.0) -> tuple:
             if isinstance(layer, nn.Linear):
                 fully_shard(layer)
         fully_shard(model)
+    torch.manual_seed(100 + (dist.get_rank() if dist.is_initialized() else 0))  # (dropout seeded per rank, say)
     opt = getattr(ampkit.optim, cls)(model.parameters(), **kwargs)
     return model, opt, ampkit.GradScaler("cpu", init_scale=init_scale, growth_interval=1)
 
@@ -336,9 +348,11 @@ def _check_same_full(a: dict, b: dict, what: str) -> None:
 
 def _deviations(resumed: dict, ref: dict, mode: str) -> dict:
     """name -> (max |resumed - ref| / max |ref|, its tolerance) of each tensor of a full state but the step counts
-    (checked equal), ``kahan_comp`` and ``param_remainder`` (compared as the FP32 weights they stand for)."""
-    dtype = _mode(mode)[0]
-    tolerance = RESHARD_TOLERANCE["bf16 grads" if dtype == BF16 else "fp32 grads"]
+    and seeds (checked equal), ``kahan_comp`` and ``param_remainder`` (compared as the FP32 weights they stand
+    for)."""
+    dtype, _, kwargs, _, _ = _mode(mode)
+    tolerance = RESHARD_TOLERANCE["stochastic rounding" if kwargs.get("master_weights") == "stochastic"
+                                  else "bf16 grads" if dtype == BF16 else "fp32 grads"]
     a, b = _tensors(resumed), _tensors(ref)
     assert a.keys() == b.keys(), mode
     out = {}
@@ -346,7 +360,7 @@ def _deviations(resumed: dict, ref: dict, mode: str) -> dict:
         y = b[name]
         assert x.dtype == y.dtype and x.shape == y.shape, f"{mode}: {name}"
         key = name.split(" ", 1)[1]
-        if key == "step":
+        if key in ("step", "sr_seed"):
             assert torch.equal(x, y), f"{mode}: {name}"
         elif key not in ("kahan_comp", "param_remainder"):
             largest = y.double().abs().max().item() if y.numel() else 0.0
@@ -376,8 +390,9 @@ def test_resumed_on_as_many_ranks_continues_bit_for_bit(request, world):
             assert resumed["scaler"]["skipped_steps"] == 1 and resumed["scaler"]["steps"] == STEPS, what
             for st in resumed["states"]:
                 assert set(st) == MODES[mode][3], what
-                # DTensors of the parameter's layout, which DCP reshards; the step a plain scalar, as torch.optim's
-                assert all(kind == ("plain" if key == "step" else "parameter's layout")
+                # DTensors of the parameter's layout, which DCP reshards; the step a plain scalar, as torch.optim's,
+                # and so the seed of stochastic rounding
+                assert all(kind == ("plain" if key in ("step", "sr_seed") else "parameter's layout")
                            for key, (kind, _) in st.items()), f"{what}: {st}"
 
 
