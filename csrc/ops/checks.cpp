@@ -233,15 +233,40 @@ namespace {
 
 // What a fused step's lists hold: `exp_avg_name` names exp_avgs (Adam, LAMB) or momentum_buffers (SGD).
 struct StepLists {
-  const char* exp_avg_name;
-  bool need_exp_avgs;
-  bool need_exp_avg_sqs;
-  bool need_max_exp_avg_sqs;
-  bool need_steps;
-  bool grads_read_only;  // LAMB: the grads are only read
-  bool lean_weights;     // param_remainders may hold Kahan compensations or stochastic rounding seeds
-  bool lean_states;      // moments may be BF16 or 8-bit block-wise (Adam, SGD)
+  const char* exp_avg_name = "exp_avgs";
+  bool need_exp_avgs = false;
+  bool need_exp_avg_sqs = false;
+  bool need_max_exp_avg_sqs = false;
+  bool need_steps = false;
+  bool grads_read_only = false;  // LAMB: the grads are only read
+  bool lean_weights = false;     // param_remainders may hold Kahan compensations or stochastic rounding seeds
+  bool lean_states = false;      // moments may be BF16 or 8-bit block-wise (Adam, SGD)
 };
+
+// The lists of each fused step op (the op's side of NOTE [State lists of the fused ops] in ampkit/optim_core.h).
+StepLists adamw_step_lists(bool amsgrad) {
+  StepLists s;
+  s.need_exp_avgs = s.need_exp_avg_sqs = s.need_steps = true;
+  s.need_max_exp_avg_sqs = amsgrad;
+  s.lean_weights = s.lean_states = true;
+  return s;
+}
+
+StepLists sgd_step_lists(bool momentum) {
+  StepLists s;
+  s.exp_avg_name = "momentum_buffers";
+  s.need_exp_avgs = s.need_steps = momentum;
+  s.lean_weights = s.lean_states = true;
+  return s;
+}
+
+StepLists lamb_step_lists() {
+  StepLists s;
+  s.need_exp_avgs = s.need_exp_avg_sqs = s.need_steps = true;
+  s.grads_read_only = true;
+  s.lean_weights = true;
+  return s;
+}
 
 // NOTE [Weight companions]
 // param_remainders carries what a BF16 weight kept without an FP32 master needs besides itself, one kind for the
@@ -446,17 +471,13 @@ void check_step_and_build_descriptors(const char* op, const OptimLists& l, const
 void check_and_build_descriptors(const AdamStepArgs& a, std::vector<kernels::OptimTensor>* tensors) {
   const kernels::AdamParams& h = a.hparams;
   check_adam_hparams(a.op, h.lr, h.beta1, h.beta2, h.weight_decay, h.eps);
-  check_step_and_build_descriptors(a.op, a.lists, {"exp_avgs", true, true, h.amsgrad, true, false, true, true},
-                                   a.scalars, std::nullopt, tensors);
+  check_step_and_build_descriptors(a.op, a.lists, adamw_step_lists(h.amsgrad), a.scalars, std::nullopt, tensors);
 }
 
 void check_and_build_descriptors(const SgdStepArgs& a, std::vector<kernels::OptimTensor>* tensors) {
   const kernels::SgdParams& h = a.hparams;
   check_sgd_hparams(a.op, h.lr, h.momentum, h.dampening, h.weight_decay, h.nesterov);
-  const bool momentum = h.momentum != 0.0;
-  check_step_and_build_descriptors(a.op, a.lists,
-                                   {"momentum_buffers", momentum, false, false, momentum, false, true, true}, a.scalars,
-                                   std::nullopt, tensors);
+  check_step_and_build_descriptors(a.op, a.lists, sgd_step_lists(h.momentum != 0.0), a.scalars, std::nullopt, tensors);
 }
 
 void check_and_build_descriptors(const LambStepArgs& a, std::vector<kernels::OptimTensor>* tensors) {
@@ -464,8 +485,7 @@ void check_and_build_descriptors(const LambStepArgs& a, std::vector<kernels::Opt
   check_adam_hparams(a.op, h.lr, h.beta1, h.beta2, h.weight_decay, h.eps);
   TORCH_CHECK_VALUE(h.max_grad_norm >= 0.0 && std::isfinite(h.max_grad_norm), "ampkit::", a.op,
                     ": max_grad_norm must be a finite number >= 0 (0: no clipping), but got ", h.max_grad_norm);
-  check_step_and_build_descriptors(a.op, a.lists, {"exp_avgs", true, true, false, true, true, true, false}, a.scalars,
-                                   a.grad_norm, tensors);
+  check_step_and_build_descriptors(a.op, a.lists, lamb_step_lists(), a.scalars, a.grad_norm, tensors);
 }
 
 void check(const GradNormArgs& a) {

@@ -203,27 +203,18 @@ inline T ampkit_emulated_atomic_max(T* address, T value, const char* file, int l
   return ampkit::kernels::emulation::detail::emulated_atomic(
       address, [value](T old) { return old < value ? value : old; }, file, line);
 }
-inline int atomicAdd(int* address, int value, AMPKIT_EMULATED_SITE) {
-  return ampkit_emulated_atomic_add(address, value, file, line);
-}
-inline unsigned atomicAdd(unsigned* address, unsigned value, AMPKIT_EMULATED_SITE) {
-  return ampkit_emulated_atomic_add(address, value, file, line);
-}
-inline unsigned long long atomicAdd(unsigned long long* address, unsigned long long value, AMPKIT_EMULATED_SITE) {
-  return ampkit_emulated_atomic_add(address, value, file, line);
-}
-inline float atomicAdd(float* address, float value, AMPKIT_EMULATED_SITE) {
-  return ampkit_emulated_atomic_add(address, value, file, line);
-}
-inline double atomicAdd(double* address, double value, AMPKIT_EMULATED_SITE) {
-  return ampkit_emulated_atomic_add(address, value, file, line);
-}
-inline unsigned atomicMax(unsigned* address, unsigned value, AMPKIT_EMULATED_SITE) {
-  return ampkit_emulated_atomic_max(address, value, file, line);
-}
-inline unsigned long long atomicMax(unsigned long long* address, unsigned long long value, AMPKIT_EMULATED_SITE) {
-  return ampkit_emulated_atomic_max(address, value, file, line);
-}
+// CUDA's overloads of atomicAdd and atomicMax, one per type it defines them for (a template would take types CUDA
+// refuses).
+#define AMPKIT_EMULATED_ATOMIC(name, T, emulated) \
+  inline T name(T* address, T value, AMPKIT_EMULATED_SITE) { return emulated(address, value, file, line); }
+AMPKIT_EMULATED_ATOMIC(atomicAdd, int, ampkit_emulated_atomic_add)
+AMPKIT_EMULATED_ATOMIC(atomicAdd, unsigned, ampkit_emulated_atomic_add)
+AMPKIT_EMULATED_ATOMIC(atomicAdd, unsigned long long, ampkit_emulated_atomic_add)
+AMPKIT_EMULATED_ATOMIC(atomicAdd, float, ampkit_emulated_atomic_add)
+AMPKIT_EMULATED_ATOMIC(atomicAdd, double, ampkit_emulated_atomic_add)
+AMPKIT_EMULATED_ATOMIC(atomicMax, unsigned, ampkit_emulated_atomic_max)
+AMPKIT_EMULATED_ATOMIC(atomicMax, unsigned long long, ampkit_emulated_atomic_max)
+#undef AMPKIT_EMULATED_ATOMIC
 inline double __dadd_rn(double a, double b) { return a + b; }
 inline double __dmul_rn(double a, double b) { return a * b; }
 
