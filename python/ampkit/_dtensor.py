@@ -270,9 +270,10 @@ def check_group(optimizer, core, groups: list, index: int) -> None:
 
 
 def packed_entries(optimizer, group: dict) -> list:
-    """The state entries ``group`` keeps as 8-bit states (on parameters of 4096 elements or more)."""
+    """The state entries ``group`` keeps as 8-bit states (on parameters of 4096 elements or more); SGD keeps no
+    momentum buffer without momentum."""
     return [entry for key, entry in zip(optimizer._state_dtype_keys, optimizer._state_dtype_entries)
-            if group.get(key) is torch.uint8]
+            if group.get(key) is torch.uint8 and (entry != "momentum_buffer" or group.get("momentum", 0) != 0)]
 
 
 def step_group(optimizer, core, groups: list, grad_scale, found_inf, index: int, grad_norm) -> None:

@@ -105,10 +105,6 @@ class SGD(FusedOptimizer):
         super().__init__(params, defaults)
         _check_fused_flags(fused, foreach, differentiable)
 
-    def _packed_entries(self, group: dict) -> list:
-        return super()._packed_entries(group) if group["momentum"] != 0 else []  # no buffer without momentum
-
-
     def _torch_step(self, group: dict, params: list) -> None:
         """torch.optim's own single-tensor SGD (differentiable=True), on torch's state."""
         momentum = group["momentum"]
