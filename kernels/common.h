@@ -39,6 +39,12 @@ struct TensorRef {
 // kernels/blockwise8.h). max_exp_avg_sq is always FP32.
 enum class StateType : uint8_t { kFloat32, kBFloat16, kBlockwise8 };
 
+// NOTE [FP32 grads of low-precision params]
+// A FP16/BF16 parameter may accumulate its gradient in FP32 (torch's Tensor.grad_dtype, torch >= 2.10). The CPU
+// loops and the CUDA kernels then read (and, unscaled, write) the grad as FP32 and do everything else as they do for
+// a grad of the parameter's dtype: the grad enters the formulas as FP32 either way, so the step is the one the FP32
+// path makes from the same master and grad, bit for bit (tested against it on the CPU and in emulated CUDA). The
+// grad is not rounded to the parameter's dtype first, which is the point: a small update survives in the master.
 struct OptimTensor {
   void* param;
   void* grad;  // written only with write_unscaled_grads
@@ -56,6 +62,9 @@ struct OptimTensor {
   const int64_t* sr_seed = nullptr;
   StateType exp_avg_type = StateType::kFloat32;
   StateType exp_avg_sq_type = StateType::kFloat32;
+  // FP16/BF16 params only: the grad is FP32 (NOTE [FP32 grads of low-precision params]); otherwise the grad has
+  // the parameter's dtype.
+  bool grad_fp32 = false;
 };
 
 // The one bit cast of the kernels (std::bit_cast is C++20; kernels/ is C++17 for nvcc): a byte copy that both the

@@ -348,7 +348,14 @@ void check_step_and_build_descriptors(const char* op, const OptimLists& l, const
         return alias.add_defined(name, t, index, read_only, data);
       };
       void* param = alias.add_defined("params", p, index, false, data);
-      void* grad = entry("grads", l.grads[i], dtype, spec.grads_read_only);
+      // The grad in the parameter's dtype, or a FP16/BF16 parameter's in FP32 (NOTE [FP32 grads of low-precision
+      // params]).
+      const at::Tensor& g = l.grads[i];
+      const bool grad_fp32 = dtype != at::kFloat && g.defined() && g.scalar_type() == at::kFloat;
+      TORCH_CHECK_TYPE(!g.defined() || g.scalar_type() == dtype || grad_fp32, "ampkit::", op, ": grads[", i,
+                       "] must be ", dtype, (dtype == at::kFloat ? "" : " or Float"), " like params[", i, "], but got ",
+                       g.scalar_type());
+      void* grad = entry("grads", g, grad_fp32 ? at::kFloat : dtype, spec.grads_read_only);
       void* master = nullptr;
       void* remainder = nullptr;
       void* comp = nullptr;
@@ -437,7 +444,7 @@ void check_step_and_build_descriptors(const char* op, const OptimLists& l, const
         tensors->push_back({param, grad, static_cast<float*>(master), static_cast<int16_t*>(remainder),
                             static_cast<float*>(m), static_cast<float*>(v), static_cast<float*>(vmax),
                             static_cast<float*>(step), p.numel(), kernel_dtype(dtype), static_cast<uint16_t*>(comp),
-                            static_cast<const int64_t*>(seed), m_type, v_type});
+                            static_cast<const int64_t*>(seed), m_type, v_type, grad_fp32});
       }
     }
     const std::optional<at::Device> on(device);

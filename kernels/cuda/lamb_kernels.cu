@@ -107,9 +107,9 @@ struct LambMomentsChunkOp {
     float* v = static_cast<float*>(a.data[kExpAvgSqIdx][t]);
     double w_sq = 0.0;
     double u_sq = 0.0;
-    dispatch_stream_dtype(a, kParamIdx, t, [&](auto zero) {
-      using T = decltype(zero);
-      const T* grad = static_cast<const T*>(a.data[kGradIdx][t]);
+    with_param_and_grad_types(a, t, [&](auto param_zero, auto grad_zero) {
+      using T = decltype(param_zero);
+      const auto* grad = static_cast<const decltype(grad_zero)*>(a.data[kGradIdx][t]);
       // Lane threadIdx.x of NOTE [Deterministic norm]: elements threadIdx.x, + blockDim.x, ... of the chunk.
       for (int64_t i = start + threadIdx.x; i < start + n; i += blockDim.x) {
         const float w = load_weight<T>(a, t, i, store);

@@ -138,17 +138,18 @@ struct ElementWeight {
 // Calls body(w, g, m, v, vmax, tail) on every element of chunk [start, start + n) of tensor t. kStore, a template
 // argument (one code path per way of keeping the weight), lets each path take its own registers: the lean paths'
 // compensation and seed would otherwise push the master path over its budget (NOTE [Optimizer chunk loop]).
-template <typename T, WeightStore kStore, typename Args, typename Body>
+template <typename T, typename G, WeightStore kStore, typename Args, typename Body>
 __device__ void for_each_element(const Args& a, int t, int64_t start, int64_t n, const GradIn& gin,
                                  const WeightOut& out, const Body& body) {
   constexpr int kVec = 4;
   constexpr int kUnroll = 2;
   using PackT = Pack<T, kVec>;
+  using PackG = Pack<G, kVec>;
   using PackF = Pack<float, kVec>;
   using PackB = Pack<uint16_t, kVec>;
   using PackR = Pack<int16_t, kVec>;
   auto* param = static_cast<T*>(a.data[kParamIdx][t]) + start;
-  auto* grad = static_cast<T*>(a.data[kGradIdx][t]) + start;
+  auto* grad = static_cast<G*>(a.data[kGradIdx][t]) + start;  // NOTE [FP32 grads of low-precision params]
   // Index (in the chunk) of the first scalar-tail element.
   const int64_t tail_from = tail_start(a.numel[t], gin.tail_width) - start;
   auto offset = [&](int s) { return a.data[s][t] ? static_cast<float*>(a.data[s][t]) + start : nullptr; };
@@ -184,7 +185,7 @@ __device__ void for_each_element(const Args& a, int t, int64_t start, int64_t n,
   const auto vmax_io = stream_io<kVec>(vmax);
 
   struct Packs {
-    PackT g;
+    PackG g;
     PackF w, m, v, vm;
     PackB c;
   };
@@ -229,7 +230,7 @@ __device__ void for_each_element(const Args& a, int t, int64_t start, int64_t n,
     if (gin.unscale && gin.write) {
 #pragma unroll
       for (int j = 0; j < kVec; ++j) {
-        r.g.v[j] = from_opmath<T>(gf[j]);
+        r.g.v[j] = from_opmath<G>(gf[j]);
       }
       grad_io.store(i, r.g);
     }
@@ -344,7 +345,7 @@ struct StateStream {
 // search order (NOTE [Quantizer search tree]: the lanes' lookups fall in distinct shared-memory banks); lane 0
 // stores the absmax. BF16 moments are rounded to nearest even. The same per-element operations as the CPU loop
 // (csrc/ops/cpu/optim_loops.h: NOTE [Weight-block loop]): the bits agree.
-template <typename T, typename Args, typename Body>
+template <typename T, typename G, typename Args, typename Body>
 __device__ void for_each_state_block(const Args& a, int t, int64_t start, int64_t n, const GradIn& gin,
                                      const WeightOut& out, const Body& body) {
   constexpr int kPer = kQuantBlock / 32;  // elements per lane
@@ -362,7 +363,7 @@ __device__ void for_each_state_block(const Args& a, int t, int64_t start, int64_
   const StateStream vs{a.data[kExpAvgSqIdx][t], a.dtype[kExpAvgSqIdx][t], maps + kQuantBlock, trees + kQuantBlock,
                        absmax_offset};
   auto* param = static_cast<T*>(a.data[kParamIdx][t]) + start;
-  auto* grad = static_cast<T*>(a.data[kGradIdx][t]) + start;
+  auto* grad = static_cast<G*>(a.data[kGradIdx][t]) + start;
   auto* master = a.data[kMasterIdx][t] ? static_cast<float*>(a.data[kMasterIdx][t]) + start : nullptr;
   auto* vmax = a.data[kMaxExpAvgSqIdx][t] ? static_cast<float*>(a.data[kMaxExpAvgSqIdx][t]) + start : nullptr;
   constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
@@ -464,47 +465,32 @@ __device__ void for_each_state_block(const Args& a, int t, int64_t start, int64_
 
 // kStateBlocks: the kernel of the tensors whose moments are not both FP32 (NOTE [Moment storage kernels]).
 template <bool kStateBlocks, typename Args, typename Body>
-__device__ void dispatch_dtype(const Args& a, int t, int64_t start, int64_t n, const GradIn& gin, const WeightOut& out,
-                               const Body& body) {
-  if constexpr (kStateBlocks) {
-    switch (a.dtype[kParamIdx][t]) {  // NOTE [State-block chunk loop]
-      case DType::kFloat16:
-        for_each_state_block<__half>(a, t, start, n, gin, out, body);
-        break;
-      case DType::kBFloat16:
-        for_each_state_block<__nv_bfloat16>(a, t, start, n, gin, out, body);
-        break;
-      default:
-        for_each_state_block<float>(a, t, start, n, gin, out, body);
-        break;
+__device__ AMPKIT_INLINE void dispatch_dtype(const Args& a, int t, int64_t start, int64_t n, const GradIn& gin,
+                                             const WeightOut& out, const Body& body) {
+  with_param_and_grad_types(a, t, [&](auto param_zero, auto grad_zero) {
+    using T = decltype(param_zero);
+    using G = decltype(grad_zero);
+    if constexpr (kStateBlocks) {
+      for_each_state_block<T, G>(a, t, start, n, gin, out, body);  // NOTE [State-block chunk loop]
+    } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+      switch (out.store) {
+        case WeightStore::kRemainder:
+          for_each_element<T, G, WeightStore::kRemainder>(a, t, start, n, gin, out, body);
+          break;
+        case WeightStore::kKahan:
+          for_each_element<T, G, WeightStore::kKahan>(a, t, start, n, gin, out, body);
+          break;
+        case WeightStore::kStochastic:
+          for_each_element<T, G, WeightStore::kStochastic>(a, t, start, n, gin, out, body);
+          break;
+        default:
+          for_each_element<T, G, WeightStore::kDirect>(a, t, start, n, gin, out, body);
+          break;
+      }
+    } else {
+      for_each_element<T, G, WeightStore::kDirect>(a, t, start, n, gin, out, body);
     }
-    return;
-  } else {
-    switch (a.dtype[kParamIdx][t]) {
-      case DType::kFloat16:
-        for_each_element<__half, WeightStore::kDirect>(a, t, start, n, gin, out, body);
-        break;
-      case DType::kBFloat16:
-        switch (out.store) {
-          case WeightStore::kRemainder:
-            for_each_element<__nv_bfloat16, WeightStore::kRemainder>(a, t, start, n, gin, out, body);
-            break;
-          case WeightStore::kKahan:
-            for_each_element<__nv_bfloat16, WeightStore::kKahan>(a, t, start, n, gin, out, body);
-            break;
-          case WeightStore::kStochastic:
-            for_each_element<__nv_bfloat16, WeightStore::kStochastic>(a, t, start, n, gin, out, body);
-            break;
-          default:
-            for_each_element<__nv_bfloat16, WeightStore::kDirect>(a, t, start, n, gin, out, body);
-            break;
-        }
-        break;
-      default:
-        for_each_element<float, WeightStore::kDirect>(a, t, start, n, gin, out, body);
-        break;
-    }
-  }
+  });
 }
 
 // The step count a tensor's update reaches (its stored count + 1; 0 without one).
@@ -521,7 +507,7 @@ struct AdamChunkOp {
   WeightStore store;
 
   template <typename Args>
-  __device__ void operator()(const Args& a, int t, int64_t start, int64_t n) const {
+  __device__ AMPKIT_INLINE void operator()(const Args& a, int t, int64_t start, int64_t n) const {
     if (dev.skipped()) {
       return;
     }
@@ -542,7 +528,7 @@ struct SgdChunkOp {
   WeightStore store;
 
   template <typename Args>
-  __device__ void operator()(const Args& a, int t, int64_t start, int64_t n) const {
+  __device__ AMPKIT_INLINE void operator()(const Args& a, int t, int64_t start, int64_t n) const {
     if (dev.skipped()) {
       return;
     }

@@ -102,6 +102,32 @@ __device__ AMPKIT_INLINE Factors block_factors(const Compute& compute) {
   return shared_factors[0];
 }
 
+// Calls f(T{}, G{}) with T the parameter's element type and G the grad's (a FP16/BF16 parameter's grad in its
+// dtype or in FP32: NOTE [FP32 grads of low-precision params]).
+template <typename Args, typename F>
+__device__ AMPKIT_INLINE void with_param_and_grad_types(const Args& a, int t, const F& f) {
+  const bool fp32_grad = a.dtype[kGradIdx][t] == DType::kFloat32;
+  switch (a.dtype[kParamIdx][t]) {
+    case DType::kFloat16:
+      if (fp32_grad) {
+        f(__half{}, float{});
+      } else {
+        f(__half{}, __half{});
+      }
+      break;
+    case DType::kBFloat16:
+      if (fp32_grad) {
+        f(__nv_bfloat16{}, float{});
+      } else {
+        f(__nv_bfloat16{}, __nv_bfloat16{});
+      }
+      break;
+    default:
+      f(float{}, float{});
+      break;
+  }
+}
+
 // Step counts live in their own one-element tensors; they are bumped after the update kernel (which reads them).
 constexpr int kMaxStepsPerLaunch = 2000;
 struct StepList {
@@ -137,7 +163,7 @@ LaunchStatus launch_passes(const OptimTensor* tensors, int64_t n, const ChunkOp&
                              : t.kahan_comp != nullptr ? static_cast<void*>(t.kahan_comp)
                                                        : const_cast<int64_t*>(t.sr_seed);
     for (int s = 0; s < kStreams; ++s) {
-      const bool weight_typed = s == kParamIdx || s == kGradIdx;
+      const bool weight_typed = s == kParamIdx || (s == kGradIdx && !t.grad_fp32);
       lists[s * n + i] = TensorRef{streams[s], t.numel, weight_typed ? t.dtype : DType::kFloat32};
     }
     // The moments' storage (StateType) as their streams' dtype codes.

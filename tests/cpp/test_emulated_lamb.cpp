@@ -95,6 +95,33 @@ TEST_CASE("emulated lamb step: every master mode and option, clipping, skip, sca
   }
 }
 
+TEST_CASE("emulated lamb step: FP32 grads of FP16/BF16 params match the CPU in every weight mode", "[emulated]") {
+  // NOTE [FP32 grads of low-precision params], with clipping (the norm pass reads the FP32 grads too).
+  torch::manual_seed(19);
+  const std::vector<int64_t> sizes = {1, 9, 33, kChunk + 5, 0};
+  const kern::LambParams hp{1e-2, 0.9, 0.999, 0.01, 1e-6, true, true, true, false, 0.5};
+  for (const auto& [dtype, master] :
+       {std::pair(at::kHalf, Master::kFp32), std::pair(at::kBFloat16, Master::kNone),
+        std::pair(at::kBFloat16, Master::kRemainder), std::pair(at::kBFloat16, Master::kKahan),
+        std::pair(at::kBFloat16, Master::kStochastic)}) {
+    for (const int64_t offset : {0, 1}) {
+      INFO("dtype " << dtype << ", master " << static_cast<int>(master) << ", offset " << offset);
+      auto cpu = make_params(sizes, dtype, master, true, false, false, offset);
+      for (auto& s : cpu) {
+        s.grad = at_offset(random_grad(s.param.numel(), at::kFloat, 100.0), offset);
+      }
+      const std::vector<ParamState> initial = clones(cpu);
+      std::vector<ParamState> emu_state = clones(cpu);
+      const Scalars sc{256.f, 0.f, 3e-3f, true, true, offset == 1};
+      for (int step = 0; step < 2; ++step) {
+        run_lamb_both(cpu, emu_state, hp, sc);
+        require_same_lamb_state(cpu, emu_state);
+      }
+      REQUIRE_FALSE(bits_equal(emu_state[3].param, initial[3].param));
+    }
+  }
+}
+
 TEST_CASE("emulated lamb step: found_inf skips every write, and the traffic is the design's", "[emulated]") {
   torch::manual_seed(16);
   const kern::LambParams hp{1e-3, 0.9, 0.999, 0.01, 1e-6, true, true, true, false, 0.0};

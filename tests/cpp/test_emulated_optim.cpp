@@ -283,6 +283,59 @@ TEST_CASE("emulated state-block steps: BF16 and 8-bit moments in every weight mo
   }
 }
 
+TEST_CASE("emulated optimizer steps: FP32 grads of FP16/BF16 params, every weight mode and moment storage, match "
+          "the CPU bit for bit",
+          "[emulated]") {
+  // NOTE [FP32 grads of low-precision params]: the element-wise loop (aligned, and misaligned streams going
+  // element-wise) and the state-block loop read the grad as FP32, and store it so when unscaled. Sizes are
+  // multiples of 8 (no element takes the CPU's scalar tail).
+  torch::manual_seed(18);
+  const std::vector<int64_t> sizes = {8, 264, 4104, kChunk + 264};
+  const std::pair<at::ScalarType, at::ScalarType> moments[] = {{at::kFloat, at::kFloat}, {at::kByte, at::kBFloat16}};
+  for (const auto& [m_dtype, v_dtype] : moments) {
+    for (const auto& [dtype, master] :
+         {std::pair(at::kHalf, Master::kNone), std::pair(at::kHalf, Master::kFp32),
+          std::pair(at::kBFloat16, Master::kNone), std::pair(at::kBFloat16, Master::kFp32),
+          std::pair(at::kBFloat16, Master::kRemainder), std::pair(at::kBFloat16, Master::kKahan),
+          std::pair(at::kBFloat16, Master::kStochastic)}) {
+      for (const bool adam : {true, false}) {
+        for (const int64_t offset : {0, 1}) {
+          if (offset == 1 && m_dtype != at::kFloat) {
+            continue;  // a packed 8-bit state has no element offset
+          }
+          INFO("moments " << m_dtype << "/" << v_dtype << ", dtype " << dtype << ", master " << static_cast<int>(master)
+                          << ", adam " << adam << ", offset " << offset);
+          auto initial = make_params(sizes, dtype, master, adam, adam, !adam, offset);
+          for (auto& s : initial) {
+            s.grad = at_offset(random_grad(s.param.numel(), at::kFloat, 100.0), offset);
+            s.exp_avg = as_state(s.exp_avg, m_dtype, true);
+            s.exp_avg_sq = adam ? as_state(s.exp_avg_sq, v_dtype, false) : s.exp_avg_sq;
+          }
+          auto cuda = clones(initial);
+          auto cpu = clones(initial);
+          for (int step = 0; step < 2; ++step) {
+            const Scalars sc{1024.f, 0.f, step == 1 ? 2e-3f : 0.f, true, true, step == 1};
+            if (adam) {
+              const kern::AdamParams hp{1e-3, 0.9, 0.999, 0.01, 1e-8, true, false, true};
+              adam_on(adam_cuda(), cuda, hp, sc);
+              adam_on(adam_cpu(), cpu, hp, sc);
+            } else {
+              const kern::SgdParams hp{0.05, 0.9, 0.0, 1e-4, true, false};
+              sgd_on(sgd_cuda(), cuda, hp, sc);
+              sgd_on(sgd_cpu(), cpu, hp, sc);
+            }
+            require_same_state(cpu, cuda);
+          }
+          // The grads stayed FP32 and were stored unscaled; the weights moved.
+          REQUIRE(cuda.back().grad.scalar_type() == at::kFloat);
+          REQUIRE_FALSE(bits_equal(cuda.back().grad, initial.back().grad));
+          REQUIRE_FALSE(bits_equal(cuda.back().param, initial.back().param));
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("emulated state-block steps: found_inf skips every write", "[emulated]") {
   torch::manual_seed(15);
   auto state = make_params({4104}, at::kBFloat16, Master::kStochastic, true, false, false, 0);

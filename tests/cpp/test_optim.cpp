@@ -106,6 +106,42 @@ TEST_CASE("optim::AdamW: BF16 params keep FP32 masters that follow the FP32 run"
   }
 }
 
+TEST_CASE("optim: FP32 grads of BF16/FP16 params step bit for bit as the FP32 run, LAMB's global clip included",
+          "[optim][cpu]") {
+  // NOTE [FP32 grads of low-precision params]: a LibTorch program that accumulates FP32 grads for its BF16 weights
+  // (mutable_grad(), or torch's grad_dtype) gets the FP32 run's masters, moments and rounded weights.
+  for (const auto dtype : {at::kBFloat16, at::kHalf}) {
+    auto low = make_params(dtype, 3);
+    auto full = clone_params(low, at::kFloat);
+    ampkit::optim::AdamW a(low, ampkit::optim::AdamWOptions(1e-2).weight_decay(0.1));
+    ampkit::optim::AdamW f(full, ampkit::optim::AdamWOptions(1e-2).weight_decay(0.1));
+    auto low_lamb = clone_params(low, dtype);
+    auto full_lamb = clone_params(low, at::kFloat);
+    ampkit::optim::LAMB l(low_lamb, ampkit::optim::LAMBOptions(1e-2).max_grad_norm(0.5));
+    ampkit::optim::LAMB fl(full_lamb, ampkit::optim::LAMBOptions(1e-2).max_grad_norm(0.5));
+    for (int step = 0; step < 3; ++step) {
+      set_grads(full, step, at::kFloat);
+      set_grads(full_lamb, step, at::kFloat);
+      for (size_t i = 0; i < low.size(); ++i) {
+        low[i].mutable_grad() = full[i].grad().clone();
+        low_lamb[i].mutable_grad() = full_lamb[i].grad().clone();
+      }
+      a.step();
+      f.step();
+      l.step();
+      fl.step();
+    }
+    for (size_t i = 0; i < low.size(); ++i) {
+      INFO("dtype " << dtype << ", param " << i);
+      const auto& s = static_cast<ampkit::optim::AdamParamState&>(*a.state().at(low[i].unsafeGetTensorImpl()));
+      REQUIRE(low[i].grad().scalar_type() == at::kFloat);
+      REQUIRE(bits_equal(s.master_param(), full[i].detach()));
+      REQUIRE(bits_equal(low[i].detach(), full[i].detach().to(dtype)));
+      REQUIRE(bits_equal(low_lamb[i].detach(), full_lamb[i].detach().to(dtype)));
+    }
+  }
+}
+
 TEST_CASE("optim + GradScaler: sync-free steps equal an unscaled run, overflow steps change nothing",
           "[optim][scaler][cpu]") {
   torch::manual_seed(0);

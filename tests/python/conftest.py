@@ -45,7 +45,7 @@ def fresh_accelerate_state():
     GradientState._reset_state()
 
 
-_INT_OF_SIZE = {2: torch.int16, 4: torch.int32, 8: torch.int64}
+_INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 def bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:

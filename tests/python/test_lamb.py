@@ -266,7 +266,8 @@ def test_bad_input_raises_and_changes_nothing():
         (dict(max_grad_norm=-1.0), ValueError, "max_grad_norm must be a finite number >= 0"),
         (dict(max_grad_norm=math.inf), ValueError, "max_grad_norm"),
         (dict(grad_norm=torch.tensor(1.0, dtype=torch.float64)), TypeError, "grad_norm must be a Float"),
-        (dict(grads=[grads[0].float(), grads[1]]), TypeError, r"grads\[0\] must be Half"),
+        (dict(grads=[grads[0].bfloat16(), grads[1]]), TypeError,
+         r"grads\[0\] must be Half or Float like params\[0\], but got BFloat16"),
         (dict(exp_avg_sqs=[ms[0], vs[1]]), RuntimeError, "share memory"),
         (dict(grad_scale=torch.ones(2)), RuntimeError, "grad_scale must have exactly one element"),
     ]

@@ -205,9 +205,9 @@ void lamb_step(const kernels::OptimTensor* tensors, int64_t n, const kernels::La
     Lanes<2> lanes;
     alignas(64) float w_row[kernels::kNormLanes];
     alignas(64) float u_row[kernels::kNormLanes];
-    lamb_dispatch_dtype(t.dtype, [&](auto zero) {
-      using T = decltype(zero);
-      const T* grad = static_cast<const T*>(t.grad);
+    with_param_and_grad_types(t, [&](auto param_zero, auto grad_zero) {
+      using T = decltype(param_zero);
+      const auto* grad = static_cast<const decltype(grad_zero)*>(t.grad);  // NOTE [FP32 grads of low-precision params]
       const bool vector = t.remainder == nullptr;
       const VecF div(divisor);
       for (int64_t r = item.begin; r < item.end; r += kernels::kNormLanes) {

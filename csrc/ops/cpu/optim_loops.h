@@ -323,7 +323,7 @@ inline void rounding_words_of_block(uint64_t seed, uint32_t step, int64_t first,
 // (the scalar body with the tail formula from `tail_from` on, NOTE [torch's scalar tail]), then the weights are
 // stored as their mode keeps them and the moments as their dtype does. Every element takes the formulas and the
 // rounding the CUDA kernels take (NOTE [State-block chunk loop], NOTE [Optimizer chunk loop]): the bits agree.
-template <typename T, typename VecBody, typename ScalarBody>
+template <typename T, typename G, typename VecBody, typename ScalarBody>
 void weight_block_span(const OptimTensor& t, int64_t begin, int64_t end, int64_t tail_from, float grad_scale,
                        bool write_grads, const VecBody& vec_body_arg, const ScalarBody& scalar_body_arg) {
   constexpr int64_t kBlock = kernels::kQuantBlock;
@@ -332,7 +332,7 @@ void weight_block_span(const OptimTensor& t, int64_t begin, int64_t end, int64_t
   const VecBody vec_body = vec_body_arg;  // NOTE [Loop-invariant options]
   const ScalarBody scalar_body = scalar_body_arg;
   T* param = static_cast<T*>(t.param);
-  T* grad = static_cast<T*>(t.grad);
+  G* grad = static_cast<G*>(t.grad);
   auto* bits = reinterpret_cast<uint16_t*>(param);
   constexpr bool kBf16 = std::is_same_v<T, c10::BFloat16>;
   const bool stochastic = kBf16 && t.sr_seed != nullptr;
@@ -449,7 +449,7 @@ void weight_block_span(const OptimTensor& t, int64_t begin, int64_t end, int64_t
 // `write_grads`, the unscaled grads are stored back into t.grad.
 // kMaster, kM, kV, kVmax: which of the master, exp_avg (momentum buffer), exp_avg_sq and max_exp_avg_sq streams
 // the tensor has, as template arguments so that the vector loop tests none of them (dispatch_span picks them).
-template <typename T, bool kMaster, bool kM, bool kV, bool kVmax, typename VecBody, typename ScalarBody>
+template <typename T, typename G, bool kMaster, bool kM, bool kV, bool kVmax, typename VecBody, typename ScalarBody>
 void optim_span(const OptimTensor& t, int64_t begin, int64_t end, int64_t tail_from, float grad_scale, bool write_grads,
                 const VecBody& vec_body_arg, const ScalarBody& scalar_body_arg) {
   // Local copies of the bodies (NOTE [Loop-invariant options]).
@@ -458,10 +458,11 @@ void optim_span(const OptimTensor& t, int64_t begin, int64_t end, int64_t tail_f
   static_assert(at::vec::Vectorized<T>::size() == 2 * VecF::size() || std::is_same_v<T, float>);
   // Float vectors per iteration: two for FP16/BF16 parameters (one vector of theirs widens to two), one for FP32
   // (every stream then loads one vector, as torch's loop does, and a tensor's vector part ends one vector later).
+  // An FP32 grad of a 2-byte parameter loads as two vectors of FP32.
   constexpr int kVecs = std::is_same_v<T, float> ? 1 : 2;
   constexpr int64_t kStep = kVecs * VecF::size();
   T* param = static_cast<T*>(t.param);
-  T* grad = static_cast<T*>(t.grad);
+  G* grad = static_cast<G*>(t.grad);  // T, or FP32 (NOTE [FP32 grads of low-precision params])
   float* const master = kMaster ? t.master : nullptr;
   float* const m = kM ? t.exp_avg : nullptr;
   float* const v = kV ? t.exp_avg_sq : nullptr;
@@ -475,7 +476,7 @@ void optim_span(const OptimTensor& t, int64_t begin, int64_t end, int64_t tail_f
     if (unscale) {
       g = g / grad_scale;
       if (write_grads) {
-        grad[i] = static_cast<T>(g);
+        grad[i] = static_cast<G>(g);
       }
     }
     return g;
@@ -548,6 +549,32 @@ std::vector<Factors> step_factors(const OptimTensor* tensors, int64_t n, const M
   return factors;
 }
 
+// NOTE [FP32 grads of low-precision params] (kernels/common.h).
+// Calls f(T{}, G{}) with T the parameter's element type and G the grad's: (Half, Half), (Half, float),
+// (BFloat16, BFloat16), (BFloat16, float) or (float, float).
+template <typename F>
+void with_param_and_grad_types(const OptimTensor& t, const F& f) {
+  switch (t.dtype) {
+    case DType::kFloat16:
+      if (t.grad_fp32) {
+        f(c10::Half{}, float{});
+      } else {
+        f(c10::Half{}, c10::Half{});
+      }
+      break;
+    case DType::kBFloat16:
+      if (t.grad_fp32) {
+        f(c10::BFloat16{}, float{});
+      } else {
+        f(c10::BFloat16{}, c10::BFloat16{});
+      }
+      break;
+    default:
+      f(float{}, float{});
+      break;
+  }
+}
+
 // Streams an algorithm's tensors may have: Adam (exp_avg and exp_avg_sq always; a master and max_exp_avg_sq
 // optional) or SGD (a master and a momentum buffer optional).
 enum class Streams { kAdam, kSgd };
@@ -562,7 +589,7 @@ void with_flag(bool flag, const F& f) {
   }
 }
 
-template <typename T, Streams kStreams, typename VecBody, typename ScalarBody>
+template <typename T, typename G, Streams kStreams, typename VecBody, typename ScalarBody>
 void span_with_streams(const OptimTensor& t, int64_t begin, int64_t end, int64_t tail_from, float grad_scale,
                        bool write_grads, const VecBody& vec_body, const ScalarBody& scalar_body) {
   constexpr bool kAdam = kStreams == Streams::kAdam;
@@ -571,7 +598,7 @@ void span_with_streams(const OptimTensor& t, int64_t begin, int64_t end, int64_t
   with_flag(t.master != nullptr, [&](auto master) {
     with_flag(second, [&](auto other) {
       constexpr bool kOther = decltype(other)::value;
-      optim_span<T, decltype(master)::value, kAdam || kOther, kAdam, kAdam && kOther>(
+      optim_span<T, G, decltype(master)::value, kAdam || kOther, kAdam, kAdam && kOther>(
           t, begin, end, tail_from, grad_scale, write_grads, vec_body, scalar_body);
     });
   });
@@ -582,33 +609,18 @@ void dispatch_span(const OptimTensor& t, int64_t begin, int64_t end, int tail_wi
                    const VecBody& vec_body, const ScalarBody& scalar_body) {
   const int64_t tail_from = kernels::tail_start(t.numel, tail_width);
   // NOTE [Weight-block loop]: a weight kept bit by bit, or moments in BF16 or 8 bits.
-  if (t.remainder != nullptr || t.kahan_comp != nullptr || t.sr_seed != nullptr ||
-      t.exp_avg_type != kernels::StateType::kFloat32 || t.exp_avg_sq_type != kernels::StateType::kFloat32) {
-    switch (t.dtype) {
-      case DType::kFloat16:
-        weight_block_span<c10::Half>(t, begin, end, tail_from, grad_scale, write_grads, vec_body, scalar_body);
-        break;
-      case DType::kBFloat16:
-        weight_block_span<c10::BFloat16>(t, begin, end, tail_from, grad_scale, write_grads, vec_body, scalar_body);
-        break;
-      default:
-        weight_block_span<float>(t, begin, end, tail_from, grad_scale, write_grads, vec_body, scalar_body);
-        break;
+  const bool blocks = t.remainder != nullptr || t.kahan_comp != nullptr || t.sr_seed != nullptr ||
+                      t.exp_avg_type != kernels::StateType::kFloat32 ||
+                      t.exp_avg_sq_type != kernels::StateType::kFloat32;
+  with_param_and_grad_types(t, [&](auto param_zero, auto grad_zero) {
+    using T = decltype(param_zero);
+    using G = decltype(grad_zero);
+    if (blocks) {
+      weight_block_span<T, G>(t, begin, end, tail_from, grad_scale, write_grads, vec_body, scalar_body);
+    } else {
+      span_with_streams<T, G, kStreams>(t, begin, end, tail_from, grad_scale, write_grads, vec_body, scalar_body);
     }
-    return;
-  }
-  switch (t.dtype) {
-    case DType::kFloat16:
-      span_with_streams<c10::Half, kStreams>(t, begin, end, tail_from, grad_scale, write_grads, vec_body, scalar_body);
-      break;
-    case DType::kBFloat16:
-      span_with_streams<c10::BFloat16, kStreams>(t, begin, end, tail_from, grad_scale, write_grads, vec_body,
-                                                 scalar_body);
-      break;
-    default:
-      span_with_streams<float, kStreams>(t, begin, end, tail_from, grad_scale, write_grads, vec_body, scalar_body);
-      break;
-  }
+  });
 }
 
 }  // namespace
