@@ -394,12 +394,17 @@ __device__ void for_each_state_block(const Args& a, int t, int64_t start, int64_
     }
     return s.map[global_load(static_cast<const uint8_t*>(s.base) + e)] * scale;
   };
-  // The block's new values x[] stored back; 8-bit: with the warp's absmax.
-  auto store_state = [&](const StateStream& s, int64_t b0, int valid, int64_t block, const float* x) {
+  // The block's new values x[] stored back; 8-bit: with the warp's absmax. Every loop over a lane's kPer elements
+  // is unrolled with the `j < valid` test inside, so that x[] and the moments stay in registers (a loop bounded by
+  // `valid` indexes them at run time: ptxas put them in an 80-byte stack frame).
+  auto store_state = [&](const StateStream& s, int64_t b0, int valid, int64_t block, const float(&x)[kPer]) {
     if (s.type == DType::kUInt8) {
       float absmax = 0.f;
-      for (int j = 0; j < valid; ++j) {
-        absmax = absmax_fold(absmax, x[j]);
+#pragma unroll
+      for (int j = 0; j < kPer; ++j) {
+        if (j < valid) {
+          absmax = absmax_fold(absmax, x[j]);
+        }
       }
 #pragma unroll
       for (int offset = 16; offset > 0; offset /= 2) {
@@ -410,18 +415,24 @@ __device__ void for_each_state_block(const Args& a, int t, int64_t start, int64_
         global_store(s.absmax(block), scale);
       }
       const float map_last = s.map[kQuantBlock - 1];  // a broadcast
-      for (int j = 0; j < valid; ++j) {
-        global_store(static_cast<uint8_t*>(s.base) + start + b0 + j * 32 + lane,
-                     blockwise8_code_tree(x[j], scale, s.tree, map_last));
+#pragma unroll
+      for (int j = 0; j < kPer; ++j) {
+        if (j < valid) {
+          global_store(static_cast<uint8_t*>(s.base) + start + b0 + j * 32 + lane,
+                       blockwise8_code_tree(x[j], scale, s.tree, map_last));
+        }
       }
       return;
     }
-    for (int j = 0; j < valid; ++j) {
-      const int64_t e = start + b0 + j * 32 + lane;
-      if (s.type == DType::kFloat32) {
-        global_store(static_cast<float*>(s.base) + e, x[j]);
-      } else {
-        global_store(static_cast<uint16_t*>(s.base) + e, bf16_bits_nearest(x[j]));
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      if (j < valid) {
+        const int64_t e = start + b0 + j * 32 + lane;
+        if (s.type == DType::kFloat32) {
+          global_store(static_cast<float*>(s.base) + e, x[j]);
+        } else {
+          global_store(static_cast<uint16_t*>(s.base) + e, bf16_bits_nearest(x[j]));
+        }
       }
     }
   };
@@ -440,7 +451,11 @@ __device__ void for_each_state_block(const Args& a, int t, int64_t start, int64_
     v_scale = __shfl_sync(0xffffffffu, v_scale, 0);
     float mv[kPer];
     float vv[kPer];
-    for (int j = 0; j < valid; ++j) {
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      if (j >= valid) {
+        continue;
+      }
       const int64_t i = b0 + j * 32 + lane;
       mv[j] = ms.base ? load_state(ms, i, m_scale) : 0.f;
       vv[j] = vs.base ? load_state(vs, i, v_scale) : 0.f;
@@ -448,7 +463,12 @@ __device__ void for_each_state_block(const Args& a, int t, int64_t start, int64_
       const float g = read_grad(grad, i, gin);
       float vmj = vmax ? global_load(vmax + i) : 0.f;
       float w = w0;
-      body(w, g, ms.base ? &mv[j] : nullptr, vs.base ? &vv[j] : nullptr, vmax ? &vmj : nullptr, i >= tail_from);
+      // Scalars, not array elements, go to the functor (as in for_each_element).
+      float mj = mv[j];
+      float vj = vv[j];
+      body(w, g, ms.base ? &mj : nullptr, vs.base ? &vj : nullptr, vmax ? &vmj : nullptr, i >= tail_from);
+      mv[j] = mj;
+      vv[j] = vj;
       if (vmax) {
         global_store(vmax + i, vmj);
       }
