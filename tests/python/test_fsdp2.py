@@ -284,7 +284,9 @@ def _case_low_precision_params(rank: int, out_dir: str) -> dict:
              (ampkit.optim.AdamW, dict(lr=1e-2, master_weights="kahan", exp_avg_dtype=torch.bfloat16,
                                        exp_avg_sq_dtype=torch.bfloat16)),
              (ampkit.optim.AdamW, dict(lr=1e-2, master_weights="stochastic")),
-             (ampkit.optim.SGD, dict(lr=0.05, master_weights="stochastic"))]  # a state of step and sr_seed alone
+             (ampkit.optim.SGD, dict(lr=0.05, master_weights="stochastic")),  # a state of step and sr_seed alone
+             # LAMB's trust ratio is each local shard's (its clipping's global norm: test_lamb_clips_with_the_norm_...)
+             (ampkit.optim.LAMB, dict(lr=1e-2, weight_decay=0.01, max_grad_norm=0.0, master_weights="stochastic"))]
     out = {"seeds": {}}
     for cls, kwargs in cases:
         model = _model(dtype=torch.bfloat16)
@@ -371,7 +373,7 @@ def _stochastic_shards(rank: int) -> dict:
 def test_low_precision_params_under_fsdp2(tmp_path):
     results = _run(tmp_path, "_case_low_precision_params")
     # master_weights="stochastic": one seed per parameter, the same on every rank.
-    assert results[0]["seeds"] == results[1]["seeds"] and len(results[0]["seeds"]) == 2
+    assert results[0]["seeds"] == results[1]["seeds"] and len(results[0]["seeds"]) == 3
     assert all(len(set(seeds)) == 6 for seeds in results[0]["seeds"].values()), "a seed per parameter"
     for step, (a, b) in enumerate(zip(results[0]["replica"], results[1]["replica"])):
         assert all(torch.equal(x, y) for x, y in zip(a, b)), f"HSDP replicas apart after step {step}"
