@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import ampkit
-from conftest import bits_equal
+from conftest import DEVICES, bits_equal
 from factories import grads_for, make_params
 from loops import step_in_lockstep
 from test_optim_lean import bf16_down_up
@@ -44,9 +44,10 @@ def low_precision_twin(params32: list[torch.Tensor], dtype: torch.dtype) -> list
     return out
 
 
-def fp32_and_low(seed: int, dtype: torch.dtype) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+def fp32_and_low(seed: int, dtype: torch.dtype, device: str = "cpu") -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """FP32 params holding values of ``dtype`` (the FP32 run), and their exact ``dtype`` twins with FP32 grads."""
-    params32 = [p.detach().to(dtype).float().requires_grad_() for p in make_params(shapes=SHAPES, seed=seed)]
+    params32 = [p.detach().to(dtype).float().requires_grad_()
+                for p in make_params(device, shapes=SHAPES, seed=seed)]
     return params32, low_precision_twin(params32, dtype)
 
 
@@ -69,13 +70,15 @@ def poisoned_grads(params, step):
     return [g * (1 + 2.0 ** -12) + 2.0 ** -20 for g in grads]
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", LOW, ids=["bf16", "fp16"])
 @pytest.mark.parametrize("name,states", [(name, states) for name in ALGORITHMS for states in STATES
                                          if state_options(name, states) is not None])
-def test_fp32_grads_with_a_master_step_bit_for_bit_as_the_fp32_path(name, states, dtype):
+def test_fp32_grads_with_a_master_step_bit_for_bit_as_the_fp32_path(name, states, dtype, device):
+    # On CUDA too: both paths take the same kernels' formulas per element (no scalar tail there).
     cls, options = ALGORITHMS[name]
     extra = state_options(name, states)
-    params32, low = fp32_and_low(1, dtype)
+    params32, low = fp32_and_low(1, dtype, device)
     ref = cls(params32, **options, **extra)
     opt = cls(low, **options, **extra, master_weights=True)
     for step in range(3):
@@ -87,7 +90,7 @@ def test_fp32_grads_with_a_master_step_bit_for_bit_as_the_fp32_path(name, states
             for key, value in ref.state[p32].items():
                 assert bits_equal(opt.state[p][key], value), (name, step, key)
     # The grads' FP32 bits reached the step: rounding them to the parameter's dtype first gives other masters.
-    rounded = fp32_and_low(1, dtype)[1]
+    rounded = fp32_and_low(1, dtype, device)[1]
     opt_rounded = cls(rounded, **options, **extra, master_weights=True)
     for step in range(3):
         for p, g in zip(rounded, poisoned_grads(rounded, step)):
@@ -214,6 +217,11 @@ def test_the_op_names_the_grad_dtype_it_takes():
     assert m.count_nonzero() == 0 and step.item() == 0
 
 
+TORCH_2_13 = pytest.mark.skipif(not torch.__version__.startswith("2.13."),
+                                reason="pins a behaviour of torch 2.13, the pinned version")
+
+
+@TORCH_2_13
 def test_fsdp2_in_torch_2_13_casts_the_reduced_grad_to_the_sharded_params_dtype():
     """The piece torch lacks: FSDP2 casts the reduce-scatter output to the sharded parameter's dtype, so a BF16
     sharded parameter cannot take FP32 grads (``grad_dtype``) from it. When torch changes this, this test fails,
@@ -248,6 +256,7 @@ def test_fsdp2_in_torch_2_13_casts_the_reduced_grad_to_the_sharded_params_dtype(
     assert "refused: True" in out.stdout, out.stdout
 
 
+@TORCH_2_13
 def test_torch_compile_in_torch_2_13_cannot_trace_a_grad_of_another_dtype():
     """The other piece torch lacks: Dynamo refuses (or fails on) a parameter whose grad has another dtype, for torch's
     own optimizers as for ampkit's, so such steps run eagerly. When torch changes this, this test fails."""
