@@ -5,8 +5,10 @@
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 #include <torch/csrc/autograd/variable.h>
+#include <torch/version.h>
 
 #include <mutex>
+#include <optional>
 #include <utility>
 
 #include "ampkit/ops.h"
@@ -28,6 +30,17 @@ struct GradientAllReduce::Bucket {
 };
 
 namespace {
+
+// The dtype of p's grads: its own, or the one its grad_dtype names (torch >= 2.10: FP32 grads of BF16 weights,
+// NOTE [FP32 grads of low-precision params]), decided from the parameters so that every rank buckets alike.
+at::ScalarType grad_dtype_of(const at::Tensor& p) {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 10)
+  if (const std::optional<at::ScalarType> d = p.grad_dtype(); d.has_value()) {
+    return *d;
+  }
+#endif
+  return p.scalar_type();
+}
 
 at::ScalarType wire_dtype(Compression c, at::ScalarType grad_dtype) {
   switch (c) {
@@ -63,13 +76,14 @@ GradientAllReduce::GradientAllReduce(std::vector<at::Tensor> params,
   // Buckets in reverse parameter order, one dtype and device each, up to bucket_bytes.
   for (int64_t i = static_cast<int64_t>(params_.size()) - 1; i >= 0; --i) {
     const at::Tensor& p = params_[i];
+    const at::ScalarType grad_dtype = grad_dtype_of(p);
     Bucket* b = buckets_.empty() ? nullptr : buckets_.back().get();
-    if (b == nullptr || b->device != p.device() || b->grad_dtype != p.scalar_type() ||
-        (b->numel + p.numel()) * p.element_size() > options_.bucket_bytes()) {
+    if (b == nullptr || b->device != p.device() || b->grad_dtype != grad_dtype ||
+        (b->numel + p.numel()) * static_cast<int64_t>(c10::elementSize(grad_dtype)) > options_.bucket_bytes()) {
       buckets_.push_back(std::make_unique<Bucket>());
       b = buckets_.back().get();
       b->device = p.device();
-      b->grad_dtype = p.scalar_type();
+      b->grad_dtype = grad_dtype;
     }
     b->indices.push_back(i);
     b->offsets.push_back(b->numel);
@@ -183,7 +197,7 @@ void GradientAllReduce::synchronize() {
       at::Tensor& p = params_[b.indices[slot]];
       parts.push_back(b.buffer.narrow(0, b.offsets[slot], p.numel()).view(p.sizes()));
       if (!p.grad().defined()) {
-        p.mutable_grad() = at::empty_like(p, at::MemoryFormat::Preserve);
+        p.mutable_grad() = at::empty_like(p, p.options().dtype(b.grad_dtype), at::MemoryFormat::Preserve);
       }
       grads.push_back(p.mutable_grad());
     }

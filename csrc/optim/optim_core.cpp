@@ -570,7 +570,10 @@ void run_plan(const GroupConfig& c, const StepPlan& plan, at::TensorList params,
       continue;
     }
     if (e.staged) {
-      staged.emplace_back(*grads[i], at::empty_like(p).copy_(*grads[i]));
+      // In the parameter's layout; a FP32 grad of a FP16/BF16 parameter stays FP32 (NOTE [FP32 grads of
+      // low-precision params]).
+      const at::ScalarType dtype = grads[i]->scalar_type() == at::kFloat ? at::kFloat : p.scalar_type();
+      staged.emplace_back(*grads[i], at::empty_like(p, p.options().dtype(dtype)).copy_(*grads[i]));
       grads[i] = &staged.back().second;
     }
     complete_state(c, e, p, s);

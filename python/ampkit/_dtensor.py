@@ -87,13 +87,19 @@ def local_grads(params: list, where: str = "ampkit") -> Iterator[list]:
                 continue
             g = _local_grad(p, where)
             lp = p._local_tensor
-            restore.append((lp, lp.grad))
+            # A grad of another dtype (FP32 grads of a BF16 parameter, grad_dtype) needs the shard to accept it.
+            grad_dtype = lp.grad_dtype if g is not None and g.dtype != lp.dtype else False
+            restore.append((lp, lp.grad, grad_dtype))
+            if grad_dtype is not False:
+                lp.grad_dtype = None
             lp.grad = g
             out.append(lp)
         yield out
     finally:
-        for lp, old in reversed(restore):
+        for lp, old, grad_dtype in reversed(restore):
             lp.grad = old
+            if grad_dtype is not False:
+                lp.grad_dtype = grad_dtype
 
 
 # NOTE [8-bit states of DTensor parameters]

@@ -5,6 +5,7 @@
 #include "support/catch_torch.h"
 
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
+#include <torch/version.h>
 
 #include <cmath>
 #include <cstdio>
@@ -148,6 +149,33 @@ TEST_CASE("distributed: GradientAllReduce and store_process_group refuse bad arg
   CHECK(one.bytes_reduced() == 12);
   std::remove(path.c_str());
 }
+
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 10)
+TEST_CASE("distributed: GradientAllReduce keeps FP32 grads of BF16 params (grad_dtype) in FP32", "[distributed][cpu]") {
+  // NOTE [FP32 grads of low-precision params]. One rank: the all-reduce is the identity (divided by 1), so the
+  // grads come back bit for bit unless the wire rounds them to BF16.
+  const std::string path =
+      (std::filesystem::temp_directory_path() / ("ampkit_test_allreduce_fp32_" + std::to_string(::getpid()))).string();
+  std::remove(path.c_str());
+  auto store = c10::make_intrusive<c10d::FileStore>(path, 1);
+  auto pg = ampkit::distributed::store_process_group(store, 0, 1);
+  torch::manual_seed(5);
+  auto w = torch::randn({33}).to(at::kBFloat16).requires_grad_();
+  auto unused = torch::randn({5}).to(at::kBFloat16).requires_grad_();
+  w.set_grad_dtype(at::kFloat);
+  unused.set_grad_dtype(at::kFloat);
+  ampkit::distributed::GradientAllReduce sync({w, unused}, pg);
+  const auto g = torch::randn({33}) * (1 + 0x1p-12);  // values BF16 cannot hold
+  w.mutable_grad() = g.clone();
+  sync.synchronize();
+  CHECK(w.grad().scalar_type() == at::kFloat);
+  CHECK(torch::equal(w.grad(), g));
+  CHECK(unused.grad().scalar_type() == at::kFloat);  // no grad on this rank: zeros, in the grads' dtype
+  CHECK(torch::equal(unused.grad(), torch::zeros({5})));
+  CHECK(sync.bytes_reduced() == (33 + 5) * 4);
+  std::remove(path.c_str());
+}
+#endif
 
 namespace {
 

@@ -370,6 +370,41 @@ def _stochastic_shards(rank: int) -> dict:
     return {"f": grad[0, 0].item() * 2**7, "seed": opt.state[w]["sr_seed"].item(), "rows": rows}
 
 
+def _case_fp32_grads_of_bf16_dtensors(rank: int, out_dir: str) -> dict:
+    """BF16 DTensor parameters accumulating FP32 grads (grad_dtype; plain DTensors, as tensor parallelism has them:
+    FSDP2 itself casts its grads, test_grad_dtype.py): each rank's step equals ampkit's step of plain BF16 tensors
+    holding its shards with the same FP32 grads, bit for bit; the local shards take the FP32 grads for the step
+    only."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+    mesh = init_device_mesh("cpu", (WORLD,))
+    torch.manual_seed(0)
+    full = [torch.randn(8, 6), torch.randn(5)]
+    params = [nn.Parameter(distribute_tensor(t.to(torch.bfloat16), mesh, [Shard(0)])) for t in full]
+    shadows = [nn.Parameter(p.to_local().detach().clone()) for p in params]
+    for p in params + shadows:
+        p.grad_dtype = torch.float32
+    opt = ampkit.optim.AdamW(params, lr=1e-2, master_weights=True)
+    shadow_opt = ampkit.optim.AdamW(shadows, lr=1e-2, master_weights=True)
+    for step in range(3):
+        torch.manual_seed(10 + step)
+        for p, s, t in zip(params, shadows, full):
+            p.grad = distribute_tensor(torch.randn(t.shape) * (1 + 2.0 ** -12), mesh, [Shard(0)])
+            s.grad = p.grad.to_local().clone()
+        opt.step()
+        shadow_opt.step()
+    for i, (p, s) in enumerate(zip(params, shadows)):
+        assert p.grad.dtype == torch.float32 and p.dtype == torch.bfloat16
+        assert torch.equal(p.detach().to_local(), s.detach()), f"param {i}"
+        assert torch.equal(opt.state[p]["master_param"].to_local(), shadow_opt.state[s]["master_param"]), i
+        assert p._local_tensor.grad is None and p._local_tensor.grad_dtype == torch.bfloat16, i
+    return {}
+
+
+def test_fp32_grads_of_bf16_dtensors(tmp_path):
+    _run(tmp_path, "_case_fp32_grads_of_bf16_dtensors")
+
+
 def test_low_precision_params_under_fsdp2(tmp_path):
     results = _run(tmp_path, "_case_low_precision_params")
     # master_weights="stochastic": one seed per parameter, the same on every rank.

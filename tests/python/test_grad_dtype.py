@@ -187,6 +187,29 @@ def test_the_scaler_finds_unscales_and_skips_fp32_grads_of_bf16_params_as_torch_
     assert scales == [2.0 ** 10, 2.0 ** 11, 2.0 ** 10, 2.0 ** 10, 2.0 ** 11]  # grown, halved by the Inf, grown
 
 
+def test_fp32_grads_in_another_layout_than_the_param_stay_fp32():
+    # A grad whose strides differ from its parameter's is staged in the parameter's layout for the kernels: in FP32,
+    # and stored back unscaled in FP32 (a staging copy in BF16 would round both).
+    torch.manual_seed(5)
+    p = torch.randn(33, 16).to(torch.bfloat16).t().detach().requires_grad_()  # strides (1, 16)
+    p.grad_dtype = torch.float32
+    p32 = p.detach().float().requires_grad_()
+    assert p.stride() == p32.stride() == (1, 16)
+    opt = ampkit.optim.AdamW([p], lr=1e-2, master_weights=True)
+    ref = ampkit.optim.AdamW([p32], lr=1e-2)
+    scaler = ampkit.GradScaler("cpu", init_scale=1024.0, growth_interval=1000)
+    for step in range(3):
+        g = torch.randn(16, 33) * (1 + 2.0 ** -12)  # contiguous: another layout than the parameter's
+        scaler.scale(torch.ones(()))
+        p.grad = g * 1024.0
+        p32.grad = g.clone()
+        scaler.step(opt)
+        scaler.update()
+        ref.step()
+        assert bits_equal(opt.state[p]["master_param"], p32.detach()), step
+        assert p.grad.dtype == torch.float32 and bits_equal(p.grad, g), step  # unscaled (1024 is a power of 2)
+
+
 @pytest.mark.parametrize("param_dtype,grad_dtype", [(torch.bfloat16, torch.float64), (torch.bfloat16, torch.float16),
                                                     (torch.float32, torch.bfloat16)])
 def test_a_grad_of_another_dtype_is_refused_and_nothing_changes(param_dtype, grad_dtype):
