@@ -341,6 +341,13 @@ void check_param(const GroupConfig& c, const at::Tensor& p, const at::Tensor& g,
       p.scalar_type(), " parameter of shape ", p.sizes(), " has ", g.is_sparse() ? "a sparse grad" : "gaps in memory");
   TORCH_CHECK_VALUE(g.sizes() == p.sizes(), c.optimizer, ": a parameter of shape ", p.sizes(), " has a grad of shape ",
                     g.sizes());
+  // torch's single-tensor formulas (the path of the parameters the kernels do not take) mix no dtypes: a grad of
+  // another dtype (grad_dtype) steps through the fused kernels only.
+  TORCH_CHECK_TYPE(fused || g.scalar_type() == p.scalar_type(), c.optimizer, ": a ", p.scalar_type(),
+                   " parameter of shape ", p.sizes(), " has a ", g.scalar_type(),
+                   " grad, which only the fused kernels ",
+                   "take (FP16/BF16 parameters dense in memory with dense FP32 grads), but it ",
+                   g.is_sparse() ? "is sparse" : "has gaps in memory");
   if (!fused && lean_states(c)) {
     const bool first = c.exp_avg_dtype != at::kFloat;
     const char* option =

@@ -227,6 +227,22 @@ def test_a_grad_of_another_dtype_is_refused_and_nothing_changes(param_dtype, gra
     assert not opt.state[p] or int(opt.state[p]["step"]) == 0
 
 
+def test_a_grad_of_another_dtype_on_a_param_with_gaps_is_refused_and_nothing_changes():
+    # Parameters with gaps in memory take torch's single-tensor formulas, which mix no dtypes.
+    p = torch.randn(8, 12).to(torch.bfloat16)[:, ::2].detach().requires_grad_()
+    p.grad_dtype = torch.float32
+    p.grad = torch.randn(8, 6)
+    q = torch.randn(5).to(torch.bfloat16).requires_grad_()  # a parameter the step would take, listed first
+    q.grad = torch.randn(5).to(torch.bfloat16)
+    opt = ampkit.optim.AdamW([q, p], lr=1e-2, master_weights=False)
+    before = [t.detach().clone() for t in (q, p)]
+    with pytest.raises(TypeError, match=r"AdamW: a BFloat16 parameter of shape \[8, 6\] has a Float grad, which only "
+                                        r"the fused kernels take .* but it has gaps in memory"):
+        opt.step()
+    assert all(bits_equal(t.detach(), b) for t, b in zip((q, p), before))
+    assert not opt.state[q] and not opt.state[p]
+
+
 def test_the_op_names_the_grad_dtype_it_takes():
     p = torch.randn(8, dtype=torch.bfloat16)
     g = torch.randn(8, dtype=torch.float64)
