@@ -162,15 +162,17 @@ int main(int argc, char** argv) {
     bool remainder;
     bool kahan = false;       // BF16 weight + BF16 Kahan compensation (no master)
     bool stochastic = false;  // BF16 weight written with stochastic rounding (no master)
+    bool fp32_grad = false;   // FP32 grads of the low-precision params (NOTE [FP32 grads of low-precision params])
   };
   for (const Case c : {Case{"fp16+fp32_master", true, false}, Case{"bf16+fp32_master", true, false},
                        Case{"bf16+remainder", false, true}, Case{"bf16+kahan", false, false, true},
-                       Case{"bf16+stochastic", false, false, false, true}, Case{"fp32", false, false}}) {
+                       Case{"bf16+stochastic", false, false, false, true}, Case{"fp32", false, false},
+                       Case{"bf16+fp32_master+fp32_grads", true, false, false, false, true}}) {
     const kern::DType dt = dtype_of(c.dtype);
     const bool low = dt != kern::DType::kFloat32;
     const int size = kern::dtype_size(dt);
     kern::OptimTensor t{low ? static_cast<void*>(b.half_param.data()) : b.f_param.data(),
-                        low ? static_cast<void*>(b.half_grad.data()) : b.f_grad.data(),
+                        low && !c.fp32_grad ? static_cast<void*>(b.half_grad.data()) : b.f_grad.data(),
                         c.master ? b.master.data() : nullptr,
                         c.remainder ? b.remainder.data() : nullptr,
                         b.m.data(),
@@ -181,6 +183,8 @@ int main(int argc, char** argv) {
                         dt,
                         c.kahan ? b.comp.data() : nullptr,
                         c.stochastic ? &b.seed : nullptr};
+    t.grad_fp32 = c.fp32_grad;
+    const int grad_size = c.fp32_grad ? 4 : size;
     // Grad read; weight read and written (the master when there is one, else the param, plus the remainder or the
     // Kahan compensation); moments read and written; the low-precision param written once when a master holds the
     // weight. Stochastic rounding reads one seed and the step per tensor (not per parameter).
@@ -191,7 +195,7 @@ int main(int argc, char** argv) {
       hp.write_unscaled_grads = write_grads;
       kern::SgdParams sp = sgd;
       sp.write_unscaled_grads = write_grads;
-      const double grad = write_grads ? 2 * size : size;
+      const double grad = write_grads ? 2 * grad_size : grad_size;
       t.exp_avg_sq = b.v.data();
       reset_all();
       kern::launch_adam_step(&t, 1, hp, &scale, &found, nullptr, nullptr);
@@ -213,8 +217,9 @@ int main(int argc, char** argv) {
     t.exp_avg_sq = b.v.data();
     reset_all();
     kern::launch_lamb_step(&t, 1, lamb, &scale, &found, nullptr, nullptr, lanes.data(), sums.data(), nullptr);
-    print_row("lamb_step", c.dtype,
-              size + weight_read + 16 + weight_read + 8 + (weight - weight_read) + 16.0 * kern::kNormLanes / 65536);
+    print_row(
+        "lamb_step", c.dtype,
+        grad_size + weight_read + 16 + weight_read + 8 + (weight - weight_read) + 16.0 * kern::kNormLanes / 65536);
   }
   // Moments in BF16 or 8-bit block-wise (exp_avg_dtype / exp_avg_sq_dtype; NOTE [8-bit block-wise states]): per
   // moment 4 bytes (BF16 read + written) or 2 (its code read + written) plus its block's FP32 absmax read +
