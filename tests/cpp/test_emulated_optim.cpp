@@ -238,6 +238,24 @@ at::Tensor as_state(const at::Tensor& values, at::ScalarType dtype, bool is_sign
   return dtype == at::kBFloat16 ? values.to(at::kBFloat16) : ampkit::blockwise8_quantize(values, is_signed);
 }
 
+// `steps` AdamW (amsgrad) or SGD (momentum, nesterov) steps of the emulated CUDA op on `cuda` and of the CPU op on
+// `cpu`, under a grad scale and, at step 1, a device lr, requiring the same bits after each.
+void step_both_alike(bool adam, std::vector<ParamState>& cuda, std::vector<ParamState>& cpu, int steps) {
+  for (int step = 0; step < steps; ++step) {
+    const Scalars sc{1024.f, 0.f, step == 1 ? 2e-3f : 0.f, true, true, step == 1};
+    if (adam) {
+      const kern::AdamParams hp{1e-3, 0.9, 0.999, 0.01, 1e-8, true, false, true};
+      adam_on(adam_cuda(), cuda, hp, sc);
+      adam_on(adam_cpu(), cpu, hp, sc);
+    } else {
+      const kern::SgdParams hp{0.05, 0.9, 0.0, 1e-4, true, false};
+      sgd_on(sgd_cuda(), cuda, hp, sc);
+      sgd_on(sgd_cpu(), cpu, hp, sc);
+    }
+    require_same_state(cpu, cuda);
+  }
+}
+
 }  // namespace
 
 TEST_CASE("emulated state-block steps: BF16 and 8-bit moments in every weight mode match the CPU bit for bit",
@@ -263,19 +281,7 @@ TEST_CASE("emulated state-block steps: BF16 and 8-bit moments in every weight mo
         }
         auto cuda = clones(initial);
         auto cpu = clones(initial);
-        for (int step = 0; step < 3; ++step) {
-          const Scalars sc{1024.f, 0.f, step == 1 ? 2e-3f : 0.f, true, true, step == 1};
-          if (adam) {
-            const kern::AdamParams hp{1e-3, 0.9, 0.999, 0.01, 1e-8, true, false, true};
-            adam_on(adam_cuda(), cuda, hp, sc);
-            adam_on(adam_cpu(), cpu, hp, sc);
-          } else {
-            const kern::SgdParams hp{0.05, 0.9, 0.0, 1e-4, true, false};
-            sgd_on(sgd_cuda(), cuda, hp, sc);
-            sgd_on(sgd_cpu(), cpu, hp, sc);
-          }
-          require_same_state(cpu, cuda);
-        }
+        step_both_alike(adam, cuda, cpu, 3);
         // The states moved (a step that wrote nothing would pass the comparison too).
         REQUIRE_FALSE(bits_equal(cpu.back().exp_avg, initial.back().exp_avg));
       }
@@ -313,19 +319,7 @@ TEST_CASE("emulated optimizer steps: FP32 grads of FP16/BF16 params, every weigh
           }
           auto cuda = clones(initial);
           auto cpu = clones(initial);
-          for (int step = 0; step < 2; ++step) {
-            const Scalars sc{1024.f, 0.f, step == 1 ? 2e-3f : 0.f, true, true, step == 1};
-            if (adam) {
-              const kern::AdamParams hp{1e-3, 0.9, 0.999, 0.01, 1e-8, true, false, true};
-              adam_on(adam_cuda(), cuda, hp, sc);
-              adam_on(adam_cpu(), cpu, hp, sc);
-            } else {
-              const kern::SgdParams hp{0.05, 0.9, 0.0, 1e-4, true, false};
-              sgd_on(sgd_cuda(), cuda, hp, sc);
-              sgd_on(sgd_cpu(), cpu, hp, sc);
-            }
-            require_same_state(cpu, cuda);
-          }
+          step_both_alike(adam, cuda, cpu, 2);
           // The grads stayed FP32 and were stored unscaled; the weights moved.
           REQUIRE(cuda.back().grad.scalar_type() == at::kFloat);
           REQUIRE_FALSE(bits_equal(cuda.back().grad, initial.back().grad));
