@@ -107,20 +107,20 @@ __device__ AMPKIT_INLINE Factors block_factors(const Compute& compute) {
 template <typename Args, typename F>
 __device__ AMPKIT_INLINE void with_param_and_grad_types(const Args& a, int t, const F& f) {
   const bool fp32_grad = a.dtype[kGradIdx][t] == DType::kFloat32;
+  auto low_precision = [&](auto param_zero) {  // a 2-byte parameter: its grad in its type or in FP32
+    using T = decltype(param_zero);
+    if (fp32_grad) {
+      f(T{}, float{});
+    } else {
+      f(T{}, T{});
+    }
+  };
   switch (a.dtype[kParamIdx][t]) {
     case DType::kFloat16:
-      if (fp32_grad) {
-        f(__half{}, float{});
-      } else {
-        f(__half{}, __half{});
-      }
+      low_precision(__half{});
       break;
     case DType::kBFloat16:
-      if (fp32_grad) {
-        f(__nv_bfloat16{}, float{});
-      } else {
-        f(__nv_bfloat16{}, __nv_bfloat16{});
-      }
+      low_precision(__nv_bfloat16{});
       break;
     default:
       f(float{}, float{});

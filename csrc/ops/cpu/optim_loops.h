@@ -554,20 +554,20 @@ std::vector<Factors> step_factors(const OptimTensor* tensors, int64_t n, const M
 // (BFloat16, BFloat16), (BFloat16, float) or (float, float).
 template <typename F>
 void with_param_and_grad_types(const OptimTensor& t, const F& f) {
+  auto low_precision = [&](auto param_zero) {  // a 2-byte parameter: its grad in its type or in FP32
+    using T = decltype(param_zero);
+    if (t.grad_fp32) {
+      f(T{}, float{});
+    } else {
+      f(T{}, T{});
+    }
+  };
   switch (t.dtype) {
     case DType::kFloat16:
-      if (t.grad_fp32) {
-        f(c10::Half{}, float{});
-      } else {
-        f(c10::Half{}, c10::Half{});
-      }
+      low_precision(c10::Half{});
       break;
     case DType::kBFloat16:
-      if (t.grad_fp32) {
-        f(c10::BFloat16{}, float{});
-      } else {
-        f(c10::BFloat16{}, c10::BFloat16{});
-      }
+      low_precision(c10::BFloat16{});
       break;
     default:
       f(float{}, float{});
