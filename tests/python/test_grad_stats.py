@@ -4,7 +4,10 @@ the same run after run; bad input raises; opcheck and fake tensors."""
 from __future__ import annotations
 
 import math
+import os
 import random
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -92,6 +95,80 @@ def test_histogram_of_rows_spanning_many_binades(device, dtype, inv):
         assert torch.equal(row[2:4], ref[2:4])
         assert torch.equal(row[FIRST:], ref[FIRST:]), (row[FIRST:].nonzero(), ref[FIRST:].nonzero())
         assert row[0].item() == ref[0].item()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("inv", [2.0 ** -16, 1 / 3.0])
+def test_histogram_of_chunks_whose_binades_move(device, dtype, inv):
+    """NOTE [Histogram by bit counts]: the CPU loop counts a window of 30 bins under a chunk's first row's largest;
+    these chunks start with a row of zeros, then blocks of 2048 elements each 40 (FP16: 12) binades from the one before,
+    blocks with a few elements (fewer and more than 64) far under or over the rest, the window's edge bins, and
+    ends with partial rows and Inf/NaN. Every count must equal the float64 reference."""
+    gen = torch.Generator().manual_seed(17)
+    n = 2 * 65536 + 3 * 512 + 77
+    x = torch.randn(n, generator=gen, dtype=torch.float64)
+    block = torch.arange(n) // 2048
+    step = 12 if dtype == torch.float16 else 40  # FP16 holds 2^-24..2^15
+    x = x * torch.exp2((block % 3 * step - step).double())
+    x[:512] = 0.0  # the first row of the first chunk: nothing live
+    for start, far in ((4 * 2048, 60), (5 * 2048, 65), (6 * 2048, 500)):
+        idx = start + torch.randperm(2048, generator=gen)[:far]
+        x[idx] = x[idx] * 2.0 ** -20 * torch.exp2(torch.randint(-12, 12, (far,), generator=gen).double())
+    x[7 * 2048:7 * 2048 + 40] = 2.0 ** torch.arange(-20, 20).double()  # 40 consecutive binades in one vector run
+    x[-700:-600] = 2.0 ** 10
+    x[-3:] = torch.tensor([math.inf, math.nan, -0.0], dtype=torch.float64)
+    g = x.clamp(-60000, 60000).to(dtype) if dtype == torch.float16 else x.to(dtype)
+    g[-3:-1] = torch.tensor([math.inf, math.nan])
+    g = g.to(device)
+    inv32 = torch.tensor(inv, dtype=torch.float32).item()
+    row = stats_rows([g, g[1:], g[513:]], torch.full((1,), inv, device=device)).cpu()
+    for r, t in zip(row, [g, g[1:], g[513:]]):
+        ref = grad_stats_row(t, inv32)
+        assert torch.equal(r[2:4], ref[2:4]) and r[0] == ref[0]
+        assert torch.equal(r[FIRST:], ref[FIRST:]), (r[FIRST:] - ref[FIRST:]).nonzero()
+    assert (row[0, FIRST:] > 0).sum() > 32  # more bins than the 30 of a window
+
+
+_EVERY_ISA_CASE = """
+import math, sys, torch, ampkit
+gen = torch.Generator().manual_seed(23)
+n = 65536 + 3 * 2048 + 515
+x = torch.randn(n, generator=gen, dtype=torch.float64) * torch.exp2(
+    (torch.arange(n) // 2048 % 4 * 30 - 60).double() + torch.randint(-3, 3, (n,), generator=gen).double())
+x[::11] = 0.0
+x[5000:5070] *= 2.0 ** 40
+x[-1] = math.nan
+x[-2000] = -math.inf
+x[70000:70016] = 1e-41
+grads = [x.float(), x.bfloat16(), x.clamp(-6e4, 6e4).half(), x.float()[1::2], x.float()[:0], x.float()[:17]]
+rows = [torch.ops.ampkit.grad_stats(grads, torch.full((1,), inv)) for inv in (1.0, 2.0 ** -16, 1 / 3.0)]
+torch.save({"isa": ampkit.build_info()["cpu_isa"], "rows": rows}, sys.argv[1])
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux" or os.uname().machine != "x86_64", reason="the x86 copies of the loops")
+def test_every_cpu_isa_copy_of_the_loop_counts_alike(tmp_path):
+    """The CPU loop is compiled once per instruction set (AVX-512 intrinsics, AVX2 and portable vector code);
+    AMPKIT_CPU_ISA caps the one a process picks, so each copy this machine runs is compared here, bit for bit, on
+    chunks whose binades move, zeros, Inf/NaN, subnormals, strided, empty and short tensors, three inv_scales."""
+    script = tmp_path / "case.py"
+    script.write_text(_EVERY_ISA_CASE)
+    results = {}
+    for isa in ("avx512", "avx2", "default"):
+        out = tmp_path / f"{isa}.pt"
+        done = subprocess.run([sys.executable, str(script), str(out)], capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "AMPKIT_CPU_ISA": isa, "OMP_NUM_THREADS": "1"})
+        assert done.returncode == 0, done.stderr[-2000:]
+        got = torch.load(out)
+        results[got["isa"]] = got["rows"]
+    assert "default" in results and len(results) >= 2, sorted(results)  # x86 always runs the portable copy and AVX2
+    (first, reference), *others = results.items()
+    for isa, rows in others:
+        for a, b in zip(reference, rows):
+            assert bits_equal(a, b), (first, isa, (a != b).nonzero()[:5])
+    x = torch.load(tmp_path / "default.pt")["rows"]
+    assert x[0][0, 2].item() == 2 and x[0][0, 3].item() > 0  # the case holds what it claims
 
 
 def deterministic_sum_of_squares(g: torch.Tensor) -> float:

@@ -4,19 +4,25 @@
 
 #include <ATen/Version.h>
 
+#include <cstdlib>
 #include <string>
 
 namespace ampkit::detail {
 namespace {
 
+// AMPKIT_CPU_ISA=avx2 or default caps the choice (as ATEN_CPU_CAPABILITY does torch's), so that every copy of the
+// loops can run, and be compared, on one machine; a wider or unknown value changes nothing.
 const CpuLoops& detect() {
+  const char* env = std::getenv("AMPKIT_CPU_ISA");
+  const std::string cap = env != nullptr ? env : "";
 #if defined(AMPKIT_HAVE_X86_LOOPS)
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("fma")) {
+  if (cap != "avx2" && cap != "default" && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("fma")) {
     return cpu_avx512::kLoops;
   }
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) {
+  if (cap != "default" && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+      __builtin_cpu_supports("f16c")) {
     return cpu_avx2::kLoops;
   }
 #endif

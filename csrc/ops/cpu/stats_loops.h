@@ -9,10 +9,15 @@
 #include <c10/util/bit_cast.h>
 #include <c10/util/Half.h>
 
+#if defined(CPU_CAPABILITY_AVX512)
+#include <immintrin.h>
+#endif
+
 #include <algorithm>
 #include <array>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <type_traits>
 #include <cmath>
 #include <vector>
@@ -35,13 +40,10 @@ struct StatsItem {
   std::array<uint64_t, kernels::kGradHistBins> hist{};
 };
 
-// Histogram slots past the kGradHistBins bins: zeros and Inf/NaN are counted in the same branch-free increment.
+// Histogram slots past the kGradHistBins bins: the zeros and the Inf/NaN elements.
 constexpr int kZeroSlot = kernels::kGradHistBins;
 constexpr int kNonFiniteSlot = kernels::kGradHistBins + 1;
 constexpr int kHistSlots = kernels::kGradHistBins + 2;
-// Copies of the histogram that consecutive elements increment in turn: gradients fall into a few bins, and one
-// copy would make every increment wait for the store of the one before it.
-constexpr int kHistCopies = 4;
 
 // GCC/Clang vector extensions of kWidth elements: the compiler lowers them to the instruction set this copy of the
 // loops is compiled for (the FP64 vectors: four SSE registers in the portable copy, two AVX2 ones, two AVX-512 ones
@@ -55,6 +57,7 @@ constexpr int kWidth = 8;
 #endif
 typedef float VF __attribute__((vector_size(4 * kWidth)));
 typedef int32_t VI __attribute__((vector_size(4 * kWidth)));
+typedef uint32_t VW __attribute__((vector_size(4 * kWidth)));
 typedef double VD __attribute__((vector_size(8 * kWidth)));
 typedef uint64_t VU __attribute__((vector_size(8 * kWidth)));
 
@@ -63,7 +66,7 @@ typedef uint64_t VU __attribute__((vector_size(8 * kWidth)));
 // other inv_scale: the exponent of the exact double product, as grad_hist_bin reads it.
 enum class BinPath { kPow2, kExact };
 
-// An FP16 or BF16 row as FP32, by at::vec's conversion (F16C where the loop's instruction set has it) and a
+// An FP16 or BF16 span as FP32, by at::vec's conversion (F16C where the loop's instruction set has it) and a
 // scalar tail.
 template <typename T>
 void row_as_float(const T* g, int len, float* xs) {
@@ -95,59 +98,324 @@ void hist_bins(const VF& ax, const VD& ax_d, int pow2_exp, double inv, VI& bin) 
   bin = bin > kernels::kGradHistBins - 1 ? kernels::kGradHistBins - 1 : bin;
 }
 
-// The running statistics of one chunk: its lanes (NOTE [Deterministic norm]), its histogram in kHistCopies copies,
-// and the running maximum.
+// NOTE [Histogram by bit counts]
+// A scalar increment per element (load the bin, add, store) held the CPU loop to 13-19% of copy bandwidth. The
+// vector loop counts instead: each element becomes a one-hot 32-bit word, whose bit b < kWindowBins stands for bin
+// base + b of a window of kWindowBins consecutive bins (the portable copy also sets bit kZeroBit for a zero and bit
+// kNonFiniteBit for Inf/NaN; the AVX-512 one counts those by popcounts of its mask registers). The words of kWidth
+// elements form a vector, and vectors of equal weight are added bitwise in carry-save form (Harley-Seal): level i
+// holds, for every bit position of every vector lane, the i-th binary digit of that counter, so one carry-save adder
+// (an XOR of three and a majority of three) adds kWidth * 32 counters at once. A chunk's counts are read out of the
+// levels once, at its end (or when the window moves). Gradients span few binades (a normal distribution's elements
+// 2^-25 under its maximum are about one in 10^7), so the window sits 25 bins under the largest bin of the chunk's
+// first row and 4 over it; a live element outside the window (a subnormal |x| included, under kPow2) is counted one
+// by one after its block of kRowsPerBlock rows, and a block with more than kMoveWindowAfter of them moves the window
+// under its own largest bin. Counts do not depend on the order in which they are added, so the histogram is exactly
+// the scalar one; tests/python/test_grad_stats.py compares every copy of the loop (AMPKIT_CPU_ISA) bit for bit.
+constexpr int kWindowBins = 30;
+constexpr int kZeroBit = 30;
+constexpr int kNonFiniteBit = 31;
+constexpr int kWindowBelowTop = kWindowBins - 5;
+constexpr int kMoveWindowAfter = 64;
+constexpr int kRowsPerBlock = 4;
+// Enough levels for a chunk's vectors: a count below 2^(kLevels - 1) per lane and bit.
+constexpr int kLevels = 16;
+static_assert(kernels::kNormChunk / kWidth < (int64_t{1} << (kLevels - 1)));
+
+// The running statistics of one chunk: its lanes (NOTE [Deterministic norm]), its window's carry-save levels and the
+// pending vector of each level, its histogram slots, and the running maximum.
 struct ChunkStats {
   alignas(64) double lanes[kernels::kNormLanes] = {};
-  alignas(64) int32_t slots[kernels::kNormLanes];
-  uint32_t hist[kHistCopies][kHistSlots] = {};
+  VW level[kLevels] = {};
+  VW pending[kLevels] = {};
+  bool has_pending[kLevels] = {};
+  uint32_t hist[kHistSlots] = {};
+  int base = 0;
+  int lowest_base = 0;  // the window's range (window_place)
+  int highest_base = 0;
   float max_abs = 0.f;
 };
 
-// One row of a chunk (len <= kNormLanes elements), row element j adding its square to lane j, so that every lane
-// sums its elements in element order (NOTE [Deterministic norm]). The vector part has no branch: a zero or an
-// Inf/NaN adds +0.0 to its lane (which leaves a lane of finite squares unchanged bit for bit) and goes to a slot of
-// its own past the histogram's bins; only the histogram increments stay scalar.
-template <BinPath kPath>
-void stats_row(const float* g, int len, int pow2_exp, double inv, ChunkStats& cs) {
-  static_assert(kernels::kNormLanes % kWidth == 0);
-  VF vmax = {};  // a local: in cs, every store of the loop could alias it
-  for (int j = 0; j < len; j += kWidth) {
-    VF x;
-    if (j + kWidth <= len) {
-      std::memcpy(&x, g + j, sizeof(x));
-    } else {  // the row's last, partial vector: zeros past its end (they add +0.0; their slots are not counted)
-      float tail[kWidth] = {};
-      std::copy(g + j, g + len, tail);
-      std::memcpy(&x, tail, sizeof(x));
+// a + b + s, bit by bit: s keeps the sum's low bit, carry gets its high bit (twice the weight).
+[[gnu::always_inline]] inline void carry_save(VW& s, const VW& a, const VW& b, VW& carry) {
+  const VW u = s ^ a;
+  carry = (s & a) | (u & b);
+  s = u ^ b;
+}
+
+// A vector of one-hot words of weight 2^first joins the levels: it waits as its level's pending vector, or it and
+// the pending one are added into the level, whose carry goes up one level.
+void count_vector(ChunkStats& cs, const VW& words, int first) {
+  VW v = words;
+  for (int i = first; i < kLevels; ++i) {
+    if (!cs.has_pending[i]) {
+      cs.pending[i] = v;
+      cs.has_pending[i] = true;
+      return;
     }
-    const VI mag = __builtin_bit_cast(VI, x) & 0x7fffffff;
-    const VI finite = mag < 0x7f800000;
-    const VI live = finite & (mag != 0);
-    const VF ax = __builtin_bit_cast(VF, mag & live);  // |x| for a non-zero finite x, else +0
-    vmax = ax > vmax ? ax : vmax;
-    const VD ax_d = __builtin_convertvector(ax, VD);
+    VW carry;
+    carry_save(cs.level[i], cs.pending[i], v, carry);
+    cs.has_pending[i] = false;
+    v = carry;
+  }
+}
+
+void add_bits(const VW& v, uint32_t weight, uint32_t* counts) {
+  for (int k = 0; k < kWidth; ++k) {
+    for (uint32_t u = v[k]; u != 0; u &= u - 1) {
+      counts[__builtin_ctz(u)] += weight;
+    }
+  }
+}
+
+// The levels' counts into the histogram slots (at the window's bins), and the levels emptied.
+void read_window(ChunkStats& cs) {
+  uint32_t bits[32] = {};
+  for (int i = 0; i < kLevels; ++i) {
+    add_bits(cs.level[i], uint32_t{1} << i, bits);
+    cs.level[i] = VW{};
+    if (cs.has_pending[i]) {
+      add_bits(cs.pending[i], uint32_t{1} << i, bits);
+      cs.has_pending[i] = false;
+    }
+  }
+  for (int b = 0; b < kWindowBins; ++b) {
+    cs.hist[cs.base + b] += bits[b];
+  }
+  cs.hist[kZeroSlot] += bits[kZeroBit];
+  cs.hist[kNonFiniteSlot] += bits[kNonFiniteBit];
+}
+
+int window_base(const ChunkStats& cs, int top_bin) {
+  return std::clamp(top_bin - kWindowBelowTop, cs.lowest_base, cs.highest_base);
+}
+
+// Where a live element falls relative to the window: `rel`, its bin minus the window's base, and `in_window`, set
+// where its bin is in the window (only ever for a live element). The window lies inside the histogram's bins, so a
+// bin in it needs no clamping. kPow2 reads the bin from |x|'s exponent field plus a constant, and the window's range
+// (window_range) keeps the fields 0 (zeros, subnormals: a live subnormal counts as outside) and 255 (Inf/NaN) out of
+// it; kExact reads the exponent field of the double product |x| * inv_scale (never subnormal; a non-live element,
+// +0 there, falls far under any window).
+template <BinPath kPath>
+[[gnu::always_inline]] inline void window_place(const VI& mag, const VD& ax_d, int pow2_exp, double inv, int base,
+                                                VI& rel, VI& in_window) {
+  constexpr int kFirst = kernels::kGradHistMinExp - 1;  // bin = exponent - kFirst, before clamping
+  if constexpr (kPath == BinPath::kPow2) {
+    rel = (mag >> 23) + (pow2_exp - 127 - kFirst - base);
+  } else {
+    rel = __builtin_convertvector((__builtin_bit_cast(VU, ax_d * inv) >> 52) & 0x7ff, VI) + (-1023 - kFirst - base);
+  }
+  in_window = __builtin_bit_cast(VW, rel) < kWindowBins;
+}
+
+// The bases a window may take: inside the histogram and, for kPow2, where the exponent fields 0 and 255 (at
+// rel = field + pow2_exp - 127 - kFirst - base) fall outside it.
+template <BinPath kPath>
+void window_range(int pow2_exp, ChunkStats& cs) {
+  cs.lowest_base = 0;
+  cs.highest_base = kernels::kGradHistBins - kWindowBins;
+  if constexpr (kPath == BinPath::kPow2) {
+    const int field0 = pow2_exp - 127 - (kernels::kGradHistMinExp - 1);  // the bin at exponent field 0
+    cs.lowest_base = std::max(cs.lowest_base, field0 + 1);
+    cs.highest_base = std::min(cs.highest_base, field0 + 255 - kWindowBins);
+  }
+}
+
+// What an element contributes: its square to its lane, |x| to the maximum, its one-hot word (0 past the row's
+// end: `valid`), and its lane set in `outside` where it is live and its bin outside the window.
+template <BinPath kPath>
+[[gnu::always_inline]] inline void stats_vector(const VF& x, const VI& valid, int pow2_exp, double inv, int base,
+                                                VD& lane, VF& vmax, VW& word, VI& outside) {
+  const VI mag = __builtin_bit_cast(VI, x) & 0x7fffffff;
+  const VI finite = mag < 0x7f800000;
+  const VI live = finite & (mag != 0);
+  const VF ax = __builtin_bit_cast(VF, mag & live);  // |x| for a non-zero finite x, else +0
+  vmax = ax > vmax ? ax : vmax;
+  const VD ax_d = __builtin_convertvector(ax, VD);
+  lane += ax_d * ax_d;
+  VI rel, in_window;
+  window_place<kPath>(mag, ax_d, pow2_exp, inv, base, rel, in_window);
+  const VI bit = in_window ? rel : (finite ? VI{} + kZeroBit : VI{} + kNonFiniteBit);
+  const VI counted = valid & (in_window | ~live);
+  word = __builtin_bit_cast(VW, counted & (VI{} + 1) << (bit & 31));
+  outside |= valid & live & ~in_window;
+}
+
+// kRows consecutive rows of a chunk (each kNormLanes elements but the last, `len` of them), row element j adding its
+// square to lane j, so that every lane sums its elements in element order (NOTE [Deterministic norm]). A lane's
+// vector is loaded once for all kRows rows. No branch: a zero or an Inf/NaN adds +0.0 to its lane (which leaves a
+// lane of finite squares unchanged bit for bit) and sets its own bit of the one-hot word.
+template <BinPath kPath, int kRows>
+void stats_rows(const float* g, int len, int pow2_exp, double inv, ChunkStats& cs, VI& outside_out,
+                const float* next = nullptr) {
+  static_assert(kernels::kNormLanes % kWidth == 0);
+  static_assert(kRows == 1 || kRows == kRowsPerBlock);
+  VF vmax = {};  // locals: in cs, every store of the loop could alias them
+  VW ones = cs.level[0];
+  VW twos = cs.level[1];
+  VI outside = outside_out;
+  VI all = VI{} - 1;
+  const int last = kRows == 1 ? len : kernels::kNormLanes;
+  for (int j = 0; j < last; j += kWidth) {
+    if (next != nullptr) {  // the next block's rows, one cache line each (four streams defeat the prefetchers)
+      for (int r = 0; r < kRows; ++r) {
+        __builtin_prefetch(next + r * kernels::kNormLanes + j);
+      }
+    }
     VD lane;
     std::memcpy(&lane, cs.lanes + j, sizeof(VD));
-    lane += ax_d * ax_d;
+    VW words[kRows];
+    for (int r = 0; r < kRows; ++r) {
+      VF x;
+      VI valid = all;
+      if (kRows == 1 && j + kWidth > len) {  // the row's last, partial vector: zeros past its end, not counted
+        float tail[kWidth] = {};
+        std::copy(g + j, g + len, tail);
+        std::memcpy(&x, tail, sizeof(x));
+        for (int k = len - j; k < kWidth; ++k) {
+          valid[k] = 0;
+        }
+      } else {
+        std::memcpy(&x, g + r * kernels::kNormLanes + j, sizeof(x));
+      }
+      stats_vector<kPath>(x, valid, pow2_exp, inv, cs.base, lane, vmax, words[r], outside);
+    }
     std::memcpy(cs.lanes + j, &lane, sizeof(VD));
-    VI bin;
-    hist_bins<kPath>(ax, ax_d, pow2_exp, inv, bin);
-    const VI slot = live ? bin : (finite ? VI{} + kZeroSlot : VI{} + kNonFiniteSlot);
-    std::memcpy(cs.slots + j, &slot, sizeof(slot));
+    if constexpr (kRows == kRowsPerBlock) {
+      VW twos_a, twos_b, fours;
+      carry_save(ones, words[0], words[1], twos_a);
+      carry_save(ones, words[2], words[3], twos_b);
+      carry_save(twos, twos_a, twos_b, fours);
+      count_vector(cs, fours, 2);
+    } else {
+      count_vector(cs, words[0], 0);
+    }
+  }
+  outside_out = outside;
+  if constexpr (kRows == kRowsPerBlock) {
+    cs.level[0] = ones;
+    cs.level[1] = twos;
+  } else {
+    (void)ones;
+    (void)twos;
   }
   for (int k = 0; k < kWidth; ++k) {
     cs.max_abs = std::max(cs.max_abs, vmax[k]);
   }
-  int j = 0;
-  for (; j + kHistCopies <= len; j += kHistCopies) {
-    for (int c = 0; c < kHistCopies; ++c) {
-      ++cs.hist[c][cs.slots[j + c]];
+}
+
+#if defined(CPU_CAPABILITY_AVX512)
+// stats_rows<kPow2, kRowsPerBlock> in AVX-512 intrinsics, the same operations with fewer instructions: liveness in
+// mask registers, zeros and Inf/NaN counted by popcounts of them (so the one-hot word holds only window bins), the
+// squares of the live elements converted to FP64 straight from memory under a mask (0.0 elsewhere: +0.0 to the
+// lane, as there), and three-input logic for the carry-save adders.
+void stats_block_pow2(const float* g, int pow2_exp, ChunkStats& cs, VI& outside_out, const float* next) {
+  constexpr int kFirst = kernels::kGradHistMinExp - 1;
+  const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff);
+  const __m512i inf = _mm512_set1_epi32(0x7f800000);
+  const __m512i to_rel = _mm512_set1_epi32(pow2_exp - 127 - kFirst - cs.base);
+  const __m512i window = _mm512_set1_epi32(kWindowBins);
+  const __m512i one = _mm512_set1_epi32(1);
+  __m512 vmax = _mm512_setzero_ps();
+  __m512i ones = __builtin_bit_cast(__m512i, cs.level[0]);
+  __m512i twos = __builtin_bit_cast(__m512i, cs.level[1]);
+  __mmask16 outside = 0;
+  uint32_t zeros = 0;
+  uint32_t non_finite = 0;
+  auto carry_save = [](__m512i& sum, const __m512i a, const __m512i b) {
+    const __m512i carry = _mm512_ternarylogic_epi32(sum, a, b, 0xe8);  // majority
+    sum = _mm512_ternarylogic_epi32(sum, a, b, 0x96);                  // a ^ b ^ sum
+    return carry;
+  };
+  for (int j = 0; j < kernels::kNormLanes; j += 16) {
+    if (next != nullptr) {
+      for (int r = 0; r < kRowsPerBlock; ++r) {
+        __builtin_prefetch(next + r * kernels::kNormLanes + j);
+      }
+    }
+    __m512d lane_lo = _mm512_load_pd(cs.lanes + j);
+    __m512d lane_hi = _mm512_load_pd(cs.lanes + j + 8);
+    __m512i words[kRowsPerBlock];
+    for (int r = 0; r < kRowsPerBlock; ++r) {
+      const float* x = g + r * kernels::kNormLanes + j;
+      const __m512i mag = _mm512_and_si512(_mm512_loadu_si512(x), abs_mask);
+      const __mmask16 finite = _mm512_cmplt_epi32_mask(mag, inf);
+      const __mmask16 live = _mm512_mask_cmpneq_epi32_mask(finite, mag, _mm512_setzero_si512());
+      vmax = _mm512_mask_max_ps(vmax, live, vmax, _mm512_castsi512_ps(mag));
+      const __m512d lo = _mm512_maskz_cvtps_pd(static_cast<__mmask8>(live), _mm256_loadu_ps(x));
+      const __m512d hi = _mm512_maskz_cvtps_pd(static_cast<__mmask8>(live >> 8), _mm256_loadu_ps(x + 8));
+      lane_lo = _mm512_add_pd(lane_lo, _mm512_mul_pd(lo, lo));
+      lane_hi = _mm512_add_pd(lane_hi, _mm512_mul_pd(hi, hi));
+      const __m512i rel = _mm512_add_epi32(_mm512_srli_epi32(mag, 23), to_rel);
+      const __mmask16 in_window = _mm512_cmplt_epu32_mask(rel, window);
+      words[r] = _mm512_maskz_sllv_epi32(in_window, one, rel);
+      // Mask operations by intrinsics only: GCC 12 spills a __mmask16 in 16 bits and may reload it in 32 for an
+      // int expression such as `finite & ~live`, whose popcount then counts stack bits.
+      outside = _kor_mask16(outside, _kandn_mask16(in_window, live));
+      zeros += __builtin_popcount(_cvtmask16_u32(_kandn_mask16(live, finite)));
+      non_finite += __builtin_popcount(_cvtmask16_u32(_knot_mask16(finite)));
+    }
+    _mm512_store_pd(cs.lanes + j, lane_lo);
+    _mm512_store_pd(cs.lanes + j + 8, lane_hi);
+    const __m512i twos_a = carry_save(ones, words[0], words[1]);
+    const __m512i twos_b = carry_save(ones, words[2], words[3]);
+    const __m512i fours = carry_save(twos, twos_a, twos_b);
+    count_vector(cs, __builtin_bit_cast(VW, fours), 2);
+  }
+  cs.level[0] = __builtin_bit_cast(VW, ones);
+  cs.level[1] = __builtin_bit_cast(VW, twos);
+  cs.hist[kZeroSlot] += zeros;
+  cs.hist[kNonFiniteSlot] += non_finite;
+  cs.max_abs = std::max(cs.max_abs, _mm512_reduce_max_ps(vmax));
+  const uint32_t outside_bits = _cvtmask16_u32(outside);
+  for (int k = 0; k < kWidth; ++k) {
+    outside_out[k] |= (outside_bits >> k) & 1;
+  }
+}
+#endif
+
+// The live elements of g[0, len) outside the window, counted one by one; returns how many, and the largest bin of
+// the span's live elements in `top_bin`.
+template <BinPath kPath>
+int count_outside(const float* g, int len, int pow2_exp, double inv, ChunkStats& cs, int& top_bin) {
+  int count = 0;
+  VI top = VI{} - 1;
+  for (int j = 0; j < len; j += kWidth) {
+    float xs[kWidth] = {};
+    std::copy(g + j, g + std::min(len, j + kWidth), xs);
+    VF x;
+    std::memcpy(&x, xs, sizeof(x));
+    const VI mag = __builtin_bit_cast(VI, x) & 0x7fffffff;
+    const VI live = (mag < 0x7f800000) & (mag != 0);
+    const VF ax = __builtin_bit_cast(VF, mag & live);
+    const VD ax_d = __builtin_convertvector(ax, VD);
+    VI bin, rel, in_window;
+    hist_bins<kPath>(ax, ax_d, pow2_exp, inv, bin);
+    top = (live & (bin > top)) != 0 ? bin : top;
+    window_place<kPath>(mag, ax_d, pow2_exp, inv, cs.base, rel, in_window);
+    const VI outside = live & ~in_window;
+    for (int k = 0; k < kWidth; ++k) {
+      if (outside[k] != 0) {  // past len: +0, not live
+        ++cs.hist[bin[k]];
+        ++count;
+      }
     }
   }
-  for (; j < len; ++j) {
-    ++cs.hist[0][cs.slots[j]];
+  top_bin = -1;
+  for (int k = 0; k < kWidth; ++k) {
+    top_bin = std::max<int>(top_bin, top[k]);
   }
+  return count;
+}
+
+// The largest bin of a chunk's first elements (0 if none is live), which places its first window.
+int first_top_bin(const float* g, int len, float inv_scale) {
+  float top = 0.f;
+  for (int j = 0; j < len; ++j) {
+    const float a = std::fabs(g[j]);
+    top = a > top && a < std::numeric_limits<float>::infinity() ? a : top;
+  }
+  return top > 0.f ? kernels::grad_hist_bin(top, inv_scale) : 0;
 }
 
 template <BinPath kPath, typename T>
@@ -155,29 +423,63 @@ void stats_span(const T* g, int64_t n, float inv_scale, StatsItem& item) {
   ChunkStats cs;
   const double inv = static_cast<double>(inv_scale);
   const int pow2_exp = static_cast<int>(c10::bit_cast<uint32_t>(inv_scale) >> 23) - 127;
-  for (int64_t row = 0; row < n; row += kernels::kNormLanes) {
-    const int len = static_cast<int>(std::min<int64_t>(kernels::kNormLanes, n - row));
+  window_range<kPath>(pow2_exp, cs);
+  constexpr int kBlock = kRowsPerBlock * kernels::kNormLanes;
+  for (int64_t row = 0; row < n; row += kBlock) {
+    const int len = static_cast<int>(std::min<int64_t>(kBlock, n - row));
+    const float* xs;
+    alignas(64) float staged[std::is_same_v<T, float> ? 1 : kBlock];
     if constexpr (!std::is_same_v<T, float>) {
-      alignas(64) float staged[kernels::kNormLanes];
       row_as_float(g + row, len, staged);
-      stats_row<kPath>(staged, len, pow2_exp, inv, cs);
+      xs = staged;
     } else {
-      stats_row<kPath>(g + row, len, pow2_exp, inv, cs);
+      xs = g + row;
+    }
+    if (row == 0) {
+      cs.base = window_base(cs, first_top_bin(xs, std::min(len, kernels::kNormLanes), inv_scale));
+    }
+    VI outside = {};
+    if (len == kBlock) {
+      const bool prefetch = std::is_same_v<T, float> && n - row >= 2 * kBlock;  // staged spans are read in order
+#if defined(CPU_CAPABILITY_AVX512)
+      if constexpr (kPath == BinPath::kPow2) {
+        stats_block_pow2(xs, pow2_exp, cs, outside, prefetch ? xs + kBlock : nullptr);
+      } else {
+        stats_rows<kPath, kRowsPerBlock>(xs, len, pow2_exp, inv, cs, outside, prefetch ? xs + kBlock : nullptr);
+      }
+#else
+      stats_rows<kPath, kRowsPerBlock>(xs, len, pow2_exp, inv, cs, outside, prefetch ? xs + kBlock : nullptr);
+#endif
+    } else {
+      for (int r = 0; r < len; r += kernels::kNormLanes) {
+        stats_rows<kPath, 1>(xs + r, std::min(kernels::kNormLanes, len - r), pow2_exp, inv, cs, outside);
+      }
+    }
+    bool any_outside = false;
+    for (int k = 0; k < kWidth; ++k) {
+      any_outside |= outside[k] != 0;
+    }
+    if (any_outside) {
+      int top_bin = -1;
+      if (count_outside<kPath>(xs, len, pow2_exp, inv, cs, top_bin) > kMoveWindowAfter &&
+          window_base(cs, top_bin) != cs.base) {
+        read_window(cs);
+        cs.base = window_base(cs, top_bin);
+      }
     }
   }
+  read_window(cs);
   double chunk_sum = 0.0;
   for (const double lane : cs.lanes) {
     chunk_sum += lane;
   }
   item.sum = chunk_sum;
   item.max_abs = cs.max_abs;
-  for (int c = 0; c < kHistCopies; ++c) {
-    for (int k = 0; k < kernels::kGradHistBins; ++k) {
-      item.hist[k] += cs.hist[c][k];
-    }
-    item.zeros += cs.hist[c][kZeroSlot];
-    item.non_finite += cs.hist[c][kNonFiniteSlot];
+  for (int k = 0; k < kernels::kGradHistBins; ++k) {
+    item.hist[k] += cs.hist[k];
   }
+  item.zeros += cs.hist[kZeroSlot];
+  item.non_finite += cs.hist[kNonFiniteSlot];
 }
 
 template <typename T>
