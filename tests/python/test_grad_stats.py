@@ -99,7 +99,7 @@ def test_histogram_of_rows_spanning_many_binades(device, dtype, inv):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("inv", [2.0 ** -16, 1 / 3.0])
+@pytest.mark.parametrize("inv", [2.0 ** -16, 1 / 3.0, 2.0 ** -126, 2.0 ** 100])  # the last two: windows at the ends
 def test_histogram_of_chunks_whose_binades_move(device, dtype, inv):
     """NOTE [Histogram by bit counts]: the CPU loop counts a window of 30 bins under a chunk's first row's largest;
     these chunks start with a row of zeros, then blocks of 2048 elements each 40 (FP16: 12) binades from the one before,
@@ -127,7 +127,8 @@ def test_histogram_of_chunks_whose_binades_move(device, dtype, inv):
         ref = grad_stats_row(t, inv32)
         assert torch.equal(r[2:4], ref[2:4]) and r[0] == ref[0]
         assert torch.equal(r[FIRST:], ref[FIRST:]), (r[FIRST:] - ref[FIRST:]).nonzero()
-    assert (row[0, FIRST:] > 0).sum() > 32  # more bins than the 30 of a window
+    if 2.0 ** -20 <= inv <= 1.0:  # (at the histogram's ends, most elements clamp into its first or last bin)
+        assert (row[0, FIRST:] > 0).sum() > 32  # more bins than the 30 of a window
 
 
 _EVERY_ISA_CASE = """
@@ -162,7 +163,7 @@ def test_every_cpu_isa_copy_of_the_loop_counts_alike(tmp_path):
         assert done.returncode == 0, done.stderr[-2000:]
         got = torch.load(out)
         results[got["isa"]] = got["rows"]
-    assert "default" in results and len(results) >= 2, sorted(results)  # x86 always runs the portable copy and AVX2
+    assert "default" in results, sorted(results)  # the portable copy runs everywhere; the others where supported
     (first, reference), *others = results.items()
     for isa, rows in others:
         for a, b in zip(reference, rows):

@@ -101,8 +101,8 @@ void hist_bins(const VF& ax, const VD& ax_d, int pow2_exp, double inv, VI& bin) 
 // NOTE [Histogram by bit counts]
 // A scalar increment per element (load the bin, add, store) held the CPU loop to 13-19% of copy bandwidth. The
 // vector loop counts instead: each element becomes a one-hot 32-bit word, whose bit b < kWindowBins stands for bin
-// base + b of a window of kWindowBins consecutive bins (the portable copy also sets bit kZeroBit for a zero and bit
-// kNonFiniteBit for Inf/NaN; the AVX-512 one counts those by popcounts of its mask registers). The words of kWidth
+// base + b of a window of kWindowBins consecutive bins; bit kZeroBit marks a zero and bit kNonFiniteBit an Inf/NaN
+// (except in the AVX-512 blocks of a power-of-two inv_scale, which count those by popcounts of mask registers). The words of kWidth
 // elements form a vector, and vectors of equal weight are added bitwise in carry-save form (Harley-Seal): level i
 // holds, for every bit position of every vector lane, the i-th binary digit of that counter, so one carry-save adder
 // (an XOR of three and a majority of three) adds kWidth * 32 counters at once. A chunk's counts are read out of the
@@ -343,14 +343,15 @@ void stats_block_pow2(const float* g, int pow2_exp, ChunkStats& cs, VI& outside_
       const __mmask16 live = _mm512_mask_cmpneq_epi32_mask(finite, mag, _mm512_setzero_si512());
       vmax = _mm512_mask_max_ps(vmax, live, vmax, _mm512_castsi512_ps(mag));
       const __m512d lo = _mm512_maskz_cvtps_pd(static_cast<__mmask8>(live), _mm256_loadu_ps(x));
-      const __m512d hi = _mm512_maskz_cvtps_pd(static_cast<__mmask8>(live >> 8), _mm256_loadu_ps(x + 8));
+      const __m512d hi =
+          _mm512_maskz_cvtps_pd(static_cast<__mmask8>(_cvtmask16_u32(live) >> 8), _mm256_loadu_ps(x + 8));
       lane_lo = _mm512_add_pd(lane_lo, _mm512_mul_pd(lo, lo));
       lane_hi = _mm512_add_pd(lane_hi, _mm512_mul_pd(hi, hi));
       const __m512i rel = _mm512_add_epi32(_mm512_srli_epi32(mag, 23), to_rel);
       const __mmask16 in_window = _mm512_cmplt_epu32_mask(rel, window);
       words[r] = _mm512_maskz_sllv_epi32(in_window, one, rel);
-      // Mask operations by intrinsics only: GCC 12 spills a __mmask16 in 16 bits and may reload it in 32 for an
-      // int expression such as `finite & ~live`, whose popcount then counts stack bits.
+      // Mask operations by intrinsics only: written as int expressions (`finite & ~live`), GCC 12 spilled a mask
+      // with kmovw (16 bits) and reloaded it with kmovd (32 bits), and the popcount counted the stack's bits.
       outside = _kor_mask16(outside, _kandn_mask16(in_window, live));
       zeros += __builtin_popcount(_cvtmask16_u32(_kandn_mask16(live, finite)));
       non_finite += __builtin_popcount(_cvtmask16_u32(_knot_mask16(finite)));
