@@ -11,7 +11,8 @@ namespace ampkit::detail {
 namespace {
 
 // AMPKIT_CPU_ISA=avx2 or default caps the choice (as ATEN_CPU_CAPABILITY does torch's), so that every copy of the
-// loops can run, and be compared, on one machine; a wider or unknown value changes nothing.
+// loops can run, and be compared, on one machine (tests/python/test_cpu_isa_copies.py); a wider or unknown value
+// changes nothing.
 const CpuLoops& detect() {
   const char* env = std::getenv("AMPKIT_CPU_ISA");
   const std::string cap = env != nullptr ? env : "";

@@ -111,7 +111,7 @@ void hist_bins(const VF& ax, const VD& ax_d, int pow2_exp, double inv, VI& bin) 
 // first row and 4 over it; a live element outside the window (a subnormal |x| included, under kPow2) is counted one
 // by one after its block of kRowsPerBlock rows, and a block with more than kMoveWindowAfter of them moves the window
 // under its own largest bin. Counts do not depend on the order in which they are added, so the histogram is exactly
-// the scalar one; tests/python/test_grad_stats.py compares every copy of the loop (AMPKIT_CPU_ISA) bit for bit.
+// the scalar one; tests/python/test_cpu_isa_copies.py compares every copy of the loop (AMPKIT_CPU_ISA) bit for bit.
 constexpr int kWindowBins = 30;
 constexpr int kZeroBit = 30;
 constexpr int kNonFiniteBit = 31;
