@@ -119,8 +119,16 @@ def test_histogram_of_chunks_whose_binades_move(device, dtype, inv):
     g[-3:-1] = torch.tensor([math.inf, math.nan])
     g = g.to(device)
     inv32 = torch.tensor(inv, dtype=torch.float32).item()
-    row = stats_rows([g, g[1:], g[513:]], torch.full((1,), inv, device=device)).cpu()
-    for r, t in zip(row, [g, g[1:], g[513:]]):
+    # Data wider than any window (exponents spread over the whole range, and two clusters 2^40 apart): after its
+    # window's last move a chunk counts element by element.
+    lo, hi = (-24, 15) if dtype == torch.float16 else (-140, 127)
+    spread = torch.exp2(torch.randint(lo, hi, (2 * 65536 + 100,), generator=gen).double()) * (1 + torch.rand(
+        2 * 65536 + 100, generator=gen, dtype=torch.float64))
+    clusters = torch.randn(65536 + 4096, generator=gen, dtype=torch.float64)
+    clusters[torch.rand(clusters.numel(), generator=gen) < 0.1] *= 2.0 ** (12 if dtype == torch.float16 else 40)
+    tensors = [g, g[1:], g[513:], spread.to(dtype).to(device), clusters.to(dtype).to(device)]
+    row = stats_rows(tensors, torch.full((1,), inv, device=device)).cpu()
+    for r, t in zip(row, tensors):
         ref = grad_stats_row(t, inv32)
         assert torch.equal(r[2:4], ref[2:4]) and r[0] == ref[0]
         assert torch.equal(r[FIRST:], ref[FIRST:]), (r[FIRST:] - ref[FIRST:]).nonzero()
