@@ -111,10 +111,11 @@ void hist_bins(const VF& ax, const VD& ax_d, int pow2_exp, double inv, VI& bin) 
 // the window sits 25 bins under the largest bin of the chunk's first row and 4 over it. A live element outside the
 // window (a subnormal |x| included, under kPow2) is counted one by one after its block of kRowsPerBlock rows. A
 // block with more than kMoveWindowAfter of them, most of its live elements, moves the window under their largest
-// bin, at most kWindowMoves times a chunk; where more than 1/kSlotsOnlyOver of a block's live elements stay outside,
-// the data is wider than a window (exponents spread over the whole range, two clusters 2^40 apart) and the chunk's
-// later rows count one element at a time (stats_row_slots, the scalar histogram in kOutsideCopies copies): such data
-// steps 1.1-1.4x slower than the scalar loop alone did, gradients 2-2.5x faster.
+// bin, at most kWindowMoves times a chunk; where more than kMoveWindowAfter elements, and more than 1/kSlotsOnlyOver
+// of a block's live ones, stay outside, the data is wider than a window (exponents spread over the whole range, two
+// clusters 2^40 apart) and the chunk's later rows count one element at a time (stats_row_slots, the scalar histogram
+// in kOutsideCopies copies): such data steps 1.1-1.4x slower than the scalar loop alone did, gradients about 2x
+// faster (a block with few live elements, as in an embedding's gradient, never switches).
 // Counts do not depend on the order in which they are added, so the histogram is exactly the scalar one;
 // tests/python/test_cpu_isa_copies.py compares every copy of the loop (AMPKIT_CPU_ISA) bit for bit.
 constexpr int kWindowBins = 30;
@@ -138,8 +139,8 @@ struct ChunkStats {
   VW pending[kLevels] = {};
   bool has_pending[kLevels] = {};
   uint32_t hist[kHistSlots] = {};
-  // count_outside's counts, in kOutsideCopies copies that consecutive elements increment in turn (one copy would
-  // make every increment wait for the store before it).
+  // The counts of count_outside and stats_row_slots, in kOutsideCopies copies that consecutive elements increment
+  // in turn (one copy would make every increment wait for the store before it).
   uint32_t outside_hist[kOutsideCopies][kHistSlots] = {};
   alignas(64) int32_t slots[kernels::kNormLanes];  // stats_row_slots' slots of one row
   bool slots_only = false;                         // wide data: every later row by stats_row_slots
@@ -543,15 +544,16 @@ void stats_span(const T* g, int64_t n, float inv_scale, StatsItem& item) {
       int top_bin = -1;
       const int outside_count = count_outside<kPath>(xs, len, pow2_exp, inv, cs, live_count, top_bin);
       // Many outside, most of the block's: the window moves under their largest bin (a bounded number of times per
-      // chunk). More than 1/kSlotsOnlyOver outside where it cannot or will not move: the data is wider than a
-      // window, and the chunk's later rows count one element at a time.
+      // chunk). More than kMoveWindowAfter outside, and more than 1/kSlotsOnlyOver of the live elements, where it
+      // cannot or will not move: the data is wider than a window, and the chunk's later rows count one element at
+      // a time.
       const int target = window_base(cs, top_bin);
       if (outside_count > kMoveWindowAfter && 2 * outside_count > live_count && cs.moves_left > 0 &&
           target != cs.base) {
         read_window(cs);
         cs.base = target;
         --cs.moves_left;
-      } else if (kSlotsOnlyOver * outside_count > live_count) {
+      } else if (outside_count > kMoveWindowAfter && kSlotsOnlyOver * outside_count > live_count) {
         cs.slots_only = true;
       }
     }
