@@ -236,17 +236,27 @@ void window_range(int pow2_exp, ChunkStats& cs) {
   }
 }
 
+// An element's magnitude bits, whether it is finite and live (non-zero and finite), |x| (+0 where it is not live)
+// in FP32 and FP64; |x| joins the running maximum.
+[[gnu::always_inline]] inline void element_bits(const VF& x, VF& vmax, VI& mag, VI& finite, VI& live, VF& ax,
+                                                VD& ax_d) {
+  mag = __builtin_bit_cast(VI, x) & 0x7fffffff;
+  finite = mag < 0x7f800000;
+  live = finite & (mag != 0);
+  ax = __builtin_bit_cast(VF, mag & live);
+  vmax = ax > vmax ? ax : vmax;
+  ax_d = __builtin_convertvector(ax, VD);
+}
+
 // What an element contributes: its square to its lane, |x| to the maximum, its one-hot word (0 past the row's
 // end: `valid`), and its lane set in `outside` where it is live and its bin outside the window.
 template <BinPath kPath>
 [[gnu::always_inline]] inline void stats_vector(const VF& x, const VI& valid, int pow2_exp, double inv, int base,
                                                 VD& lane, VF& vmax, VW& word, VI& outside) {
-  const VI mag = __builtin_bit_cast(VI, x) & 0x7fffffff;
-  const VI finite = mag < 0x7f800000;
-  const VI live = finite & (mag != 0);
-  const VF ax = __builtin_bit_cast(VF, mag & live);  // |x| for a non-zero finite x, else +0
-  vmax = ax > vmax ? ax : vmax;
-  const VD ax_d = __builtin_convertvector(ax, VD);
+  VI mag, finite, live;
+  VF ax;
+  VD ax_d;
+  element_bits(x, vmax, mag, finite, live, ax, ax_d);
   lane += ax_d * ax_d;
   VI rel, in_window;
   window_place<kPath>(mag, ax_d, pow2_exp, inv, base, rel, in_window);
@@ -404,12 +414,10 @@ void stats_row_slots(const float* g, int len, int pow2_exp, double inv, ChunkSta
       std::copy(g + j, g + len, tail);
       std::memcpy(&x, tail, sizeof(x));
     }
-    const VI mag = __builtin_bit_cast(VI, x) & 0x7fffffff;
-    const VI finite = mag < 0x7f800000;
-    const VI live = finite & (mag != 0);
-    const VF ax = __builtin_bit_cast(VF, mag & live);  // |x| for a non-zero finite x, else +0
-    vmax = ax > vmax ? ax : vmax;
-    const VD ax_d = __builtin_convertvector(ax, VD);
+    VI mag, finite, live;
+    VF ax;
+    VD ax_d;
+    element_bits(x, vmax, mag, finite, live, ax, ax_d);
     VD lane;
     std::memcpy(&lane, cs.lanes + j, sizeof(VD));
     lane += ax_d * ax_d;
