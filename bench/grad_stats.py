@@ -20,9 +20,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import run as bench  # noqa: E402  (bench/run.py: copy_bandwidth, bench_grad_stats)
 
 
-def single_tensor(numel: int, repeats: int, threads: int, dtype: torch.dtype) -> dict:
-    torch.set_num_threads(threads)
-    g = torch.randn(numel, dtype=dtype)
+def best_seconds(g: torch.Tensor, repeats: int) -> float:
+    """The fastest of `repeats` grad_stats calls on [g] (inv_scale 2^-16), after three warm-up calls."""
     inv = torch.full((1,), 2.0 ** -16)
     for _ in range(3):
         torch.ops.ampkit.grad_stats([g], inv)
@@ -31,6 +30,13 @@ def single_tensor(numel: int, repeats: int, threads: int, dtype: torch.dtype) ->
         t0 = time.perf_counter()
         torch.ops.ampkit.grad_stats([g], inv)
         best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def single_tensor(numel: int, repeats: int, threads: int, dtype: torch.dtype) -> dict:
+    torch.set_num_threads(threads)
+    g = torch.randn(numel, dtype=dtype)
+    best = best_seconds(g, repeats)
     return {"dtype": str(dtype).replace("torch.", ""), "threads": threads, "numel": numel, "ms": best * 1e3,
             "gelem_per_s": numel / best / 1e9, "gbps": numel * g.element_size() / best / 1e9}
 
@@ -46,16 +52,9 @@ def data_shapes(numel: int, repeats: int) -> list[dict]:
         * (1 + torch.rand(numel, generator=gen)),
         "two clusters": torch.where(torch.rand(numel, generator=gen) < 0.1, normal * 2.0 ** 40, normal),
     }
-    inv = torch.full((1,), 2.0 ** -16)
     rows = []
     for name, g in shapes.items():
-        for _ in range(2):
-            torch.ops.ampkit.grad_stats([g], inv)
-        best = float("inf")
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            torch.ops.ampkit.grad_stats([g], inv)
-            best = min(best, time.perf_counter() - t0)
+        best = best_seconds(g, repeats)
         rows.append({"data": name, "numel": numel, "ms": best * 1e3, "gelem_per_s": numel / best / 1e9})
     return rows
 
