@@ -5,6 +5,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/impl/COW.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -33,11 +34,30 @@ class AliasCheck {
   }
 
   // add() of a defined tensor that also returns its data pointer when `data` (t.mutable_data_ptr(): its metadata
-  // and storage read once for both; nullptr without `data`).
+  // and storage read once for both; nullptr without `data`). After refuse_copy_on_write(), a tensor whose storage
+  // is copy-on-write throws CopyOnWrite instead of being materialized (NOTE [Checks in parts] in checks.cpp).
   void* add_defined(const char* arg, const at::Tensor& t, int64_t index, bool read_only, bool data) {
+    if (data && refuse_cow_ && is_copy_on_write(t)) {
+      throw CopyOnWrite{};
+    }
     void* ptr = data ? t.mutable_data_ptr() : nullptr;
     add_range(arg, t, index, read_only, ptr);
     return ptr;
+  }
+
+  struct CopyOnWrite {};
+  void refuse_copy_on_write() { refuse_cow_ = true; }
+
+  // Appends the ranges `part` recorded, after this one's: as if they had been added here, in that order.
+  void append(const AliasCheck& part) {
+    reserve(part.ranges_.size());
+    const auto offset = static_cast<uint32_t>(entries_.size());
+    for (Range r : part.ranges_) {
+      r.entry += offset;
+      ranges_.push_back(r);
+    }
+    entries_.insert(entries_.end(), part.entries_.begin(), part.entries_.end());
+    all_contiguous_ = all_contiguous_ && part.all_contiguous_;
   }
 
   void reserve(size_t more) {
@@ -106,11 +126,16 @@ class AliasCheck {
   };
 
   static std::string name(const Entry& e);
+  static bool is_copy_on_write(const at::Tensor& t) {
+    const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+    return impl->has_storage() && c10::impl::cow::is_cow_data_ptr(impl->storage().data_ptr());
+  }
 
   const char* op_;
   std::vector<Range> ranges_;
   std::vector<Entry> entries_;
   bool all_contiguous_ = true;
+  bool refuse_cow_ = false;
 };
 
 }  // namespace ampkit::detail

@@ -1,8 +1,10 @@
 // Argument checks of every ampkit op, shared by its CPU, CUDA and Meta kernels (see op_args.h), and the
 // functors' parameters built from checked arguments.
 #include <ATen/MemoryOverlap.h>
+#include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -295,6 +297,52 @@ Companion companion_kind(const char* op, const OptimLists& l, bool lean) {
   return Companion::kRemainder;
 }
 
+// NOTE [Checks in parts]
+// A real step over many parameters checks them in parts, one per intra-op thread (threads that otherwise wait while
+// the host reads metadata, NOTE [One pass per parameter]): each part checks its run of parameters, records their
+// ranges in an AliasCheck of its own and writes their descriptors; the parts' ranges are then appended in order,
+// exactly as one pass records them. A part gives up at anything unusual, and the serial pass then runs from the
+// start: a failed check (the serial pass throws the error of the first failing parameter, as it always has) or a
+// copy-on-write storage (taking its mutable data pointer materializes it, which two parts must not do at once to
+// two views of one storage). The parts only read: nothing has changed when they give up.
+template <typename CheckParam>
+bool check_in_parts(size_t n, AliasCheck& alias, std::vector<kernels::OptimTensor>* tensors,
+                    const CheckParam& check_param) {
+  constexpr size_t kPerPart = 256;  // parameters: below that, a part costs about what it saves
+  const int threads = at::get_num_threads();
+  if (n < 2 * kPerPart || threads < 2 || at::in_parallel_region()) {
+    return false;
+  }
+  const size_t parts = std::min(static_cast<size_t>(threads), n / kPerPart);
+  std::vector<AliasCheck> ranges(parts, alias);
+  tensors->resize(n);
+  std::atomic<bool> failed{false};
+  at::parallel_for(0, static_cast<int64_t>(parts), 1, [&](int64_t begin, int64_t end) {
+    for (auto k = static_cast<size_t>(begin); k < static_cast<size_t>(end); ++k) {
+      const size_t first = n * k / parts;
+      const size_t last = n * (k + 1) / parts;
+      try {
+        ranges[k].refuse_copy_on_write();
+        ranges[k].reserve((last - first) * 8);
+        for (size_t i = first; i < last && !failed.load(std::memory_order_relaxed); ++i) {
+          check_param(i, ranges[k], tensors->data() + i);
+        }
+      } catch (...) {
+        failed.store(true, std::memory_order_relaxed);
+      }
+    }
+  });
+  if (failed.load()) {
+    tensors->clear();
+    return false;
+  }
+  alias.reserve(n * 8);
+  for (const AliasCheck& part : ranges) {
+    alias.append(part);
+  }
+  return true;
+}
+
 // NOTE [One pass per parameter]
 // A step over thousands of small tensors is bound by reading their metadata: every tensor's TensorImpl and storage
 // live in memory of their own, so each pass over the lists misses in the caches about once per tensor. A step's
@@ -324,12 +372,10 @@ void check_step_and_build_descriptors(const char* op, const OptimLists& l, const
   AliasCheck alias(op);
   const bool data = tensors != nullptr;
   if (n > 0) {
-    alias.reserve(n * 8);
-    if (data) {
-      tensors->reserve(n);
-    }
     const at::Device device = l.params[0].device();
-    for (size_t i = 0; i < n; ++i) {
+    // The checks of params[i] and its companions, their ranges recorded in `alias` and, in a real run, their
+    // descriptor written to *out.
+    auto check_param = [&](size_t i, AliasCheck& ranges, kernels::OptimTensor* out) {
       const at::Tensor& p = l.params[i];
       TORCH_CHECK(p.defined(), "ampkit::", op, ": params[", i, "] is undefined");
       TORCH_CHECK(p.layout() == at::kStrided, "ampkit::", op, ": params[", i,
@@ -345,9 +391,9 @@ void check_step_and_build_descriptors(const char* op, const OptimLists& l, const
       // Checked, then recorded: (its data pointer in a real run).
       auto entry = [&](const char* name, const at::Tensor& t, at::ScalarType type, bool read_only = false) {
         check_companion(op, name, i, t, p, type);
-        return alias.add_defined(name, t, index, read_only, data);
+        return ranges.add_defined(name, t, index, read_only, data);
       };
-      void* param = alias.add_defined("params", p, index, false, data);
+      void* param = ranges.add_defined("params", p, index, false, data);
       // The grad in the parameter's dtype, or a FP16/BF16 parameter's in FP32 (NOTE [FP32 grads of low-precision
       // params]).
       const at::Tensor& g = l.grads[i];
@@ -384,7 +430,7 @@ void check_step_and_build_descriptors(const char* op, const OptimLists& l, const
                       "] must be a one-element strided tensor (a stochastic rounding seed), but has shape ", c.sizes());
           TORCH_CHECK(c.device() == device, "ampkit::", op, ": param_remainders[", i, "] must be on ", device,
                       " like params[", i, "], but is on ", c.device());
-          seed = alias.add_defined("param_remainders", c, index, true, data);
+          seed = ranges.add_defined("param_remainders", c, index, true, data);
         }
       }
       // A moment (momentum buffer) in FP32, or with lean states (Adam, SGD) BF16 in the parameter's layout or one
@@ -410,7 +456,7 @@ void check_step_and_build_descriptors(const char* op, const OptimLists& l, const
                           " elements) must be a contiguous 1-D Byte tensor of ", bytes, " bytes, but has shape ",
                           t.sym_sizes(), t.is_contiguous() ? "" : " (not contiguous)");
         *type = kernels::StateType::kBlockwise8;
-        void* ptr = alias.add_defined(name, t, index, false, data);
+        void* ptr = ranges.add_defined(name, t, index, false, data);
         // The kernels read the absmaxes (a multiple of 4 bytes past the start) as floats: a state at an odd byte
         // offset (a view such as buf[1:]) faults on a GPU ("misaligned address"). Refused on every device, so that
         // a state steps, or is refused, alike on each; on Meta, where there is no data, by its storage offset.
@@ -438,13 +484,33 @@ void check_step_and_build_descriptors(const char* op, const OptimLists& l, const
         const at::Tensor& t = l.state_steps[i];
         TORCH_CHECK(t.defined() && t.sym_numel() == 1 && t.scalar_type() == at::kFloat && t.device() == device,
                     "ampkit::", op, ": state_steps[", i, "] must be a one-element Float tensor on ", device);
-        step = alias.add_defined("state_steps", t, index, false, data);
+        step = ranges.add_defined("state_steps", t, index, false, data);
       }
+      if (out != nullptr) {
+        *out = kernels::OptimTensor{param,
+                                    grad,
+                                    static_cast<float*>(master),
+                                    static_cast<int16_t*>(remainder),
+                                    static_cast<float*>(m),
+                                    static_cast<float*>(v),
+                                    static_cast<float*>(vmax),
+                                    static_cast<float*>(step),
+                                    p.numel(),
+                                    kernel_dtype(dtype),
+                                    static_cast<uint16_t*>(comp),
+                                    static_cast<const int64_t*>(seed),
+                                    m_type,
+                                    v_type,
+                                    grad_fp32};
+      }
+    };
+    if (!data || !check_in_parts(n, alias, tensors, check_param)) {
+      alias.reserve(n * 8);
       if (data) {
-        tensors->push_back({param, grad, static_cast<float*>(master), static_cast<int16_t*>(remainder),
-                            static_cast<float*>(m), static_cast<float*>(v), static_cast<float*>(vmax),
-                            static_cast<float*>(step), p.numel(), kernel_dtype(dtype), static_cast<uint16_t*>(comp),
-                            static_cast<const int64_t*>(seed), m_type, v_type, grad_fp32});
+        tensors->resize(n);
+      }
+      for (size_t i = 0; i < n; ++i) {
+        check_param(i, alias, data ? tensors->data() + i : nullptr);
       }
     }
     const std::optional<at::Device> on(device);

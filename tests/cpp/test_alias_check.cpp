@@ -199,3 +199,50 @@ TEST_CASE("AliasCheck: add_defined records the tensor and returns its data point
   CHECK(alias.add_defined("b", buffer, 1, false, false) == nullptr);
   CHECK_THROWS_WITH(alias.check(), Catch::Contains("b[1] and a[0] share memory"));
 }
+
+TEST_CASE("AliasCheck: parts appended in order check as one, and a part can refuse copy-on-write storages",
+          "[ops][cpu]") {
+  // NOTE [Checks in parts] in csrc/ops/checks.cpp: each part records its own ranges, appended afterwards.
+  at::manual_seed(20261207);
+  const at::Tensor buffer = seeded({64});
+  const at::Tensor other = seeded({64});
+
+  SECTION("an overlap between two parts is refused, naming both with their indices") {
+    AliasCheck whole("test_op");
+    AliasCheck first("test_op");
+    AliasCheck second("test_op");
+    first.add_defined("m", other, 0, false, true);
+    first.add_defined("m", buffer.narrow(0, 0, 8), 1, false, true);
+    second.add_defined("m", buffer.narrow(0, 4, 8), 2, false, true);
+    whole.append(first);
+    whole.append(second);
+    CHECK_THROWS_WITH(whole.check(), Catch::Contains("m[1] and m[2] share memory"));
+  }
+  SECTION("disjoint parts pass, read-only flags kept") {
+    AliasCheck whole("test_op");
+    AliasCheck first("test_op");
+    AliasCheck second("test_op");
+    first.add_defined("g", buffer, 0, true, true);
+    second.add_defined("g", buffer, 1, true, true);
+    second.add_defined("m", other, 1, false, true);
+    whole.append(first);
+    whole.append(second);
+    CHECK_NOTHROW(whole.check());
+  }
+  SECTION("a copy-on-write storage throws CopyOnWrite in a part that refuses them, and is left lazy") {
+    const at::Tensor source = seeded({16});
+    const at::Tensor lazy = at::_lazy_clone(source);
+    AliasCheck part("test_op");
+    part.refuse_copy_on_write();
+    CHECK(part.add_defined("m", other, 0, false, true) == other.data_ptr());
+    CHECK_THROWS_AS(part.add_defined("m", lazy, 1, false, true), AliasCheck::CopyOnWrite);
+    CHECK(lazy.const_data_ptr() == source.const_data_ptr());  // not materialized
+    // Without data pointers (a Meta or fake run) nothing is materialized, so nothing is refused.
+    CHECK(part.add_defined("m", lazy, 2, false, false) == nullptr);
+    // One pass takes its mutable data pointer: the storage is materialized, the source keeps its memory.
+    AliasCheck one("test_op");
+    void* ptr = one.add_defined("m", lazy, 1, false, true);
+    CHECK(ptr != source.const_data_ptr());
+    CHECK(ptr == lazy.const_data_ptr());
+  }
+}

@@ -5,6 +5,8 @@ kernels (NOTE [Autograd kernels]); the alias check's memo (NOTE [Alias check mem
 plain path gives, bit for bit, and refuse what it refuses."""
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -260,3 +262,82 @@ def test_an_overlap_after_calls_that_passed_is_still_refused():
         torch.ops.ampkit.adamw_step_([ps[0], ps[0], ps[2]], gs, [], [], ms, vs, [], steps, lr=1e-3, beta1=0.9,
                                      beta2=0.999, weight_decay=0.0, eps=1e-8, amsgrad=False, maximize=False,
                                      decoupled_weight_decay=True)
+
+
+def _adamw_step(ps, gs, ms, vs, steps):
+    torch.ops.ampkit.adamw_step_(ps, gs, [], [], ms, vs, [], steps, lr=1e-3, beta1=0.9, beta2=0.999,
+                                 weight_decay=0.01, eps=1e-8, amsgrad=False, maximize=False,
+                                 decoupled_weight_decay=True)
+
+
+def _step_lists(n: int, seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    ps = [torch.randn(17 + i % 5, generator=gen) for i in range(n)]
+    gs = [torch.randn(p.shape, generator=gen) for p in ps]
+    ms = [torch.randn(p.shape, generator=gen) * 0.1 for p in ps]
+    vs = [torch.rand(p.shape, generator=gen) * 0.01 for p in ps]
+    steps = [torch.full((), float(i % 3)) for i in range(n)]
+    return ps, gs, ms, vs, steps
+
+
+@pytest.fixture
+def intra_op_threads():
+    """Sets torch's intra-op threads (NOTE [Checks in parts]: the step's checks run in parts from 512 parameters and
+    two threads) and restores them."""
+    before = torch.get_num_threads()
+    yield torch.set_num_threads
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("bad", ["first_part", "second_part", "both_parts", "alias_across_parts"])
+def test_checks_in_parts_refuse_what_one_pass_refuses_naming_the_same_tensors(intra_op_threads, bad):
+    # 700 parameters: two parts on two threads (parameters 0-349 and 350-699). The error is the one pass's, named by
+    # the first bad parameter, whichever part meets it first; nothing is written.
+    ps, gs, ms, vs, steps = _step_lists(700, seed=5)
+    if bad in ("first_part", "both_parts"):
+        gs[100] = torch.randn(3)
+    if bad in ("second_part", "both_parts"):
+        vs[600] = vs[600].double()
+    if bad == "alias_across_parts":
+        ms[650] = ms[20]
+    before = [t.clone() for t in ps + gs + ms + vs + steps]
+    messages = []
+    for threads in (2, 1):
+        intra_op_threads(threads)
+        with pytest.raises((RuntimeError, TypeError)) as error:
+            _adamw_step(ps, gs, ms, vs, steps)
+        messages.append(str(error.value).splitlines()[0])
+        assert all(torch.equal(a, b) for a, b in zip(before, ps + gs + ms + vs + steps))
+    assert messages[0] == messages[1]
+    expected = {"first_part": r"grads\[100\] must have the shape", "second_part": r"exp_avg_sqs\[600\] must be Float",
+                "both_parts": r"grads\[100\] must have the shape",
+                "alias_across_parts": r"exp_avgs\[20\] and exp_avgs\[650\]|exp_avgs\[650\] and exp_avgs\[20\]"}[bad]
+    assert re.search(expected, messages[0]), messages[0]
+
+
+def test_checks_in_parts_step_copy_on_write_states_as_one_pass_does(intra_op_threads):
+    # Moments that are lazy clones (copy-on-write storages shared with their sources) in both parts: the step
+    # materializes them (NOTE [Checks in parts]: the parts give up and one pass runs), writes the clones and leaves
+    # the sources as they were; the bits equal those of plain copies stepped on one thread.
+    ps, gs, ms, vs, steps = _step_lists(700, seed=6)
+    sources = {i: ms[i].clone() for i in (3, 340, 351, 699)}
+    frozen = {i: s.clone() for i, s in sources.items()}
+    lazy = list(ms)
+    for i, s in sources.items():
+        lazy[i] = torch._lazy_clone(s)
+    # Two views of one lazy clone, one in each part: its storage is materialized once, and both views step in it.
+    shared_source = torch.cat([ms[10], ms[500]])
+    shared_frozen = shared_source.clone()
+    shared = torch._lazy_clone(shared_source)
+    lazy[10], lazy[500] = shared[:ms[10].numel()], shared[ms[10].numel():]
+    ref = [[t.clone() for t in lst] for lst in (ps, gs, ms, vs, steps)]
+    intra_op_threads(2)
+    _adamw_step(ps, gs, lazy, vs, steps)
+    intra_op_threads(1)
+    _adamw_step(*ref)
+    for ours, theirs in zip([ps, gs, lazy, vs, steps], ref):
+        assert all(bits_equal(a, b) for a, b in zip(ours, theirs))
+    assert all(torch.equal(sources[i], frozen[i]) for i in sources)
+    assert torch.equal(shared_source, shared_frozen)
+    assert not torch.equal(lazy[3], frozen[3])
+    assert lazy[10].data_ptr() + 4 * lazy[10].numel() == lazy[500].data_ptr()  # still views of one storage
