@@ -6,6 +6,7 @@
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/impl/COW.h>
+#include <torch/version.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -34,19 +35,23 @@ class AliasCheck {
   }
 
   // add() of a defined tensor that also returns its data pointer when `data` (t.mutable_data_ptr(): its metadata
-  // and storage read once for both; nullptr without `data`). After refuse_copy_on_write(), a tensor whose storage
-  // is copy-on-write throws CopyOnWrite instead of being materialized (NOTE [Checks in parts] in checks.cpp).
+  // and storage read once for both; nullptr without `data`). In a part (make_part()), a tensor whose storage would
+  // materialize on that call (copy-on-write, a lazy materializer) throws GiveUp instead (NOTE [Checks in parts] in
+  // checks.cpp).
   void* add_defined(const char* arg, const at::Tensor& t, int64_t index, bool read_only, bool data) {
-    if (data && refuse_cow_ && is_copy_on_write(t)) {
-      throw CopyOnWrite{};
+    if (data && part_ && materializes(t)) {
+      throw GiveUp{};
     }
     void* ptr = data ? t.mutable_data_ptr() : nullptr;
     add_range(arg, t, index, read_only, ptr);
     return ptr;
   }
 
-  struct CopyOnWrite {};
-  void refuse_copy_on_write() { refuse_cow_ = true; }
+  // The ranges of one part of a pass run on a worker thread (NOTE [Checks in parts] in checks.cpp), and what a
+  // part throws where it must leave the parameters to one pass on the calling thread.
+  void make_part() { part_ = true; }
+  bool is_part() const { return part_; }
+  struct GiveUp {};
 
   // Appends the ranges `part` recorded, after this one's: as if they had been added here, in that order.
   void append(const AliasCheck& part) {
@@ -126,16 +131,27 @@ class AliasCheck {
   };
 
   static std::string name(const Entry& e);
-  static bool is_copy_on_write(const at::Tensor& t) {
-    const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
-    return impl->has_storage() && c10::impl::cow::is_cow_data_ptr(impl->storage().data_ptr());
+  // Whether t.mutable_data_ptr() would materialize t's storage: copy-on-write (torch forbids that inside
+  // at::parallel_for), or from torch 2.12 on any lazy materializer.
+  static bool materializes(const at::Tensor& t) {
+    const c10::Storage& storage = t.unsafeGetTensorImpl()->unsafe_storage();
+    if (!storage) {
+      return false;
+    }
+    const c10::StorageImpl* impl = storage.unsafeGetStorageImpl();
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 12)
+    if (impl->has_materializer()) {
+      return true;
+    }
+#endif
+    return c10::impl::cow::is_cow_data_ptr(impl->data_ptr());
   }
 
   const char* op_;
   std::vector<Range> ranges_;
   std::vector<Entry> entries_;
   bool all_contiguous_ = true;
-  bool refuse_cow_ = false;
+  bool part_ = false;
 };
 
 }  // namespace ampkit::detail

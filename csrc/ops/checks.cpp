@@ -298,15 +298,24 @@ Companion companion_kind(const char* op, const OptimLists& l, bool lean) {
 }
 
 // NOTE [Checks in parts]
-// A real step over many parameters checks them in parts, one per intra-op thread (threads that otherwise wait while
-// the host reads metadata, NOTE [One pass per parameter]): each part checks its run of parameters, records their
-// ranges in an AliasCheck of its own and writes their descriptors; the parts' ranges are then appended in order,
-// exactly as one pass records them. A part gives up at anything unusual, and the serial pass then runs from the
-// start: a failed check (the serial pass throws the error of the first failing parameter, as it always has) or a
-// copy-on-write storage (taking its mutable data pointer materializes it, which two parts must not do at once to
-// two views of one storage). The parts only read: nothing has changed when they give up.
+// A real CPU step over many parameters (512 or more, with two or more intra-op threads, not already inside a
+// parallel region) checks them in parts, one per intra-op thread: threads that otherwise wait while the host reads
+// metadata (NOTE [One pass per parameter]). Each part checks its run of parameters, records their ranges in an
+// AliasCheck of its own and writes their descriptors; the parts' ranges are then appended in order, exactly as
+// one pass records them. A part gives up, and one pass then runs on the calling thread from the start, where
+//   - a check fails: that pass throws the error of the first failing parameter, as it always has;
+//   - a storage would materialize when its mutable data pointer is taken (copy-on-write, which torch forbids
+//     inside at::parallel_for and which two parts could do at once to two views of one storage; from torch 2.12
+//     any lazy materializer);
+//   - a tensor dispatches to Python (a subclass may answer device(), sizes() and the rest in Python, which a
+//     worker thread must not run while the calling thread holds the GIL).
+// The parts only read: nothing has changed when they give up. CUDA steps keep the one pass (their host side has
+// not been measured with parts).
+std::atomic<int64_t> parts_ran{0};
+std::atomic<int64_t> parts_gave_up{0};
+
 template <typename CheckParam>
-bool check_in_parts(size_t n, AliasCheck& alias, std::vector<kernels::OptimTensor>* tensors,
+bool check_in_parts(const char* op, size_t n, AliasCheck& alias, std::vector<kernels::OptimTensor>* tensors,
                     const CheckParam& check_param) {
   constexpr size_t kPerPart = 256;  // parameters: below that, a part costs about what it saves
   const int threads = at::get_num_threads();
@@ -314,7 +323,7 @@ bool check_in_parts(size_t n, AliasCheck& alias, std::vector<kernels::OptimTenso
     return false;
   }
   const size_t parts = std::min(static_cast<size_t>(threads), n / kPerPart);
-  std::vector<AliasCheck> ranges(parts, alias);
+  std::vector<AliasCheck> ranges(parts, AliasCheck(op));
   tensors->resize(n);
   std::atomic<bool> failed{false};
   at::parallel_for(0, static_cast<int64_t>(parts), 1, [&](int64_t begin, int64_t end) {
@@ -322,7 +331,7 @@ bool check_in_parts(size_t n, AliasCheck& alias, std::vector<kernels::OptimTenso
       const size_t first = n * k / parts;
       const size_t last = n * (k + 1) / parts;
       try {
-        ranges[k].refuse_copy_on_write();
+        ranges[k].make_part();
         ranges[k].reserve((last - first) * 8);
         for (size_t i = first; i < last && !failed.load(std::memory_order_relaxed); ++i) {
           check_param(i, ranges[k], tensors->data() + i);
@@ -334,12 +343,14 @@ bool check_in_parts(size_t n, AliasCheck& alias, std::vector<kernels::OptimTenso
   });
   if (failed.load()) {
     tensors->clear();
+    parts_gave_up.fetch_add(1, std::memory_order_relaxed);
     return false;
   }
   alias.reserve(n * 8);
   for (const AliasCheck& part : ranges) {
     alias.append(part);
   }
+  parts_ran.fetch_add(1, std::memory_order_relaxed);
   return true;
 }
 
@@ -376,6 +387,14 @@ void check_step_and_build_descriptors(const char* op, const OptimLists& l, const
     // The checks of params[i] and its companions, their ranges recorded in `alias` and, in a real run, their
     // descriptor written to *out.
     auto check_param = [&](size_t i, AliasCheck& ranges, kernels::OptimTensor* out) {
+      if (ranges.is_part()) {  // no Python on a worker thread (NOTE [Checks in parts])
+        for (at::TensorList list : {l.params, l.grads, l.master_params, l.param_remainders, l.exp_avgs, l.exp_avg_sqs,
+                                    l.max_exp_avg_sqs, l.state_steps}) {
+          if (!list.empty() && list[i].defined() && list[i].unsafeGetTensorImpl()->is_python_dispatch()) {
+            throw AliasCheck::GiveUp{};
+          }
+        }
+      }
       const at::Tensor& p = l.params[i];
       TORCH_CHECK(p.defined(), "ampkit::", op, ": params[", i, "] is undefined");
       TORCH_CHECK(p.layout() == at::kStrided, "ampkit::", op, ": params[", i,
@@ -504,7 +523,7 @@ void check_step_and_build_descriptors(const char* op, const OptimLists& l, const
                                     grad_fp32};
       }
     };
-    if (!data || !check_in_parts(n, alias, tensors, check_param)) {
+    if (!data || device.type() != at::kCPU || !check_in_parts(op, n, alias, tensors, check_param)) {
       alias.reserve(n * 8);
       if (data) {
         tensors->resize(n);
@@ -540,6 +559,8 @@ void check_step_and_build_descriptors(const char* op, const OptimLists& l, const
 }
 
 }  // namespace
+
+CheckPartsCount checks_in_parts_count() { return {parts_ran.load(), parts_gave_up.load()}; }
 
 void check_and_build_descriptors(const AdamStepArgs& a, std::vector<kernels::OptimTensor>* tensors) {
   const kernels::AdamParams& h = a.hparams;

@@ -154,6 +154,13 @@ void check(const Fp8UpdateArgs& a);
 // The same for the fused steps, which also fill `tensors`, when given (the Meta kernels check only), with one
 // kernel descriptor per parameter (zero-size params included: their step counts advance), built in the same
 // pass as the checks (NOTE [One pass per parameter]).
+// How many fused steps' checks ran in parts and how many gave up to one pass (NOTE [Checks in parts] in
+// checks.cpp) since the process started; for tests.
+struct CheckPartsCount {
+  int64_t ran;
+  int64_t gave_up;
+};
+CheckPartsCount checks_in_parts_count();
 void check_and_build_descriptors(const AdamStepArgs& a, std::vector<kernels::OptimTensor>* tensors = nullptr);
 void check_and_build_descriptors(const SgdStepArgs& a, std::vector<kernels::OptimTensor>* tensors = nullptr);
 void check_and_build_descriptors(const LambStepArgs& a, std::vector<kernels::OptimTensor>* tensors = nullptr);

@@ -200,7 +200,7 @@ TEST_CASE("AliasCheck: add_defined records the tensor and returns its data point
   CHECK_THROWS_WITH(alias.check(), Catch::Contains("b[1] and a[0] share memory"));
 }
 
-TEST_CASE("AliasCheck: parts appended in order check as one, and a part can refuse copy-on-write storages",
+TEST_CASE("AliasCheck: parts appended in order check as one, and a part gives up on copy-on-write storages",
           "[ops][cpu]") {
   // NOTE [Checks in parts] in csrc/ops/checks.cpp: each part records its own ranges, appended afterwards.
   at::manual_seed(20261207);
@@ -229,13 +229,13 @@ TEST_CASE("AliasCheck: parts appended in order check as one, and a part can refu
     whole.append(second);
     CHECK_NOTHROW(whole.check());
   }
-  SECTION("a copy-on-write storage throws CopyOnWrite in a part that refuses them, and is left lazy") {
+  SECTION("a copy-on-write storage throws GiveUp in a part, and is left lazy") {
     const at::Tensor source = seeded({16});
     const at::Tensor lazy = at::_lazy_clone(source);
     AliasCheck part("test_op");
-    part.refuse_copy_on_write();
+    part.make_part();
     CHECK(part.add_defined("m", other, 0, false, true) == other.data_ptr());
-    CHECK_THROWS_AS(part.add_defined("m", lazy, 1, false, true), AliasCheck::CopyOnWrite);
+    CHECK_THROWS_AS(part.add_defined("m", lazy, 1, false, true), AliasCheck::GiveUp);
     CHECK(lazy.const_data_ptr() == source.const_data_ptr());  // not materialized
     // Without data pointers (a Meta or fake run) nothing is materialized, so nothing is refused.
     CHECK(part.add_defined("m", lazy, 2, false, false) == nullptr);
