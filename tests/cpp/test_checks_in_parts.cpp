@@ -9,12 +9,10 @@
 #include "csrc/ops/op_args.h"
 #include "support/catch_torch.h"
 
-using ampkit::detail::AdamStepArgs;
-using ampkit::detail::check_and_build_descriptors;
-using ampkit::detail::checks_in_parts_count;
-using ampkit::kernels::OptimTensor;
-
 namespace {
+
+namespace ops = ampkit::detail;
+using ampkit::kernels::OptimTensor;
 
 struct Lists {
   std::vector<at::Tensor> params, grads, exp_avgs, exp_avg_sqs, steps;
@@ -32,8 +30,8 @@ Lists make_lists(int n) {
   return l;
 }
 
-AdamStepArgs args_of(const Lists& l) {
-  AdamStepArgs a{};
+ops::AdamStepArgs args_of(const Lists& l) {
+  ops::AdamStepArgs a{};
   a.op = "adamw_step_";
   a.lists.params = l.params;
   a.lists.grads = l.grads;
@@ -53,7 +51,7 @@ std::vector<OptimTensor> descriptors(const Lists& l, int threads, std::string* e
   at::set_num_threads(threads);
   std::vector<OptimTensor> out;
   try {
-    check_and_build_descriptors(args_of(l), &out);
+    ops::check_and_build_descriptors(args_of(l), &out);
   } catch (const c10::Error& e) {
     if (error == nullptr) {
       throw;
@@ -82,13 +80,13 @@ void require_same(const std::vector<OptimTensor>& a, const std::vector<OptimTens
 TEST_CASE("checks in parts: from 512 parameters on two threads, the descriptors of one pass", "[ops][cpu]") {
   at::manual_seed(20261207);
   const Lists l = make_lists(700);
-  const auto before = checks_in_parts_count();
+  const auto before = ops::checks_in_parts_count();
   const std::vector<OptimTensor> parts = descriptors(l, 2);
-  const auto after = checks_in_parts_count();
+  const auto after = ops::checks_in_parts_count();
   CHECK(after.ran == before.ran + 1);
   CHECK(after.gave_up == before.gave_up);
   const std::vector<OptimTensor> one = descriptors(l, 1);
-  CHECK(checks_in_parts_count().ran == after.ran);  // one thread: one pass
+  CHECK(ops::checks_in_parts_count().ran == after.ran);  // one thread: one pass
   require_same(parts, one);
   for (size_t i = 0; i < one.size(); ++i) {
     CHECK(one[i].param == l.params[i].data_ptr());
@@ -96,7 +94,7 @@ TEST_CASE("checks in parts: from 512 parameters on two threads, the descriptors 
   }
   const Lists few = make_lists(511);
   descriptors(few, 2);
-  CHECK(checks_in_parts_count().ran == after.ran);  // below 512: one pass
+  CHECK(ops::checks_in_parts_count().ran == after.ran);  // below 512: one pass
 }
 
 TEST_CASE("checks in parts: a copy-on-write storage or a failed check gives up to one pass", "[ops][cpu]") {
@@ -105,10 +103,10 @@ TEST_CASE("checks in parts: a copy-on-write storage or a failed check gives up t
     Lists l = make_lists(700);
     const at::Tensor source = at::randn({13 + 600 % 4});
     l.exp_avgs[600] = at::_lazy_clone(source);
-    const auto before = checks_in_parts_count();
+    const auto before = ops::checks_in_parts_count();
     const std::vector<OptimTensor> got = descriptors(l, 2);
-    CHECK(checks_in_parts_count().gave_up == before.gave_up + 1);
-    CHECK(checks_in_parts_count().ran == before.ran);
+    CHECK(ops::checks_in_parts_count().gave_up == before.gave_up + 1);
+    CHECK(ops::checks_in_parts_count().ran == before.ran);
     CHECK(got[600].exp_avg == l.exp_avgs[600].const_data_ptr());
     CHECK(got[600].exp_avg != source.const_data_ptr());
     require_same(got, descriptors(l, 1));
@@ -119,9 +117,9 @@ TEST_CASE("checks in parts: a copy-on-write storage or a failed check gives up t
     l.exp_avg_sqs[120] = l.exp_avg_sqs[120].to(at::kDouble);
     std::string two;
     std::string one;
-    const auto before = checks_in_parts_count();
+    const auto before = ops::checks_in_parts_count();
     descriptors(l, 2, &two);
-    CHECK(checks_in_parts_count().gave_up == before.gave_up + 1);
+    CHECK(ops::checks_in_parts_count().gave_up == before.gave_up + 1);
     descriptors(l, 1, &one);
     CHECK(two == one);
     CHECK_THAT(two, Catch::Contains("exp_avg_sqs[120]"));
