@@ -248,6 +248,17 @@ void window_range(int pow2_exp, ChunkStats& cs) {
   ax_d = __builtin_convertvector(ax, VD);
 }
 
+// The vector of g[j, j + kWidth): past `len` (a row's last, partial vector) +0.0, which is not live.
+[[gnu::always_inline]] inline void load_row_vector(const float* g, int j, int len, VF& x) {
+  if (j + kWidth <= len) {
+    std::memcpy(&x, g + j, sizeof(x));
+  } else {
+    float tail[kWidth] = {};
+    std::copy(g + j, g + len, tail);
+    std::memcpy(&x, tail, sizeof(x));
+  }
+}
+
 // What an element contributes: its square to its lane, |x| to the maximum, its one-hot word (0 past the row's
 // end: `valid`), and its lane set in `outside` where it is live and its bin outside the window.
 template <BinPath kPath>
@@ -294,9 +305,7 @@ void stats_rows(const float* g, int len, int pow2_exp, double inv, ChunkStats& c
       VF x;
       VI valid = all;
       if (kRows == 1 && j + kWidth > len) {  // the row's last, partial vector: zeros past its end, not counted
-        float tail[kWidth] = {};
-        std::copy(g + j, g + len, tail);
-        std::memcpy(&x, tail, sizeof(x));
+        load_row_vector(g, j, len, x);
         for (int k = len - j; k < kWidth; ++k) {
           valid[k] = 0;
         }
@@ -407,13 +416,7 @@ void stats_row_slots(const float* g, int len, int pow2_exp, double inv, ChunkSta
   VF vmax = {};  // a local: in cs, every store of the loop could alias it
   for (int j = 0; j < len; j += kWidth) {
     VF x;
-    if (j + kWidth <= len) {
-      std::memcpy(&x, g + j, sizeof(x));
-    } else {  // the row's last, partial vector: zeros past its end (they add +0.0; their slots are not counted)
-      float tail[kWidth] = {};
-      std::copy(g + j, g + len, tail);
-      std::memcpy(&x, tail, sizeof(x));
-    }
+    load_row_vector(g, j, len, x);  // (past len: +0.0 to the lanes; those slots are not counted)
     VI mag, finite, live;
     VF ax;
     VD ax_d;
@@ -450,18 +453,13 @@ int count_outside(const float* g, int len, int pow2_exp, double inv, ChunkStats&
   VI live_lanes = {};
   VI top = VI{} - 1;
   for (int j = 0; j < len; j += kWidth) {
+    VF unused_max = {};  // (the block's maximum is already taken)
+    VI mag, finite, live;
+    VF ax;
+    VD ax_d;
     VF x;
-    if (j + kWidth <= len) {
-      std::memcpy(&x, g + j, sizeof(x));
-    } else {
-      float xs[kWidth] = {};
-      std::copy(g + j, g + len, xs);  // past len: +0, not live
-      std::memcpy(&x, xs, sizeof(x));
-    }
-    const VI mag = __builtin_bit_cast(VI, x) & 0x7fffffff;
-    const VI live = (mag < 0x7f800000) & (mag != 0);
-    const VF ax = __builtin_bit_cast(VF, mag & live);
-    const VD ax_d = __builtin_convertvector(ax, VD);
+    load_row_vector(g, j, len, x);
+    element_bits(x, unused_max, mag, finite, live, ax, ax_d);
     VI bin, rel, in_window;
     hist_bins<kPath>(ax, ax_d, pow2_exp, inv, bin);
     window_place<kPath>(mag, ax_d, pow2_exp, inv, cs.base, rel, in_window);
