@@ -1,7 +1,7 @@
 // CPU kernels of fp8_quantize, fp8_compute_scale and fp8_update_amax_history_and_scale_: at::parallel_for loops
-// over the functors of kernels/fp8_functors.h, after the checks of op_kernels.h. (Scalar loops: the quantize is
-// one integer conversion per element; SIMD loops are future work.) Also the FP8 -> FP32 widening of fp8_linear's
-// CPU GEMMs (fp8_linear.h).
+// over the functors of kernels/fp8_functors.h, after the checks of op_kernels.h; the quantize's rows run the vector
+// loop of cpu/fp8_loops.h (one copy per instruction set). Also the FP8 -> FP32 widening of fp8_linear's CPU GEMMs
+// (fp8_linear.h).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <atomic>
 
+#include "cpu/cpu_loops.h"
 #include "descriptors.h"
 #include "fp8_linear.h"
 #include "op_kernels.h"
@@ -21,56 +22,17 @@ namespace {
 // Elements per parallel work item of the quantize.
 constexpr int64_t kQuantizeGrain = 32768;
 
-// Rows [begin, end) of x: q (and q_t, x's transpose, when asked for), returning their amax as fp8_abs_bits.
-template <typename T, kernels::Fp8Format F>
-uint32_t quantize_rows(const kernels::Fp8QuantizeParams& p, int64_t begin, int64_t end) {
-  const T* x = static_cast<const T*>(p.x);
-  uint32_t amax = 0;
-  for (int64_t r = begin; r < end; ++r) {
-    const float s = p.scale[p.rowwise ? r : 0];
-    const T* row = x + r * p.cols;
-    uint8_t* q = p.q + r * p.cols;
-    for (int64_t c = 0; c < p.cols; ++c) {
-      const float v = static_cast<float>(row[c]);
-      const uint32_t b = kernels::fp8_abs_bits(v);
-      amax = b > amax ? b : amax;
-      q[c] = kernels::fp8_from_float<F>(v * s);
-    }
-  }
-  if (p.q_t != nullptr) {  // the transposed copy from the rows just written (in L2), in tiles of 64 x 64
-    constexpr int64_t kTile = 64;
-    for (int64_t c0 = 0; c0 < p.cols; c0 += kTile) {
-      for (int64_t r = begin; r < end; ++r) {
-        const uint8_t* q = p.q + r * p.cols;
-        for (int64_t c = c0; c < std::min(c0 + kTile, p.cols); ++c) {
-          p.q_t[c * p.rows + r] = q[c];
-        }
-      }
-    }
-  }
-  return amax;
-}
-
-template <typename T, kernels::Fp8Format F>
 void quantize_all(const kernels::Fp8QuantizeParams& p) {
+  const CpuLoops& loops = cpu_loops();
   std::atomic<uint32_t> amax{0};
   const int64_t grain = std::max<int64_t>(1, kQuantizeGrain / std::max<int64_t>(p.cols, 1));
   at::parallel_for(0, p.rows, grain, [&](int64_t begin, int64_t end) {
-    const uint32_t local = quantize_rows<T, F>(p, begin, end);
+    const uint32_t local = loops.fp8_quantize_rows(p, begin, end);
     uint32_t seen = amax.load(std::memory_order_relaxed);
     while (local > seen && !amax.compare_exchange_weak(seen, local, std::memory_order_relaxed)) {
     }
   });
   *p.amax = kernels::bit_cast<float>(amax.load());
-}
-
-template <typename T>
-void quantize_all(const kernels::Fp8QuantizeParams& p) {
-  if (p.format == kernels::Fp8Format::kE4M3) {
-    quantize_all<T, kernels::Fp8Format::kE4M3>(p);
-  } else {
-    quantize_all<T, kernels::Fp8Format::kE5M2>(p);
-  }
 }
 
 void fp8_quantize_cpu(const Fp8QuantizeArgs& a, const Fp8QuantizeResult& out) {
@@ -79,18 +41,7 @@ void fp8_quantize_cpu(const Fp8QuantizeArgs& a, const Fp8QuantizeResult& out) {
   }
   const at::Tensor x = a.x.contiguous();  // read only: a staging copy when x is not contiguous
   const at::Tensor scale = a.scale.contiguous();
-  const kernels::Fp8QuantizeParams p = fp8_quantize_params(a, x, scale, out);
-  switch (x.scalar_type()) {
-    case at::kHalf:
-      quantize_all<c10::Half>(p);
-      break;
-    case at::kBFloat16:
-      quantize_all<c10::BFloat16>(p);
-      break;
-    default:
-      quantize_all<float>(p);
-      break;
-  }
+  quantize_all(fp8_quantize_params(a, x, scale, out));
 }
 
 void fp8_compute_scale_cpu(const Fp8ComputeScaleArgs& a, const at::Tensor& scale) {

@@ -2,7 +2,8 @@
 widest its processor has; AMPKIT_CPU_ISA caps that choice. Each copy this machine can run computes the same case
 here in a process of its own, and every result must be equal bit for bit across the copies: the element-wise steps
 (every optimizer and weight mode, FP32/BF16/8-bit states, stochastic rounding), the reductions in their fixed order
-(grad_norm, LAMB's norms, grad_stats' lanes), the counts (grad_stats' histogram) and the unscale/cast passes."""
+(grad_norm, LAMB's norms, grad_stats' lanes), the counts (grad_stats' histogram), the unscale/cast passes and the
+FP8 quantize (every BF16 pattern, its amax and transposed copy)."""
 from __future__ import annotations
 
 import os
@@ -88,6 +89,15 @@ x[70000:70016] = 1e-41
 stats_grads = [x.float(), x.bfloat16(), x.clamp(-6e4, 6e4).half(), x.float()[1::2], x.float()[:0], x.float()[:17]]
 out["grad_stats"] = [torch.ops.ampkit.grad_stats(stats_grads, torch.full((1,), inv))
                      for inv in (1.0, 2.0 ** -16, 1 / 3.0, 2.0 ** -126)]
+xq = torch.cat([torch.arange(-(2 ** 15), 2 ** 15, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).float(),
+                torch.randn(4099, generator=gen) * 300])
+for fp8 in (torch.float8_e4m3fn, torch.float8_e5m2):
+    for xd in (torch.float32, torch.bfloat16, torch.float16):
+        for rows in (1, 19):  # one long row; 19 rows of 3,665 elements with their own scales, and the transpose
+            xr = xq.to(xd).reshape(rows, -1)
+            s = torch.rand(rows, 1, generator=gen) * 8 if rows > 1 else torch.full((), 0.37)
+            q, amax, q_t = torch.ops.ampkit.fp8_quantize(xr, s, fp8, True)
+            out[f"fp8-{fp8}-{xd}-{rows}"] = [q.view(torch.uint8), amax, q_t.view(torch.uint8)]
 torch.save(out, sys.argv[1])
 '''
 

@@ -119,6 +119,53 @@ def test_quantize_rowwise_noncontiguous_and_empty(device, fp8):
     assert qe.shape == (0, 16) and te.shape == (16, 0) and ae.item() == 0.0
 
 
+def _every_pattern(dtype: torch.dtype, seed: int) -> torch.Tensor:
+    """Every bit pattern of a 2-byte dtype (both NaN signs and payloads, subnormals, +-0, +-Inf); for FP32, 2^20
+    random patterns and the FP8 rounding boundaries' neighbours."""
+    if dtype != torch.float32:
+        return torch.arange(-(2 ** 15), 2 ** 15, dtype=torch.int32).to(torch.int16).view(dtype)
+    g = torch.Generator().manual_seed(seed)
+    bits = torch.randint(-(2 ** 31), 2 ** 31, (1 << 20,), generator=g, dtype=torch.int64).to(torch.int32)
+    edges = torch.tensor([v for fp8 in FORMATS for v in _values_of_codes(fp8)], dtype=torch.float64)
+    mids = torch.cat([edges, (edges[1:] + edges[:-1]) / 2]).float().view(torch.int32)
+    near = (mids[:, None] + torch.arange(-2, 3, dtype=torch.int32)).flatten()
+    return torch.cat([bits, near, near | (-(2 ** 31))]).view(torch.float32)
+
+
+@pytest.mark.parametrize("fp8", list(FORMATS))
+@pytest.mark.parametrize("xdtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_quantize_vector_loop_matches_scalar_code_bit_for_bit(fp8, xdtype):
+    """The CPU loop casts whole vectors and leaves a row's last elements to the scalar functor: a row of n elements
+    takes the vector code, n rows of one element the scalar one. Every code bit (NaN's sign and payload included)
+    and the amax bits agree, for every 2-byte pattern and 2^20 FP32 ones, at scales that keep, shrink into the
+    subnormals and overflow the values."""
+    x = _every_pattern(xdtype, seed=5)
+    x = x[torch.randperm(x.numel(), generator=torch.Generator().manual_seed(1))]
+    for scale in (1.0, 0.37, 2.0 ** -14, 1e-30, 3e30):
+        s = f32(scale)
+        q, amax, _ = torch.ops.ampkit.fp8_quantize(x, s, fp8)
+        q1, amax1, _ = torch.ops.ampkit.fp8_quantize(x.reshape(-1, 1), s, fp8)
+        assert torch.equal(q.view(torch.uint8), q1.view(torch.uint8).flatten()), scale
+        assert torch.equal(amax.view(torch.int32), amax1.view(torch.int32)), scale
+        assert same_bits(q, reference_quantize(x, s, fp8)), scale
+    assert math.isnan(amax.item())  # the patterns hold NaNs
+
+
+@pytest.mark.parametrize("shape", [(8, 8), (37, 53), (64, 1030), (9, 7), (1, 4099), (3000, 3), (130, 16)])
+@pytest.mark.parametrize("xdtype", [torch.float32, torch.bfloat16])
+def test_quantize_transpose_every_shape_edge(shape, xdtype):
+    """The transposed copy is written in 8 x 8 byte blocks, rows and columns past the last whole block byte by
+    byte, over the row ranges of the parallel loop: q_t is q's transpose bit for bit, q the per-row scalar code's."""
+    g = torch.Generator().manual_seed(sum(shape))
+    x = (torch.randn(shape, generator=g) * 300).to(xdtype)
+    s = torch.rand(shape[0], 1, generator=g) * 4
+    q, _, q_t = torch.ops.ampkit.fp8_quantize(x, s, torch.float8_e4m3fn, True)
+    assert torch.equal(q_t.view(torch.uint8), q.view(torch.uint8).t().contiguous())
+    for r in range(0, shape[0], max(1, shape[0] // 5)):  # some rows, through the scalar code
+        qr, _, _ = torch.ops.ampkit.fp8_quantize(x[r].reshape(-1, 1), s[r].reshape(()), torch.float8_e4m3fn)
+        assert torch.equal(q[r].view(torch.uint8), qr.view(torch.uint8).flatten()), r
+
+
 def test_quantize_bad_input_names_op_and_argument():
     x, s = torch.randn(4, 4), f32(1.0)
     cases = [

@@ -7,6 +7,7 @@
 
 #include "../../../kernels/amp_functors.h"
 #include "../../../kernels/common.h"
+#include "../../../kernels/fp8_functors.h"
 #include "../../../kernels/optim_functors.h"
 
 namespace ampkit::detail {
@@ -35,6 +36,9 @@ struct CpuLoops {
   float (*grad_norm)(const kernels::TensorRef* grads, int64_t n, float grad_scale);
   void (*lamb_step)(const kernels::OptimTensor* tensors, int64_t n, const kernels::LambParams& params, float grad_scale,
                     const float* grad_norm);
+  // NOTE [Saturating FP8 cast]: rows [begin, end) of an fp8_quantize pass (q, and q_t when asked for), returning
+  // their amax as kernels::fp8_abs_bits.
+  uint32_t (*fp8_quantize_rows)(const kernels::Fp8QuantizeParams& p, int64_t begin, int64_t end);
   const char* isa;  // "avx512", "avx2" or "default"
 };
 

@@ -7,12 +7,13 @@
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 #include "cast_loops.h"
+#include "fp8_loops.h"
 #include "lamb_loops.h"
 #include "optim_loops.h"
 #include "stats_loops.h"
 #include "unscale_loops.h"
 
 namespace ampkit::detail::cpu_avx512 {
-const CpuLoops kLoops{&unscale_and_check, &adam_step, &sgd_step,  &cast_pass,
-                      &grad_stats,        &grad_norm, &lamb_step, "avx512"};
+const CpuLoops kLoops{&unscale_and_check, &adam_step, &sgd_step,          &cast_pass, &grad_stats,
+                      &grad_norm,         &lamb_step, &fp8_quantize_rows, "avx512"};
 }

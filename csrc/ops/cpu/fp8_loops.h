@@ -1,0 +1,187 @@
+// CPU loop of fp8_quantize (NOTE [Saturating FP8 cast] in kernels/fp8_functors.h): rows of x times their scale,
+// cast to FP8 kWidth elements at a time by the functor's own integer and FP32 operations written on vectors, the
+// amax as an unsigned maximum of fp8_abs_bits, and the transposed copy in 8 x 8 byte blocks. Compiled once per
+// instruction set like unscale_loops.h; fp8_cpu.cpp runs it over row ranges on at::parallel_for.
+#pragma once
+
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "../../../kernels/fp8_functors.h"
+#include "cpu_loops.h"
+#include "vec_io.h"
+
+namespace ampkit::detail::AMPKIT_CPU_NS {
+namespace {
+
+// GCC/Clang vector extensions of kFp8Width lanes, lowered to this copy's instruction set (the portable copy: SSE2).
+#if defined(__AVX512F__)
+constexpr int kFp8Width = 16;
+#else
+constexpr int kFp8Width = 8;
+#endif
+typedef float Fp8VF __attribute__((vector_size(4 * kFp8Width)));
+typedef uint32_t Fp8VW __attribute__((vector_size(4 * kFp8Width)));
+typedef uint8_t Fp8VB __attribute__((vector_size(kFp8Width)));
+
+// Elements of a row converted to FP32 at a time (a 2-byte row is staged in L1 through at::vec's conversions).
+constexpr int kFp8Span = 512;
+static_assert(kFp8Span % (2 * VecF::size()) == 0 && kFp8Span % kFp8Width == 0);
+
+// kernels::fp8_from_float<F> on kFp8Width lanes: the same operations in the same order, so the same bits (passed
+// by reference: no function takes or returns a vector by value, an ABI that differs between the copies).
+template <kernels::Fp8Format F>
+[[gnu::always_inline]] inline void fp8_codes(const Fp8VW& bits, Fp8VW& code) {
+  constexpr int kMantissa = F == kernels::Fp8Format::kE4M3 ? 3 : 2;
+  constexpr int kBias = F == kernels::Fp8Format::kE4M3 ? 7 : 15;
+  constexpr uint32_t kMaxCode = F == kernels::Fp8Format::kE4M3 ? 0x7Eu : 0x7Bu;
+  constexpr float kMax = F == kernels::Fp8Format::kE4M3 ? kernels::kFp8E4M3Max : kernels::kFp8E5M2Max;
+  constexpr int kDrop = 23 - kMantissa;
+  constexpr uint32_t kMinNormalBits = static_cast<uint32_t>(127 + 1 - kBias) << 23;
+  constexpr float kSubnormalMagic = F == kernels::Fp8Format::kE4M3 ? 16384.f : 128.f;
+  const Fp8VW sign = (bits >> 24) & 0x80u;
+  const Fp8VW abs_bits = bits & 0x7fffffffu;
+  const Fp8VW rounded = abs_bits + ((1u << (kDrop - 1)) - 1u) + ((abs_bits >> kDrop) & 1u);
+  const Fp8VW normal = (rounded >> kDrop) - (static_cast<uint32_t>(127 - kBias) << kMantissa);
+  const Fp8VF magic_sum = __builtin_bit_cast(Fp8VF, abs_bits) + kSubnormalMagic;
+  const Fp8VW subnormal = __builtin_bit_cast(Fp8VW, magic_sum) - c10::bit_cast<uint32_t>(kSubnormalMagic);
+  Fp8VW c = abs_bits < kMinNormalBits ? subnormal : normal;
+  c = abs_bits > c10::bit_cast<uint32_t>(kMax) ? Fp8VW{} + kMaxCode : c;
+  c = abs_bits > 0x7f800000u ? Fp8VW{} + 0x7Fu : c;
+  code = sign | c;
+}
+
+// q[0, n) from x[0, n) (FP32) times s; amax_lanes takes the lanes' maximum of fp8_abs_bits(x).
+template <kernels::Fp8Format F>
+void fp8_span(const float* x, int64_t n, float s, uint8_t* q, Fp8VW& amax_lanes) {
+  int64_t i = 0;
+  for (; i + kFp8Width <= n; i += kFp8Width) {
+    Fp8VF v;
+    std::memcpy(&v, x + i, sizeof(v));
+    Fp8VW a = __builtin_bit_cast(Fp8VW, v) & 0x7fffffffu;
+    a = a > 0x7f800000u ? Fp8VW{} + 0x7fc00000u : a;  // kernels::fp8_abs_bits
+    amax_lanes = a > amax_lanes ? a : amax_lanes;
+    const Fp8VF scaled = v * s;
+    Fp8VW code;
+    fp8_codes<F>(__builtin_bit_cast(Fp8VW, scaled), code);
+    const Fp8VB bytes = __builtin_convertvector(code, Fp8VB);
+    std::memcpy(q + i, &bytes, sizeof(bytes));
+  }
+  uint32_t amax = 0;
+  for (; i < n; ++i) {
+    const uint32_t b = kernels::fp8_abs_bits(x[i]);
+    amax = b > amax ? b : amax;
+    q[i] = kernels::fp8_from_float<F>(x[i] * s);
+  }
+  amax_lanes[0] = std::max(amax_lanes[0], amax);
+}
+
+// The 8 x 8 bytes at src (row stride src_stride) transposed into dst (row stride dst_stride): each row a 64-bit
+// word, three rounds of masked swaps (2 x 2 blocks of bytes, then of 16-bit pairs, then of 32-bit quads).
+inline void transpose8x8(const uint8_t* src, int64_t src_stride, uint8_t* dst, int64_t dst_stride) {
+  uint64_t w[8];
+  for (int r = 0; r < 8; ++r) {
+    std::memcpy(&w[r], src + r * src_stride, 8);
+  }
+  auto swap = [&](int a, int b, int shift, uint64_t mask) {  // w[a]'s high parts with w[b]'s low ones (little-endian)
+    const uint64_t t = ((w[a] >> shift) ^ w[b]) & mask;
+    w[b] ^= t;
+    w[a] ^= t << shift;
+  };
+  for (int r = 0; r < 8; r += 2) {
+    swap(r, r + 1, 8, 0x00ff00ff00ff00ffull);
+  }
+  for (int r : {0, 1, 4, 5}) {
+    swap(r, r + 2, 16, 0x0000ffff0000ffffull);
+  }
+  for (int r = 0; r < 4; ++r) {
+    swap(r, r + 4, 32, 0x00000000ffffffffull);
+  }
+  for (int r = 0; r < 8; ++r) {
+    std::memcpy(dst + r * dst_stride, &w[r], 8);
+  }
+}
+
+// Rows [begin, end) of q into q_t (cols x rows): 8 x 8 blocks, the edges byte by byte.
+inline void transpose_rows(const kernels::Fp8QuantizeParams& p, int64_t begin, int64_t end) {
+  const int64_t rows8 = begin + (end - begin) / 8 * 8;
+  const int64_t cols8 = p.cols / 8 * 8;
+  constexpr int64_t kTile = 64;  // columns per pass: the source rows stay in L1
+  for (int64_t c0 = 0; c0 < cols8; c0 += kTile) {
+    const int64_t c1 = std::min(c0 + kTile, cols8);
+    for (int64_t r = begin; r < rows8; r += 8) {
+      for (int64_t c = c0; c < c1; c += 8) {
+        transpose8x8(p.q + r * p.cols + c, p.cols, p.q_t + c * p.rows + r, p.rows);
+      }
+    }
+  }
+  for (int64_t r = begin; r < end; ++r) {  // the last rows % 8 rows and the last cols % 8 columns
+    const int64_t from = r < rows8 ? cols8 : 0;
+    for (int64_t c = from; c < p.cols; ++c) {
+      p.q_t[c * p.rows + r] = p.q[r * p.cols + c];
+    }
+  }
+}
+
+template <typename T, kernels::Fp8Format F>
+uint32_t fp8_quantize_rows_of(const kernels::Fp8QuantizeParams& p, int64_t begin, int64_t end) {
+  const T* x = static_cast<const T*>(p.x);
+  Fp8VW amax_lanes = {};
+  alignas(64) float staged[std::is_same_v<T, float> ? 1 : kFp8Span];
+  for (int64_t r = begin; r < end; ++r) {
+    const float s = p.scale[p.rowwise ? r : 0];
+    for (int64_t c0 = 0; c0 < p.cols; c0 += kFp8Span) {
+      const int64_t len = std::min<int64_t>(kFp8Span, p.cols - c0);
+      const T* row = x + r * p.cols + c0;
+      const float* xs;
+      if constexpr (std::is_same_v<T, float>) {
+        xs = row;
+      } else {
+        int64_t j = 0;
+        for (; j + 2 * VecF::size() <= len; j += 2 * VecF::size()) {
+          VecF lo, hi;
+          load2(row + j, lo, hi);
+          lo.store(staged + j);
+          hi.store(staged + j + VecF::size());
+        }
+        for (; j < len; ++j) {
+          staged[j] = static_cast<float>(row[j]);
+        }
+        xs = staged;
+      }
+      fp8_span<F>(xs, len, s, p.q + r * p.cols + c0, amax_lanes);
+    }
+  }
+  if (p.q_t != nullptr) {  // from the rows just written (in L2)
+    transpose_rows(p, begin, end);
+  }
+  uint32_t amax = 0;
+  for (int k = 0; k < kFp8Width; ++k) {
+    amax = std::max(amax, amax_lanes[k]);
+  }
+  return amax;
+}
+
+}  // namespace
+
+uint32_t fp8_quantize_rows(const kernels::Fp8QuantizeParams& p, int64_t begin, int64_t end) {
+  const bool e4m3 = p.format == kernels::Fp8Format::kE4M3;
+  switch (p.dtype) {
+    case kernels::DType::kFloat16:
+      return e4m3 ? fp8_quantize_rows_of<c10::Half, kernels::Fp8Format::kE4M3>(p, begin, end)
+                  : fp8_quantize_rows_of<c10::Half, kernels::Fp8Format::kE5M2>(p, begin, end);
+    case kernels::DType::kBFloat16:
+      return e4m3 ? fp8_quantize_rows_of<c10::BFloat16, kernels::Fp8Format::kE4M3>(p, begin, end)
+                  : fp8_quantize_rows_of<c10::BFloat16, kernels::Fp8Format::kE5M2>(p, begin, end);
+    default:
+      return e4m3 ? fp8_quantize_rows_of<float, kernels::Fp8Format::kE4M3>(p, begin, end)
+                  : fp8_quantize_rows_of<float, kernels::Fp8Format::kE5M2>(p, begin, end);
+  }
+}
+
+}  // namespace ampkit::detail::AMPKIT_CPU_NS
