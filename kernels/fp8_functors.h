@@ -77,9 +77,18 @@ AMPKIT_HOST_DEVICE AMPKIT_INLINE float fp8_to_float(uint8_t code) {
   return bit_cast<float>(sign | (biased << 23) | (mantissa << (23 - kMantissa)));
 }
 
-// One element of fp8_quantize: x * scale, one FP32 rounding, then the saturating cast.
+// x * scale for fp8_quantize, one FP32 rounding; a NaN product becomes the quiet NaN with x's sign. (Which NaN a
+// product of two NaNs returns, or 0 * Inf's sign, is the hardware's choice: x86 returns the first operand, which
+// the compiler may swap, and its default NaN is negative; CUDA returns one canonical NaN. FP8 keeps only the sign.)
+AMPKIT_HOST_DEVICE AMPKIT_INLINE float fp8_scaled(float x, float scale) {
+  const uint32_t v = bit_cast<uint32_t>(x * scale);
+  const uint32_t nan = (bit_cast<uint32_t>(x) & 0x80000000u) | 0x7fc00000u;
+  return bit_cast<float>((v & 0x7fffffffu) > 0x7f800000u ? nan : v);
+}
+
+// One element of fp8_quantize: fp8_scaled, then the saturating cast.
 AMPKIT_HOST_DEVICE AMPKIT_INLINE uint8_t fp8_quantize_value(float x, float scale, Fp8Format format) {
-  return fp8_from_float(x * scale, format);
+  return fp8_from_float(fp8_scaled(x, scale), format);
 }
 
 // |x| as FP32 bits for an amax taken as an unsigned maximum: every NaN becomes the canonical 0x7fc00000, above

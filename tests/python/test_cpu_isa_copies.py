@@ -98,6 +98,12 @@ for fp8 in (torch.float8_e4m3fn, torch.float8_e5m2):
             s = torch.rand(rows, 1, generator=gen) * 8 if rows > 1 else torch.full((), 0.37)
             q, amax, q_t = torch.ops.ampkit.fp8_quantize(xr, s, fp8, True)
             out[f"fp8-{fp8}-{xd}-{rows}"] = [q.view(torch.uint8), amax, q_t.view(torch.uint8)]
+        # NaN products (NaN x or scale, 0 * Inf): x's sign in every copy. -0 and its neighbours, -Inf, the
+        # negative NaNs, +0 and up, +Inf and the positive NaNs.
+        specials = torch.cat([xq[:40], xq[32600:32968], xq[65280:65536]]).to(xd)
+        for scale in (math.nan, -math.nan, math.inf, 0.0):
+            q, _, _ = torch.ops.ampkit.fp8_quantize(specials, torch.tensor(scale), fp8)
+            out[f"fp8-{fp8}-{xd}-scale-{scale}"] = [q.view(torch.uint8)]
 torch.save(out, sys.argv[1])
 '''
 

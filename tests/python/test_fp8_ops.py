@@ -138,10 +138,10 @@ def test_quantize_vector_loop_matches_scalar_code_bit_for_bit(fp8, xdtype):
     """The CPU loop casts whole vectors and leaves a row's last elements to the scalar functor: a row of n elements
     takes the vector code, n rows of one element the scalar one. Every code bit (NaN's sign and payload included)
     and the amax bits agree, for every 2-byte pattern and 2^20 FP32 ones, at scales that keep, shrink into the
-    subnormals and overflow the values."""
+    subnormals and overflow the values, and Inf and NaN scales."""
     x = _every_pattern(xdtype, seed=5)
     x = x[torch.randperm(x.numel(), generator=torch.Generator().manual_seed(1))]
-    for scale in (1.0, 0.37, 2.0 ** -14, 1e-30, 3e30):
+    for scale in (1.0, 0.37, 2.0 ** -14, 1e-30, 3e30, INF, -NAN, NAN):
         s = f32(scale)
         q, amax, _ = torch.ops.ampkit.fp8_quantize(x, s, fp8)
         q1, amax1, _ = torch.ops.ampkit.fp8_quantize(x.reshape(-1, 1), s, fp8)
@@ -151,11 +151,36 @@ def test_quantize_vector_loop_matches_scalar_code_bit_for_bit(fp8, xdtype):
     assert math.isnan(amax.item())  # the patterns hold NaNs
 
 
-@pytest.mark.parametrize("shape", [(8, 8), (37, 53), (64, 1030), (9, 7), (1, 4099), (3000, 3), (130, 16)])
+@pytest.mark.parametrize("xdtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_quantize_nan_product_takes_the_sign_of_x(xdtype):
+    """A NaN x * scale (a NaN x or scale, 0 * Inf) is the NaN code with x's sign, whichever NaN the hardware's
+    multiply returned (x86 returns an operand the compiler may swap; 0 * Inf its negative default NaN)."""
+    x = torch.tensor([NAN, NAN, 0.0, -0.0, 1.5, -1.5, INF, -INF] * 5, dtype=xdtype)  # 40: vectors and a tail
+    bits = x.view(torch.int32 if xdtype == torch.float32 else torch.int16)
+    bits[1::8] |= bits.new_tensor(-(2 ** (8 * x.element_size() - 1)))  # -NaN (casts to 2-byte types drop its sign)
+    assert torch.signbit(x[1::8].float()).all() and x[1::8].isnan().all()
+    for fp8 in FORMATS:
+        nan_code = 0x7F if fp8 == torch.float8_e4m3fn else None
+        for scale, nan_at in ((NAN, range(8)), (-NAN, range(8)), (INF, (0, 1, 2, 3)), (0.0, (0, 1, 6, 7))):
+            q, _, _ = torch.ops.ampkit.fp8_quantize(x, f32(scale), fp8)
+            codes = q.view(torch.uint8).reshape(5, 8)
+            for k in nan_at:
+                want_sign = 0x80 if k % 2 else 0x00  # x's sign: the odd positions are negative
+                got = codes[:, k]
+                assert torch.all(got & 0x80 == want_sign), (fp8, scale, k, got)
+                assert torch.all(q.float().reshape(5, 8)[:, k].isnan()), (fp8, scale, k)
+                if nan_code is not None:
+                    assert torch.all(got & 0x7F == nan_code), (fp8, scale, k, got)
+
+
+@pytest.mark.parametrize("shape", [(8, 8), (37, 53), (64, 1030), (9, 7), (1, 4099), (3000, 3), (130, 16),
+                                   (203, 517), (1001, 129)])
 @pytest.mark.parametrize("xdtype", [torch.float32, torch.bfloat16])
 def test_quantize_transpose_every_shape_edge(shape, xdtype):
     """The transposed copy is written in 8 x 8 byte blocks, rows and columns past the last whole block byte by
-    byte, over the row ranges of the parallel loop: q_t is q's transpose bit for bit, q the per-row scalar code's."""
+    byte, a pass of rows at a time, over the row ranges of the parallel loop (203 x 517 on two threads: ranges of
+    102 and 101 rows; 1001 x 129: passes of 504 rows): q_t is q's transpose bit for bit, q the per-row scalar
+    code's."""
     g = torch.Generator().manual_seed(sum(shape))
     x = (torch.randn(shape, generator=g) * 300).to(xdtype)
     s = torch.rand(shape[0], 1, generator=g) * 4

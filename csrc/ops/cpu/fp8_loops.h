@@ -56,7 +56,8 @@ template <kernels::Fp8Format F>
   code = sign | c;
 }
 
-// q[0, n) from x[0, n) (FP32) times s; amax_lanes takes the lanes' maximum of fp8_abs_bits(x).
+// q[0, n) from x[0, n) (FP32) times s (kernels::fp8_quantize_value); amax_lanes takes the lanes' maximum of
+// fp8_abs_bits(x).
 template <kernels::Fp8Format F>
 void fp8_span(const float* x, int64_t n, float s, uint8_t* q, Fp8VW& amax_lanes) {
   int64_t i = 0;
@@ -66,9 +67,11 @@ void fp8_span(const float* x, int64_t n, float s, uint8_t* q, Fp8VW& amax_lanes)
     Fp8VW a = __builtin_bit_cast(Fp8VW, v) & 0x7fffffffu;
     a = a > 0x7f800000u ? Fp8VW{} + 0x7fc00000u : a;  // kernels::fp8_abs_bits
     amax_lanes = a > amax_lanes ? a : amax_lanes;
-    const Fp8VF scaled = v * s;
+    // kernels::fp8_scaled: a NaN product takes x's sign.
+    const Fp8VW scaled = __builtin_bit_cast(Fp8VW, v * s);
+    const Fp8VW nan = (__builtin_bit_cast(Fp8VW, v) & 0x80000000u) | 0x7fc00000u;
     Fp8VW code;
-    fp8_codes<F>(__builtin_bit_cast(Fp8VW, scaled), code);
+    fp8_codes<F>((scaled & 0x7fffffffu) > 0x7f800000u ? nan : scaled, code);
     const Fp8VB bytes = __builtin_convertvector(code, Fp8VB);
     std::memcpy(q + i, &bytes, sizeof(bytes));
   }
@@ -76,7 +79,7 @@ void fp8_span(const float* x, int64_t n, float s, uint8_t* q, Fp8VW& amax_lanes)
   for (; i < n; ++i) {
     const uint32_t b = kernels::fp8_abs_bits(x[i]);
     amax = b > amax ? b : amax;
-    q[i] = kernels::fp8_from_float<F>(x[i] * s);
+    q[i] = kernels::fp8_from_float<F>(kernels::fp8_scaled(x[i], s));
   }
   amax_lanes[0] = std::max(amax_lanes[0], amax);
 }
@@ -107,7 +110,8 @@ inline void transpose8x8(const uint8_t* src, int64_t src_stride, uint8_t* dst, i
   }
 }
 
-// Rows [begin, end) of q into q_t (cols x rows): 8 x 8 blocks, the edges byte by byte.
+// Rows [begin, end) of q into q_t (cols x rows): 8 x 8 blocks, the edges byte by byte. Every block lies inside
+// the range, so threads writing other ranges never store into the same bytes.
 inline void transpose_rows(const kernels::Fp8QuantizeParams& p, int64_t begin, int64_t end) {
   const int64_t rows8 = begin + (end - begin) / 8 * 8;
   const int64_t cols8 = p.cols / 8 * 8;
@@ -128,37 +132,47 @@ inline void transpose_rows(const kernels::Fp8QuantizeParams& p, int64_t begin, i
   }
 }
 
+// Rows quantized before their transposed copy is written from them: about 64 KiB of q, a multiple of 8 rows (so
+// that only a range's last pass has rows past the last 8 x 8 block), still in L2 when the transpose reads them.
+inline int64_t fp8_rows_per_pass(int64_t cols) {
+  return std::max<int64_t>(8, (int64_t{1} << 16) / std::max<int64_t>(cols, 1) / 8 * 8);
+}
+
 template <typename T, kernels::Fp8Format F>
 uint32_t fp8_quantize_rows_of(const kernels::Fp8QuantizeParams& p, int64_t begin, int64_t end) {
   const T* x = static_cast<const T*>(p.x);
   Fp8VW amax_lanes = {};
   alignas(64) float staged[std::is_same_v<T, float> ? 1 : kFp8Span];
-  for (int64_t r = begin; r < end; ++r) {
-    const float s = p.scale[p.rowwise ? r : 0];
-    for (int64_t c0 = 0; c0 < p.cols; c0 += kFp8Span) {
-      const int64_t len = std::min<int64_t>(kFp8Span, p.cols - c0);
-      const T* row = x + r * p.cols + c0;
-      const float* xs;
-      if constexpr (std::is_same_v<T, float>) {
-        xs = row;
-      } else {
-        int64_t j = 0;
-        for (; j + 2 * VecF::size() <= len; j += 2 * VecF::size()) {
-          VecF lo, hi;
-          load2(row + j, lo, hi);
-          lo.store(staged + j);
-          hi.store(staged + j + VecF::size());
+  const int64_t pass = fp8_rows_per_pass(p.cols);
+  for (int64_t r0 = begin; r0 < end; r0 += pass) {
+    const int64_t r1 = std::min(end, r0 + pass);
+    for (int64_t r = r0; r < r1; ++r) {
+      const float s = p.scale[p.rowwise ? r : 0];
+      for (int64_t c0 = 0; c0 < p.cols; c0 += kFp8Span) {
+        const int64_t len = std::min<int64_t>(kFp8Span, p.cols - c0);
+        const T* row = x + r * p.cols + c0;
+        const float* xs;
+        if constexpr (std::is_same_v<T, float>) {
+          xs = row;
+        } else {
+          int64_t j = 0;
+          for (; j + 2 * VecF::size() <= len; j += 2 * VecF::size()) {
+            VecF lo, hi;
+            load2(row + j, lo, hi);
+            lo.store(staged + j);
+            hi.store(staged + j + VecF::size());
+          }
+          for (; j < len; ++j) {
+            staged[j] = static_cast<float>(row[j]);
+          }
+          xs = staged;
         }
-        for (; j < len; ++j) {
-          staged[j] = static_cast<float>(row[j]);
-        }
-        xs = staged;
+        fp8_span<F>(xs, len, s, p.q + r * p.cols + c0, amax_lanes);
       }
-      fp8_span<F>(xs, len, s, p.q + r * p.cols + c0, amax_lanes);
     }
-  }
-  if (p.q_t != nullptr) {  // from the rows just written (in L2)
-    transpose_rows(p, begin, end);
+    if (p.q_t != nullptr) {
+      transpose_rows(p, r0, r1);
+    }
   }
   uint32_t amax = 0;
   for (int k = 0; k < kFp8Width; ++k) {
