@@ -20,6 +20,7 @@
 #include "../../../kernels/optim_functors.h"
 #include "../../../kernels/stochastic_rounding.h"
 #include "cpu_loops.h"
+#include "work_items.h"
 #include "optim_loops.h"
 #include "vec_io.h"
 
@@ -54,12 +55,14 @@ void for_items(Items& items, const Fn& fn) {
   for (const auto& item : items) {
     elements += item.end - item.begin;
   }
-  const int64_t grain = elements < kCpuParallelThreshold / 4 ? static_cast<int64_t>(items.size()) + 1 : 1;
-  at::parallel_for(0, static_cast<int64_t>(items.size()), grain, [&](int64_t b, int64_t e) {
-    for (int64_t k = b; k < e; ++k) {
-      fn(items[k]);
-    }
-  });
+  parallel_items(
+      static_cast<int64_t>(items.size()), [&](int64_t k) { return items[k].end - items[k].begin; },
+      elements < kCpuParallelThreshold / 4,
+      [&](int64_t b, int64_t e) {
+        for (int64_t k = b; k < e; ++k) {
+          fn(items[k]);
+        }
+      });
 }
 
 // Lane sums of one chunk (NOTE [Deterministic norm]): element i of the chunk adds its square to lane i % 512. The

@@ -13,6 +13,44 @@
 namespace ampkit::detail::AMPKIT_CPU_NS {
 namespace {
 
+// Runs body(b, e) over items [0, n) on the intra-op threads, the ranges cut where the running count of elements
+// (size_of(k) for item k) crosses equal shares: at::parallel_for cuts by item count, which left one thread with
+// most of the elements wherever the large tensors of a list come first (a transformer's embedding) or the small
+// chunks last. `serial`: one range on the calling thread. Which thread runs an item never changes a result (every
+// item writes its own outputs, reduced in item order after the region).
+template <typename SizeOf, typename Body>
+void parallel_items(int64_t n, const SizeOf& size_of, bool serial, const Body& body) {
+  if (n == 0) {
+    return;
+  }
+  const int64_t threads = serial || at::in_parallel_region() ? 1 : std::min<int64_t>(at::get_num_threads(), n);
+  if (threads <= 1) {
+    at::parallel_for(0, n, n + 1, body);  // inline, as at::parallel_for runs a range under its grain
+    return;
+  }
+  int64_t total = 0;
+  for (int64_t k = 0; k < n; ++k) {
+    total += size_of(k);
+  }
+  std::vector<int64_t> cut(static_cast<size_t>(threads) + 1, n);
+  cut[0] = 0;
+  int64_t running = 0;
+  int64_t part = 1;
+  for (int64_t k = 0; k < n && part < threads; ++k) {
+    running += size_of(k);
+    while (part < threads && running * threads >= total * part) {
+      cut[part++] = k + 1;
+    }
+  }
+  at::parallel_for(0, threads, 1, [&](int64_t b, int64_t e) {
+    for (int64_t p = b; p < e; ++p) {
+      if (cut[p] < cut[p + 1]) {
+        body(cut[p], cut[p + 1]);
+      }
+    }
+  });
+}
+
 struct WorkItem {
   int64_t tensor;
   int64_t begin;
@@ -35,12 +73,14 @@ size_t for_all_chunks(int64_t n, const NumelOf& numel_of, int64_t serial_below, 
   if (items.empty()) {
     return 0;
   }
-  const int64_t grain = total < serial_below ? static_cast<int64_t>(items.size()) : 1;
-  at::parallel_for(0, static_cast<int64_t>(items.size()), grain, [&](int64_t b, int64_t e) {
-    for (int64_t k = b; k < e; ++k) {
-      per_item(static_cast<size_t>(k), items[k]);
-    }
-  });
+  parallel_items(
+      static_cast<int64_t>(items.size()), [&](int64_t k) { return items[k].end - items[k].begin; },
+      total < serial_below,
+      [&](int64_t b, int64_t e) {
+        for (int64_t k = b; k < e; ++k) {
+          per_item(static_cast<size_t>(k), items[k]);
+        }
+      });
   return items.size();
 }
 
