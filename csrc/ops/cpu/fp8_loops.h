@@ -14,29 +14,20 @@
 
 #include "../../../kernels/fp8_functors.h"
 #include "cpu_loops.h"
+#include "vec_ext.h"
 #include "vec_io.h"
 
 namespace ampkit::detail::AMPKIT_CPU_NS {
 namespace {
 
-// GCC/Clang vector extensions of kFp8Width lanes, lowered to this copy's instruction set (the portable copy: SSE2).
-#if defined(__AVX512F__)
-constexpr int kFp8Width = 16;
-#else
-constexpr int kFp8Width = 8;
-#endif
-typedef float Fp8VF __attribute__((vector_size(4 * kFp8Width)));
-typedef uint32_t Fp8VW __attribute__((vector_size(4 * kFp8Width)));
-typedef uint8_t Fp8VB __attribute__((vector_size(kFp8Width)));
-
 // Elements of a row converted to FP32 at a time (a 2-byte row is staged in L1 through at::vec's conversions).
 constexpr int kFp8Span = 512;
-static_assert(kFp8Span % (2 * VecF::size()) == 0 && kFp8Span % kFp8Width == 0);
+static_assert(kFp8Span % (2 * VecF::size()) == 0 && kFp8Span % kWidth == 0);
 
-// kernels::fp8_from_float<F> on kFp8Width lanes: the same operations in the same order, so the same bits (passed
+// kernels::fp8_from_float<F> on kWidth lanes: the same operations in the same order, so the same bits (passed
 // by reference: no function takes or returns a vector by value, an ABI that differs between the copies).
 template <kernels::Fp8Format F>
-[[gnu::always_inline]] inline void fp8_codes(const Fp8VW& bits, Fp8VW& code) {
+[[gnu::always_inline]] inline void fp8_codes(const VW& bits, VW& code) {
   constexpr int kMantissa = F == kernels::Fp8Format::kE4M3 ? 3 : 2;
   constexpr int kBias = F == kernels::Fp8Format::kE4M3 ? 7 : 15;
   constexpr uint32_t kMaxCode = F == kernels::Fp8Format::kE4M3 ? 0x7Eu : 0x7Bu;
@@ -44,35 +35,35 @@ template <kernels::Fp8Format F>
   constexpr int kDrop = 23 - kMantissa;
   constexpr uint32_t kMinNormalBits = static_cast<uint32_t>(127 + 1 - kBias) << 23;
   constexpr float kSubnormalMagic = F == kernels::Fp8Format::kE4M3 ? 16384.f : 128.f;
-  const Fp8VW sign = (bits >> 24) & 0x80u;
-  const Fp8VW abs_bits = bits & 0x7fffffffu;
-  const Fp8VW rounded = abs_bits + ((1u << (kDrop - 1)) - 1u) + ((abs_bits >> kDrop) & 1u);
-  const Fp8VW normal = (rounded >> kDrop) - (static_cast<uint32_t>(127 - kBias) << kMantissa);
-  const Fp8VF magic_sum = __builtin_bit_cast(Fp8VF, abs_bits) + kSubnormalMagic;
-  const Fp8VW subnormal = __builtin_bit_cast(Fp8VW, magic_sum) - c10::bit_cast<uint32_t>(kSubnormalMagic);
-  Fp8VW c = abs_bits < kMinNormalBits ? subnormal : normal;
-  c = abs_bits > c10::bit_cast<uint32_t>(kMax) ? Fp8VW{} + kMaxCode : c;
-  c = abs_bits > 0x7f800000u ? Fp8VW{} + 0x7Fu : c;
+  const VW sign = (bits >> 24) & 0x80u;
+  const VW abs_bits = bits & 0x7fffffffu;
+  const VW rounded = abs_bits + ((1u << (kDrop - 1)) - 1u) + ((abs_bits >> kDrop) & 1u);
+  const VW normal = (rounded >> kDrop) - (static_cast<uint32_t>(127 - kBias) << kMantissa);
+  const VF magic_sum = __builtin_bit_cast(VF, abs_bits) + kSubnormalMagic;
+  const VW subnormal = __builtin_bit_cast(VW, magic_sum) - c10::bit_cast<uint32_t>(kSubnormalMagic);
+  VW c = abs_bits < kMinNormalBits ? subnormal : normal;
+  c = abs_bits > c10::bit_cast<uint32_t>(kMax) ? VW{} + kMaxCode : c;
+  c = abs_bits > 0x7f800000u ? VW{} + 0x7Fu : c;
   code = sign | c;
 }
 
 // q[0, n) from x[0, n) (FP32) times s (kernels::fp8_quantize_value); amax_lanes takes the lanes' maximum of
 // fp8_abs_bits(x).
 template <kernels::Fp8Format F>
-void fp8_span(const float* x, int64_t n, float s, uint8_t* q, Fp8VW& amax_lanes) {
+void fp8_span(const float* x, int64_t n, float s, uint8_t* q, VW& amax_lanes) {
   int64_t i = 0;
-  for (; i + kFp8Width <= n; i += kFp8Width) {
-    Fp8VF v;
+  for (; i + kWidth <= n; i += kWidth) {
+    VF v;
     std::memcpy(&v, x + i, sizeof(v));
-    Fp8VW a = __builtin_bit_cast(Fp8VW, v) & 0x7fffffffu;
-    a = a > 0x7f800000u ? Fp8VW{} + 0x7fc00000u : a;  // kernels::fp8_abs_bits
+    VW a = __builtin_bit_cast(VW, v) & 0x7fffffffu;
+    a = a > 0x7f800000u ? VW{} + 0x7fc00000u : a;  // kernels::fp8_abs_bits
     amax_lanes = a > amax_lanes ? a : amax_lanes;
     // kernels::fp8_scaled: a NaN product takes x's sign.
-    const Fp8VW scaled = __builtin_bit_cast(Fp8VW, v * s);
-    const Fp8VW nan = (__builtin_bit_cast(Fp8VW, v) & 0x80000000u) | 0x7fc00000u;
-    Fp8VW code;
+    const VW scaled = __builtin_bit_cast(VW, v * s);
+    const VW nan = (__builtin_bit_cast(VW, v) & 0x80000000u) | 0x7fc00000u;
+    VW code;
     fp8_codes<F>((scaled & 0x7fffffffu) > 0x7f800000u ? nan : scaled, code);
-    const Fp8VB bytes = __builtin_convertvector(code, Fp8VB);
+    const VB bytes = __builtin_convertvector(code, VB);
     std::memcpy(q + i, &bytes, sizeof(bytes));
   }
   uint32_t amax = 0;
@@ -141,7 +132,7 @@ inline int64_t fp8_rows_per_pass(int64_t cols) {
 template <typename T, kernels::Fp8Format F>
 uint32_t fp8_quantize_rows_of(const kernels::Fp8QuantizeParams& p, int64_t begin, int64_t end) {
   const T* x = static_cast<const T*>(p.x);
-  Fp8VW amax_lanes = {};
+  VW amax_lanes = {};
   alignas(64) float staged[std::is_same_v<T, float> ? 1 : kFp8Span];
   const int64_t pass = fp8_rows_per_pass(p.cols);
   for (int64_t r0 = begin; r0 < end; r0 += pass) {
@@ -175,7 +166,7 @@ uint32_t fp8_quantize_rows_of(const kernels::Fp8QuantizeParams& p, int64_t begin
     }
   }
   uint32_t amax = 0;
-  for (int k = 0; k < kFp8Width; ++k) {
+  for (int k = 0; k < kWidth; ++k) {
     amax = std::max(amax, amax_lanes[k]);
   }
   return amax;

@@ -24,6 +24,7 @@
 
 #include "../../../kernels/amp_functors.h"
 #include "cpu_loops.h"
+#include "vec_ext.h"
 #include "work_items.h"
 #include "vec_io.h"
 
@@ -45,22 +46,6 @@ struct StatsItem {
 constexpr int kZeroSlot = kernels::kGradHistBins;
 constexpr int kNonFiniteSlot = kernels::kGradHistBins + 1;
 constexpr int kHistSlots = kernels::kGradHistBins + 2;
-
-// GCC/Clang vector extensions of kWidth elements: the compiler lowers them to the instruction set this copy of the
-// loops is compiled for (the FP64 vectors: four SSE registers in the portable copy, two AVX2 ones, two AVX-512 ones
-// of 16 elements: the AVX-512 copy takes a whole register of floats per step, 15-20% faster than 8 on a Xeon).
-// They are passed by reference and bit-cast with the builtin, so no function takes or returns one by value (an ABI
-// that differs between the copies).
-#if defined(__AVX512F__)
-constexpr int kWidth = 16;
-#else
-constexpr int kWidth = 8;
-#endif
-typedef float VF __attribute__((vector_size(4 * kWidth)));
-typedef int32_t VI __attribute__((vector_size(4 * kWidth)));
-typedef uint32_t VW __attribute__((vector_size(4 * kWidth)));
-typedef double VD __attribute__((vector_size(8 * kWidth)));
-typedef uint64_t VU __attribute__((vector_size(8 * kWidth)));
 
 // How the histogram's exponent is found. kPow2: inv_scale is 2^k with a normal k, so floor(log2(|x| * inv_scale))
 // is floor(log2 |x|) + k, read from x's float exponent (a subnormal |x| scaled by 2^64 first, exactly). kExact: any
