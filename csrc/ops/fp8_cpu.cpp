@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <vector>
 
 #include "cpu/cpu_loops.h"
 #include "descriptors.h"
@@ -55,11 +56,20 @@ void fp8_compute_scale_cpu(const Fp8ComputeScaleArgs& a, const at::Tensor& scale
 }
 
 void fp8_update_cpu(const Fp8UpdateArgs& a) {
-  at::parallel_for(0, static_cast<int64_t>(a.amax_histories.size()), 1, [&](int64_t begin, int64_t end) {
+  // The data pointers on the calling thread: taking a mutable one materializes a copy-on-write storage, which
+  // at::parallel_for forbids inside its loop.
+  const size_t n = a.amax_histories.size();
+  std::vector<float*> histories(n);
+  std::vector<float*> scales(n);
+  for (size_t i = 0; i < n; ++i) {
+    histories[i] = a.amax_histories[i].mutable_data_ptr<float>();
+    scales[i] = a.scales[i].mutable_data_ptr<float>();
+  }
+  at::parallel_for(0, static_cast<int64_t>(n), 1, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       const kernels::Fp8HistoryOp op = fp8_history_op(a, static_cast<size_t>(i));
-      float* history = a.amax_histories[i].mutable_data_ptr<float>();
-      float* scale = a.scales[i].mutable_data_ptr<float>();
+      float* history = histories[i];
+      float* scale = scales[i];
       const int64_t cols = a.scales[i].numel();
       for (int64_t c = 0; c < cols; ++c) {
         op(history + c, cols, scale + c);

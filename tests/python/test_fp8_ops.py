@@ -174,13 +174,13 @@ def test_quantize_nan_product_takes_the_sign_of_x(xdtype):
 
 
 @pytest.mark.parametrize("shape", [(8, 8), (37, 53), (64, 1030), (9, 7), (1, 4099), (3000, 3), (130, 16),
-                                   (203, 517), (1001, 129)])
+                                   (203, 517), (203, 2048)])
 @pytest.mark.parametrize("xdtype", [torch.float32, torch.bfloat16])
 def test_quantize_transpose_every_shape_edge(shape, xdtype):
     """The transposed copy is written in 8 x 8 byte blocks, rows and columns past the last whole block byte by
-    byte, a pass of rows at a time, over the row ranges of the parallel loop (203 x 517 on two threads: ranges of
-    102 and 101 rows; 1001 x 129: passes of 504 rows): q_t is q's transpose bit for bit, q the per-row scalar
-    code's."""
+    byte, a pass of rows at a time, over the row ranges of the parallel loop (on two threads, 203 rows split into
+    ranges of 102 and 101 rows, the second starting off the 8-row grid; 203 x 2048 in passes of 32 rows): q_t is
+    q's transpose bit for bit, q the per-row scalar code's."""
     g = torch.Generator().manual_seed(sum(shape))
     x = (torch.randn(shape, generator=g) * 300).to(xdtype)
     s = torch.rand(shape[0], 1, generator=g) * 4
@@ -325,6 +325,24 @@ def test_update_bad_input_writes_nothing():
             update(*args)
         assert op in str(info.value)
         assert torch.equal(h, before[0]) and torch.equal(s, before[1])
+
+
+def test_update_lazy_clones_update_as_copies():
+    """Copy-on-write histories and scales (torch._lazy_clone; two row blocks of one lazy clone) update as plain
+    copies do, the list spread over the threads, and the tensors they were cloned from keep their values."""
+    update = torch.ops.ampkit.fp8_update_amax_history_and_scale_
+    src, scale_src = torch.rand(4, 6) * 100, torch.ones(6)
+    orig = src.clone()
+    want_h, want_s = src.clone(), scale_src.clone()
+    update([want_h], [want_s], "max", [448.0], 0.0)
+    lazy, lazy_scale = torch._lazy_clone(src), torch._lazy_clone(scale_src)
+    rows = torch._lazy_clone(torch.cat([src, src]))
+    h0, h1 = rows[:4], rows[4:]
+    s0, s1 = torch.ones(6), torch.ones(6)
+    update([lazy, h0, h1], [lazy_scale, s0, s1], "max", [448.0] * 3, 0.0)
+    for h, s in ((lazy, lazy_scale), (h0, s0), (h1, s1)):
+        assert torch.equal(h, want_h) and torch.equal(s, want_s)
+    assert torch.equal(src, orig) and torch.equal(scale_src, torch.ones(6))
 
 
 @pytest.mark.parametrize("device", DEVICES)

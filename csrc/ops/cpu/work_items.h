@@ -1,6 +1,7 @@
 // The CPU loops' one parallel region: every tensor of a list cut into (tensor, chunk) work items of kCpuChunk
-// elements, all run by a single at::parallel_for (included by unscale_loops.h and optim_loops.h inside their
-// per-ISA namespace).
+// elements, all run by a single at::parallel_for, the items split between threads by elements (parallel_items,
+// also run by the LAMB and grad_stats loops over their own items). Included by the loops' headers inside their
+// per-ISA namespace.
 #pragma once
 
 #include <ATen/Parallel.h>
