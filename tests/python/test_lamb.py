@@ -134,6 +134,54 @@ def test_grad_norm_matches_float64_and_is_deterministic(device):
     assert math.isinf(float(ops.grad_norm(grads)))
 
 
+def _chunk_sums(g: torch.Tensor) -> list[float]:
+    """NOTE [Deterministic norm]'s chunk sums, re-derived: element i of a 65536-element chunk in lane i % 512, the
+    lanes summing squares in element order in double, a chunk its 512 lanes in lane order from 0.0."""
+    x = g.detach().cpu().double().flatten()
+    sums = []
+    for c in range(0, x.numel(), 65536):
+        chunk = x[c:c + 65536]
+        rows = torch.nn.functional.pad(chunk, (0, (-chunk.numel()) % 512)).view(-1, 512)
+        lanes = torch.zeros(512, dtype=torch.float64)
+        for row in rows:
+            lanes = lanes + row * row
+        s = 0.0
+        for lane in lanes.tolist():
+            s += lane
+        sums.append(s)
+    return sums
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_grad_norm_many_chunks_follow_the_documented_order_bit_for_bit(threads):
+    """The CPU loop sums the lanes of up to 8 chunks side by side and leaves out lanes no element reached: the FP32
+    norm equals NOTE [Deterministic norm]'s order re-derived, bit for bit, on 1 and 2 threads: 300 chunks (more
+    than the 256 finish lanes) of tensors under one row, of a row and a bit, of several chunks, in groups of 8 and a
+    partial group. (The FP32 result hides most one-ulp differences of the FP64 sums: test_lane_sums.cpp checks the
+    sums themselves.)"""
+    gen = torch.Generator().manual_seed(7)
+    sizes = [1000 + i % 7 for i in range(250)] + [3, 511, 512, 513, 65536 * 2 + 9] + [1] * 41
+    grads = [(torch.randn(n, generator=gen) * 10.0 ** torch.randint(-6, 6, (n,), generator=gen)).to(dtype)
+             for n, dtype in zip(sizes, [torch.float32, torch.bfloat16, torch.float16] * 200)]
+    grads = [g.clamp(-6e4, 6e4) if g.dtype == torch.float16 else g for g in grads]
+    sums = [s for g in grads for s in _chunk_sums(g)]
+    assert len(sums) > 256
+    finish = [0.0] * 256
+    for r, s in enumerate(sums):
+        finish[r % 256] += s
+    total = 0.0
+    for f in finish:
+        total += f
+    want = torch.tensor(math.sqrt(total), dtype=torch.float64).float()
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        got = ops.grad_norm(grads)
+    finally:
+        torch.set_num_threads(before)
+    assert bits_equal(got, want), (float(got), float(want))
+
+
 def _model(dtype=torch.float32, device="cpu", seed=0):
     torch.manual_seed(seed)
     net = torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.LayerNorm(16), torch.nn.Linear(16, 3))

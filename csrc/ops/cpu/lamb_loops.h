@@ -49,20 +49,54 @@ std::vector<NormItem<K>> norm_items(int64_t n, const int64_t* numel) {
   return items;
 }
 
-template <typename Items, typename Fn>
-void for_items(Items& items, const Fn& fn) {
+// Calls range(b, e) for runs of items [b, e) on the intra-op threads (parallel_items), or on the calling thread for
+// lists under a quarter of kCpuParallelThreshold elements.
+template <typename Items, typename Range>
+void for_item_ranges(Items& items, const Range& range) {
   int64_t elements = 0;
   for (const auto& item : items) {
     elements += item.end - item.begin;
   }
   parallel_items(
       static_cast<int64_t>(items.size()), [&](int64_t k) { return items[k].end - items[k].begin; },
-      elements < kCpuParallelThreshold / 4,
-      [&](int64_t b, int64_t e) {
-        for (int64_t k = b; k < e; ++k) {
-          fn(items[k]);
-        }
-      });
+      elements < kCpuParallelThreshold / 4, range);
+}
+
+template <typename Items, typename Fn>
+void for_items(Items& items, const Fn& fn) {
+  for_item_ranges(items, [&](int64_t b, int64_t e) {
+    for (int64_t k = b; k < e; ++k) {
+      fn(items[k]);
+    }
+  });
+}
+
+// NOTE [Lane sums side by side]
+// A chunk's sum adds its kNormLanes lane sums in lane order (NOTE [Deterministic norm]): 512 dependent FP64 adds,
+// about 2,000 cycles whatever the chunk's size, which for a tensor of a thousand elements cost more than its
+// squares. The order within one sum is fixed, but sums are independent of each other: lane_sums runs up to
+// kMaxChains of them in one loop, each still in lane order, so that their adds overlap (LAMB's two norms of an item;
+// grad_norm's chunks kMaxChains at a time). Lanes no element reached hold +0.0 and are left out: a sum of squares is
+// +0.0 or more (or NaN), and s + 0.0 == s for every such s.
+constexpr int kMaxChains = 8;
+alignas(64) constexpr double kZeroLanes[kernels::kNormLanes] = {};
+
+// out[c] = lanes[c][0] + ... + lanes[c][used - 1], added in that order from 0.0, for c < count (count <=
+// kMaxChains; every lane from `used` on is 0.0).
+inline void lane_sums(const double* const* lanes, int count, int64_t used, double* out) {
+  const double* p[kMaxChains];
+  for (int c = 0; c < kMaxChains; ++c) {
+    p[c] = c < count ? lanes[c] : kZeroLanes;
+  }
+  double s[kMaxChains] = {};
+  for (int64_t l = 0; l < used; ++l) {
+    for (int c = 0; c < kMaxChains; ++c) {
+      s[c] = s[c] + p[c][l];
+    }
+  }
+  for (int c = 0; c < count; ++c) {
+    out[c] = s[c];
+  }
 }
 
 // Lane sums of one chunk (NOTE [Deterministic norm]): element i of the chunk adds its square to lane i % 512. The
@@ -72,8 +106,11 @@ template <int K>
 struct Lanes {
   alignas(64) double lane[K][kernels::kNormLanes] = {};
 
+  int64_t used = 0;  // lanes [used, kNormLanes) are still 0.0
+
   // Adds x[l]^2 to lane l for l < m (x: one row of the chunk, from a multiple of kNormLanes).
   void add_row(int k, const float* x, int64_t m) {
+    used = std::max(used, m);
     double* lk = lane[k];
 #pragma omp simd
     for (int64_t l = 0; l < m; ++l) {
@@ -81,12 +118,16 @@ struct Lanes {
       lk[l] = lk[l] + d * d;
     }
   }
-  double sum(int k) const {
-    double s = 0.0;
-    for (const double l : lane[k]) {
-      s = s + l;
+  // The K sums side by side (NOTE [Lane sums side by side]).
+  std::array<double, K> sums() const {
+    static_assert(K <= kMaxChains);
+    const double* lanes[K];
+    for (int k = 0; k < K; ++k) {
+      lanes[k] = lane[k];
     }
-    return s;
+    std::array<double, K> out{};
+    lane_sums(lanes, K, used, out.data());
+    return out;
   }
 };
 
@@ -153,29 +194,47 @@ float grad_norm(const kernels::TensorRef* grads, int64_t n, float grad_scale) {
     numel[t] = grads[t].numel;
   }
   auto items = norm_items<1>(n, numel.data());
-  for_items(items, [&](NormItem<1>& item) {
-    Lanes<1> lanes;
+  // Chunks kMaxChains at a time: their lanes first, then their sums side by side (NOTE [Lane sums side by side]).
+  for_item_ranges(items, [&](int64_t b, int64_t e) {
+    std::vector<Lanes<1>> group(static_cast<size_t>(std::min<int64_t>(kMaxChains, e - b)));
     alignas(64) float row[kernels::kNormLanes];
-    lamb_dispatch_dtype(grads[item.tensor].dtype, [&](auto zero) {
-      using T = decltype(zero);
-      const T* g = static_cast<const T*>(grads[item.tensor].data) + item.begin;
-      const int64_t n = item.end - item.begin;
-      for (int64_t r = 0; r < n; r += kernels::kNormLanes) {
-        const int64_t m = std::min<int64_t>(kernels::kNormLanes, n - r);
-        int64_t l = 0;
-        for (; l + kStep <= m; l += kStep) {
-          VecF lo, hi;
-          load2(g + r + l, lo, hi);
-          lo.store(row + l);
-          hi.store(row + l + VecF::size());
-        }
-        for (; l < m; ++l) {
-          row[l] = static_cast<float>(g[r + l]);
-        }
-        lanes.add_row(0, row, m);
+    for (int64_t k0 = b; k0 < e; k0 += kMaxChains) {
+      const int count = static_cast<int>(std::min<int64_t>(kMaxChains, e - k0));
+      const double* lanes[kMaxChains];
+      int64_t used = 0;
+      for (int c = 0; c < count; ++c) {
+        const NormItem<1>& item = items[k0 + c];
+        Lanes<1>& chunk = group[c];
+        std::fill(chunk.lane[0], chunk.lane[0] + kernels::kNormLanes, 0.0);
+        chunk.used = 0;
+        lamb_dispatch_dtype(grads[item.tensor].dtype, [&](auto zero) {
+          using T = decltype(zero);
+          const T* g = static_cast<const T*>(grads[item.tensor].data) + item.begin;
+          const int64_t n = item.end - item.begin;
+          for (int64_t r = 0; r < n; r += kernels::kNormLanes) {
+            const int64_t m = std::min<int64_t>(kernels::kNormLanes, n - r);
+            int64_t l = 0;
+            for (; l + kStep <= m; l += kStep) {
+              VecF lo, hi;
+              load2(g + r + l, lo, hi);
+              lo.store(row + l);
+              hi.store(row + l + VecF::size());
+            }
+            for (; l < m; ++l) {
+              row[l] = static_cast<float>(g[r + l]);
+            }
+            chunk.add_row(0, row, m);
+          }
+        });
+        lanes[c] = chunk.lane[0];
+        used = std::max(used, chunk.used);
       }
-    });
-    item.sum[0] = lanes.sum(0);
+      double sums[kMaxChains];
+      lane_sums(lanes, count, used, sums);
+      for (int c = 0; c < count; ++c) {
+        items[k0 + c].sum[0] = sums[c];
+      }
+    }
   });
   // Chunk sums in the finish-lane order of NOTE [Deterministic norm].
   std::array<double, kernels::kNormFinishLanes> finish{};
@@ -255,7 +314,7 @@ void lamb_step(const kernels::OptimTensor* tensors, int64_t n, const kernels::La
       }
     });
     if (trust) {
-      item.sum = {lanes.sum(0), lanes.sum(1)};
+      item.sum = lanes.sums();
     }
   });
   // Per tensor: sums in chunk order, the update factor.
