@@ -146,16 +146,7 @@ uint32_t fp8_quantize_rows_of(const kernels::Fp8QuantizeParams& p, int64_t begin
         if constexpr (std::is_same_v<T, float>) {
           xs = row;
         } else {
-          int64_t j = 0;
-          for (; j + 2 * VecF::size() <= len; j += 2 * VecF::size()) {
-            VecF lo, hi;
-            load2(row + j, lo, hi);
-            lo.store(staged + j);
-            hi.store(staged + j + VecF::size());
-          }
-          for (; j < len; ++j) {
-            staged[j] = static_cast<float>(row[j]);
-          }
+          row_as_float(row, len, staged);
           xs = staged;
         }
         fp8_span<F>(xs, len, s, p.q + r * p.cols + c0, amax_lanes);

@@ -213,16 +213,7 @@ float grad_norm(const kernels::TensorRef* grads, int64_t n, float grad_scale) {
           const int64_t n = item.end - item.begin;
           for (int64_t r = 0; r < n; r += kernels::kNormLanes) {
             const int64_t m = std::min<int64_t>(kernels::kNormLanes, n - r);
-            int64_t l = 0;
-            for (; l + kStep <= m; l += kStep) {
-              VecF lo, hi;
-              load2(g + r + l, lo, hi);
-              lo.store(row + l);
-              hi.store(row + l + VecF::size());
-            }
-            for (; l < m; ++l) {
-              row[l] = static_cast<float>(g[r + l]);
-            }
+            row_as_float(g + r, m, row);
             chunk.add_row(0, row, m);
           }
         });

@@ -52,23 +52,6 @@ constexpr int kHistSlots = kernels::kGradHistBins + 2;
 // other inv_scale: the exponent of the exact double product, as grad_hist_bin reads it.
 enum class BinPath { kPow2, kExact };
 
-// An FP16 or BF16 span as FP32, by at::vec's conversion (F16C where the loop's instruction set has it) and a
-// scalar tail.
-template <typename T>
-void row_as_float(const T* g, int len, float* xs) {
-  constexpr int kStep = 2 * VecF::size();
-  int j = 0;
-  for (; j + kStep <= len; j += kStep) {
-    VecF lo, hi;
-    load2(g + j, lo, hi);
-    lo.store(xs + j);
-    hi.store(xs + j + VecF::size());
-  }
-  for (; j < len; ++j) {
-    xs[j] = static_cast<float>(g[j]);
-  }
-}
-
 template <BinPath kPath>
 void hist_bins(const VF& ax, const VD& ax_d, int pow2_exp, double inv, VI& bin) {
   VI e;

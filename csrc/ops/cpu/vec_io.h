@@ -55,5 +55,22 @@ void storen(T* p, const VecF* v) {
   }
 }
 
+// An FP16, BF16 or FP32 span as FP32 in xs[0, len): 2 * VecF::size() elements at a time by load2 (F16C where the
+// loop's instruction set has it), then a scalar tail.
+template <typename T>
+void row_as_float(const T* g, int64_t len, float* xs) {
+  constexpr int64_t kStep = 2 * VecF::size();
+  int64_t j = 0;
+  for (; j + kStep <= len; j += kStep) {
+    VecF lo, hi;
+    load2(g + j, lo, hi);
+    lo.store(xs + j);
+    hi.store(xs + j + VecF::size());
+  }
+  for (; j < len; ++j) {
+    xs[j] = static_cast<float>(g[j]);
+  }
+}
+
 }  // namespace
 }  // namespace ampkit::detail::AMPKIT_CPU_NS
