@@ -317,8 +317,8 @@ MasterMode master_mode(const GroupConfig& c, const at::Tensor& p) {
 
 namespace {
 
-// check_group's checks of one parameter with a grad, in master mode `mode`.
-void check_param(const GroupConfig& c, const at::Tensor& p, const at::Tensor& g, MasterMode mode) {
+// check_group's checks of one parameter with a grad, in master mode `mode`; returns takes_fused(p, g).
+bool check_param(const GroupConfig& c, const at::Tensor& p, const at::Tensor& g, MasterMode mode) {
   const bool fused = takes_fused(p, g);
   TORCH_CHECK_VALUE(c.algorithm != Algorithm::kLamb || fused, c.optimizer,
                     " needs FP16, BF16 or "
@@ -360,37 +360,36 @@ void check_param(const GroupConfig& c, const at::Tensor& p, const at::Tensor& g,
         : fused_dtype(p.scalar_type()) ? " has gaps in memory"
                                        : "");
   }
+  return fused;
 }
 
 // A parameter with a grad that passed check_param, and what the checks found.
 struct Checked {
-  size_t index;
   const at::Tensor* grad;
   MasterMode mode;
   bool fused;
 };
 
-// check_group's checks, recording each parameter that has a grad: grads[i], or params[i]'s own where `grads` is
-// empty.
-std::vector<Checked> check_params(const GroupConfig& c, at::TensorList params, at::TensorList grads = {}) {
-  check_config(c);
-  std::vector<Checked> checked;
-  checked.reserve(params.size());
-  for (size_t i = 0; i < params.size(); ++i) {
-    const at::Tensor& p = params[i];
-    const at::Tensor& grad = grads.empty() ? p.grad() : grads[i];
-    if (grad.defined()) {
-      const MasterMode mode = master_mode(c, p);
-      check_param(c, p, grad, mode);
-      checked.push_back({i, &grad, mode, takes_fused(p, grad)});
-    }
+// check_group's checks of params[i]: its grad, grads[i] or params[i]'s own where `grads` is empty (grad == nullptr:
+// none, nothing checked).
+Checked check_one(const GroupConfig& c, at::TensorList params, at::TensorList grads, size_t i) {
+  const at::Tensor& p = params[i];
+  const at::Tensor& grad = grads.empty() ? p.grad() : grads[i];
+  if (!grad.defined()) {
+    return {nullptr, MasterMode::kNone, false};
   }
-  return checked;
+  const MasterMode mode = master_mode(c, p);
+  return {&grad, mode, check_param(c, p, grad, mode)};
 }
 
 }  // namespace
 
-void check_group(const GroupConfig& c, at::TensorList params) { check_params(c, params); }
+void check_group(const GroupConfig& c, at::TensorList params) {
+  check_config(c);
+  for (size_t i = 0; i < params.size(); ++i) {
+    check_one(c, params, {}, i);
+  }
+}
 
 namespace {
 
@@ -435,20 +434,29 @@ StepPlan plan_step(const GroupConfig& c, at::TensorList params, const std::vecto
   TORCH_CHECK_VALUE(grads.empty() || grads.size() == params.size(), c.optimizer, ": ", params.size(),
                     " parameters but ", grads.size(), " grads");
   static const ParamState kNone;
-  const std::vector<Checked> checked = check_params(c, params, grads);
+  check_config(c);
   const bool adam = c.algorithm != Algorithm::kSGD;  // Adam's state: LAMB's too
   // Stochastic rounding's counter is the step count: SGD keeps one in that mode.
   const bool stateful = adam || c.momentum != 0 || c.master_weights == MasterWeights::kStochastic;
   StepPlan plan;
-  plan.params.reserve(checked.size());
-  for (const Checked& k : checked) {
-    const at::Tensor& p = params[k.index];
-    const ParamState& s = states[k.index] != nullptr ? *states[k.index] : kNone;
-    StepPlan::Param e{k.index, k.mode, k.fused};
+  plan.params.reserve(params.size());
+  // One pass per parameter: its checks and its plan (every parameter's metadata read once). A partial
+  // single-tensor state is refused after the pass, so that any parameter's check error comes first, as when every
+  // parameter was checked before any was planned.
+  std::optional<size_t> partial;
+  for (size_t index = 0; index < params.size(); ++index) {
+    const Checked k = check_one(c, params, grads, index);
+    if (k.grad == nullptr) {
+      continue;
+    }
+    const at::Tensor& p = params[index];
+    const ParamState& s = states[index] != nullptr ? *states[index] : kNone;
+    StepPlan::Param e{index, k.mode, k.fused};
+    e.grad = k.grad;
     if (!k.fused) {  // torch.optim's single-tensor path: its state (torch.optim's format) must be whole
-      if (c.algorithm == Algorithm::kAdam && (s.step.defined() || s.exp_avg.defined() || s.exp_avg_sq.defined())) {
-        TORCH_CHECK_VALUE(s.step.defined() && s.exp_avg.defined() && s.exp_avg_sq.defined(), c.optimizer,
-                          ": the state of params[", k.index, "] has only some of step, exp_avg and exp_avg_sq");
+      if (c.algorithm == Algorithm::kAdam && (s.step.defined() || s.exp_avg.defined() || s.exp_avg_sq.defined()) &&
+          !(s.step.defined() && s.exp_avg.defined() && s.exp_avg_sq.defined()) && !partial) {
+        partial = index;
       }
       plan.params.push_back(e);
       continue;
@@ -496,6 +504,8 @@ StepPlan plan_step(const GroupConfig& c, at::TensorList params, const std::vecto
     it->params.push_back(plan.params.size());
     plan.params.push_back(e);
   }
+  TORCH_CHECK_VALUE(!partial, c.optimizer, ": the state of params[", partial.value_or(0),
+                    "] has only some of step, exp_avg and exp_avg_sq");
   return plan;
 }
 
@@ -569,21 +579,20 @@ void run_plan(const GroupConfig& c, const StepPlan& plan, at::TensorList params,
   std::vector<detail::Entry> single;
   for (size_t i = 0; i < plan.params.size(); ++i) {
     const StepPlan::Param& e = plan.params[i];
-    const at::Tensor& p = params[e.index];
-    ParamState& s = *states[e.index];
-    grads[i] = &p.grad();
+    grads[i] = e.grad;
     if (!e.fused) {
-      single.push_back({&p, grads[i], &s});
+      single.push_back({&params[e.index], grads[i], states[e.index]});
       continue;
     }
     if (e.staged) {
+      const at::Tensor& p = params[e.index];
       // In the parameter's layout; a FP32 grad of a FP16/BF16 parameter stays FP32 (NOTE [FP32 grads of
       // low-precision params]).
       const at::ScalarType dtype = grads[i]->scalar_type() == at::kFloat ? at::kFloat : p.scalar_type();
       staged.emplace_back(*grads[i], at::empty_like(p, p.options().dtype(dtype)).copy_(*grads[i]));
       grads[i] = &staged.back().second;
     }
-    complete_state(c, e, p, s);
+    complete_state(c, e, params[e.index], *states[e.index]);
   }
   for (const StepPlan::Bucket& bucket : plan.buckets) {
     std::vector<detail::Entry> entries;

@@ -100,6 +100,26 @@ TEST_CASE("optim core: plan_step names each parameter's path, state entries and 
     CHECK_THROWS_WITH(core::plan_step(bad, params, states), Catch::Contains("Invalid learning rate: -1.0"));
     CHECK_THROWS_WITH(core::plan_step(c, params, {nullptr}), Catch::Contains("5 parameters but 1 states"));
   }
+  SECTION("each planned parameter carries the grad its checks read") {
+    CHECK(plan.params[0].grad == &bf16.grad());
+    CHECK(plan.params[3].grad == &conv.grad());
+    const std::vector<at::Tensor> grads{at::Tensor(), fp32.grad(), at::Tensor(), at::Tensor(), at::empty_like(conv)};
+    const core::StepPlan traced = core::plan_step(c, params, states, grads);
+    CHECK(traced.params[0].grad == &grads[1]);
+    CHECK(traced.params[1].grad == &grads[4]);
+  }
+  SECTION("a check error of any parameter comes before a partial single-tensor state of an earlier one") {
+    core::GroupConfig plain = config(core::Algorithm::kAdam);
+    core::ParamState partial;  // torch.optim's format without exp_avg_sq
+    partial.step = at::zeros({});
+    partial.exp_avg = at::zeros({2}, at::kDouble);
+    at::Tensor wrong = at::randn({3});
+    wrong.mutable_grad() = at::randn({4});  // not the parameter's shape
+    CHECK_THROWS_WITH(core::plan_step(plain, {fp64, wrong}, {&partial, nullptr}),
+                      Catch::Contains("a parameter of shape [3] has a grad of shape [4]"));
+    CHECK_THROWS_WITH(core::plan_step(plain, {fp64, fp32}, {&partial, nullptr}),
+                      Catch::Contains("the state of params[0] has only some of step, exp_avg and exp_avg_sq"));
+  }
 }
 
 TEST_CASE("optim core: a step assigns over an existing entry only where may_replace_entries says so", "[optim][cpu]") {

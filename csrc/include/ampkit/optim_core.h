@@ -146,6 +146,8 @@ struct StepPlan {
     uint32_t missing = 0;                // the state entries to create (bit k: ParamState::fields()[k])
     double first_step = 0.0;             // the value of a created step (1 after an SGD buffer from torch.optim)
     bool remainder_from_master = false;  // the remainder is derived from a loaded master (rewrites the weight)
+    // The grad plan_step checked (in the grads it was given, or params[index]'s own): valid while those are.
+    const at::Tensor* grad = nullptr;
   };
   // One fused call: the parameters (indices into `params`) on one device in one master mode, and the state
   // entries the call reads (a mask of ParamState bits).
