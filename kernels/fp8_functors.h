@@ -19,9 +19,10 @@ constexpr float kFloatMax = 3.40282347e+38f;
 // v -> FP8 with one rounding to nearest-even; a value beyond the format's largest finite one, and +-Inf, become
 // +-max (the saturation of the hardware's cvt.rn.satfinite and Transformer Engine's casts; torch's eager CPU cast
 // sends E5M2 overflows to Inf instead); NaN stays NaN (0x7F with v's sign). The conversion is done here in integer
-// arithmetic and one correctly rounded FP32 addition, so the CPU loops and the CUDA kernels (any architecture, and the emulated build) produce the same
-// bits. Callers compute v = fp8_scaled(x, scale) first (x * scale in FP32, a NaN product signed by x); the amax they report comes from x itself (fp8_abs_bits), so
-// a non-finite input is visible in the amax even though the cast saturates it.
+// arithmetic and one correctly rounded FP32 addition, so the CPU loops and the CUDA kernels (any architecture, and
+// the emulated build) produce the same bits. Callers compute v = fp8_scaled(x, scale) first (x * scale in FP32, a
+// NaN product signed by x); the amax they report comes from x itself (fp8_abs_bits), so a non-finite input is
+// visible in the amax even though the cast saturates it.
 // Written without branches (selects only), so that a CPU loop vectorizes and a warp never diverges:
 //   normal FP8 values: round the FP32 bits to nearest-even at the FP8 mantissa's last bit, rebias the exponent;
 //   FP8 subnormals (|v| below the smallest normal): |v| + 2^(24 - bias - mantissa bits), whose FP32 ulp is the

@@ -20,9 +20,9 @@
 #include "../../../kernels/optim_functors.h"
 #include "../../../kernels/stochastic_rounding.h"
 #include "cpu_loops.h"
-#include "work_items.h"
 #include "optim_loops.h"
 #include "vec_io.h"
+#include "work_items.h"
 
 namespace ampkit::detail::AMPKIT_CPU_NS {
 namespace {
@@ -49,22 +49,12 @@ std::vector<NormItem<K>> norm_items(int64_t n, const int64_t* numel) {
   return items;
 }
 
-// Calls range(b, e) for runs of items [b, e) on the intra-op threads (parallel_items), or on the calling thread for
-// lists under a quarter of kCpuParallelThreshold elements.
-template <typename Items, typename Range>
-void for_item_ranges(Items& items, const Range& range) {
-  int64_t elements = 0;
-  for (const auto& item : items) {
-    elements += item.end - item.begin;
-  }
-  parallel_items(
-      static_cast<int64_t>(items.size()), [&](int64_t k) { return items[k].end - items[k].begin; },
-      elements < kCpuParallelThreshold / 4, range);
-}
+// Lists under a quarter of kCpuParallelThreshold elements run on the calling thread.
+constexpr int64_t kNormSerialBelow = kCpuParallelThreshold / 4;
 
 template <typename Items, typename Fn>
 void for_items(Items& items, const Fn& fn) {
-  for_item_ranges(items, [&](int64_t b, int64_t e) {
+  for_item_ranges(items, kNormSerialBelow, [&](int64_t b, int64_t e) {
     for (int64_t k = b; k < e; ++k) {
       fn(items[k]);
     }
@@ -195,7 +185,7 @@ float grad_norm(const kernels::TensorRef* grads, int64_t n, float grad_scale) {
   }
   auto items = norm_items<1>(n, numel.data());
   // Chunks kMaxChains at a time: their lanes first, then their sums side by side (NOTE [Lane sums side by side]).
-  for_item_ranges(items, [&](int64_t b, int64_t e) {
+  for_item_ranges(items, kNormSerialBelow, [&](int64_t b, int64_t e) {
     std::vector<Lanes<1>> group(static_cast<size_t>(std::min<int64_t>(kMaxChains, e - b)));
     alignas(64) float row[kernels::kNormLanes];
     for (int64_t k0 = b; k0 < e; k0 += kMaxChains) {

@@ -25,8 +25,8 @@
 #include "../../../kernels/amp_functors.h"
 #include "cpu_loops.h"
 #include "vec_ext.h"
-#include "work_items.h"
 #include "vec_io.h"
+#include "work_items.h"
 
 namespace ampkit::detail::AMPKIT_CPU_NS {
 namespace {
@@ -576,26 +576,24 @@ void grad_stats(const kernels::TensorRef* grads, int64_t n, float inv_scale, dou
       items.push_back(item);
     }
   }
-  parallel_items(
-      static_cast<int64_t>(items.size()), [&](int64_t k) { return items[k].end - items[k].begin; }, false,
-      [&](int64_t b, int64_t e) {
-        for (int64_t k = b; k < e; ++k) {
-          StatsItem& item = items[k];
-          const kernels::TensorRef& ref = grads[item.tensor];
-          const int64_t len = item.end - item.begin;
-          switch (ref.dtype) {
-            case kernels::DType::kFloat16:
-              stats_span(static_cast<const c10::Half*>(ref.data) + item.begin, len, inv_scale, item);
-              break;
-            case kernels::DType::kBFloat16:
-              stats_span(static_cast<const c10::BFloat16*>(ref.data) + item.begin, len, inv_scale, item);
-              break;
-            default:
-              stats_span(static_cast<const float*>(ref.data) + item.begin, len, inv_scale, item);
-              break;
-          }
-        }
-      });
+  for_item_ranges(items, 0, [&](int64_t b, int64_t e) {
+    for (int64_t k = b; k < e; ++k) {
+      StatsItem& item = items[k];
+      const kernels::TensorRef& ref = grads[item.tensor];
+      const int64_t len = item.end - item.begin;
+      switch (ref.dtype) {
+        case kernels::DType::kFloat16:
+          stats_span(static_cast<const c10::Half*>(ref.data) + item.begin, len, inv_scale, item);
+          break;
+        case kernels::DType::kBFloat16:
+          stats_span(static_cast<const c10::BFloat16*>(ref.data) + item.begin, len, inv_scale, item);
+          break;
+        default:
+          stats_span(static_cast<const float*>(ref.data) + item.begin, len, inv_scale, item);
+          break;
+      }
+    }
+  });
   // Rows in item order: chunk sums in chunk order, as the CUDA kernel's last pass adds them.
   std::vector<double> totals(static_cast<size_t>(n), 0.0);
   std::vector<float> maxima(static_cast<size_t>(n), 0.f);
