@@ -136,6 +136,40 @@ def test_histogram_of_chunks_whose_binades_move(device, dtype, inv):
         assert (row[0, FIRST:] > 0).sum() > 32  # more bins than the 30 of a window
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("inv", [1.0, 2.0 ** -16, 1 / 3.0])
+def test_elements_at_the_windows_edges_are_counted_once(device, dtype, inv):
+    """NOTE [Histogram by bit counts]: a chunk's window spans 25 bins under its first row's largest and 4 over it. A
+    few elements (too few to move the window) in the window's first and last bins and in the bins just outside it
+    (one, two and three over, one and two under: the AVX-512 blocks' unmasked one-hot shift sets bits 30 and 31 for
+    the first two over), one edge per block, with zeros, subnormals and Inf/NaN among them, must each land in its own
+    bin once."""
+    gen = torch.Generator().manual_seed(5)
+    n = 65536 + 3 * 2048 + 100
+    x = torch.randn(n, generator=gen, dtype=torch.float64) * 0.25
+    x[:512] = torch.rand(512, generator=gen, dtype=torch.float64) + 0.5  # the first row's largest: 1.5, exponent 0
+    x[0] = 1.5
+    # One edge per block of 4 rows (the AVX-512 loop's unit), each block of the first chunk and of the second.
+    for b, edge in enumerate([4, 5, 6, 7, -25, -26, -27]):
+        for start in (2048 * (2 + b) + 37 * b, 65536 + 2048 * (b % 2) + 300 + b):
+            x[start:start + 2] = torch.tensor([1.5, -1.5], dtype=torch.float64) * 2.0 ** edge
+            x[start + 2:start + 6] = 0.0
+            x[start + 6] = 2.0 ** -140  # FP32/BF16: subnormal; FP16: zero
+    x[20 * 2048 + 9] = math.inf
+    x[20 * 2048 + 700] = math.nan
+    x[20 * 2048 + 701] = -math.inf
+    g = x.to(dtype).to(device)
+    inv32 = torch.tensor(inv, dtype=torch.float32).item()
+    tensors = [g, g[2048:]]
+    rows = stats_rows(tensors, torch.full((1,), inv, device=device)).cpu()
+    for row, t in zip(rows, tensors):
+        ref = grad_stats_row(t, inv32)
+        assert torch.equal(row[2:4], ref[2:4]) and row[0] == ref[0]
+        assert torch.equal(row[FIRST:], ref[FIRST:]), (row[FIRST:] - ref[FIRST:]).nonzero()
+    assert rows[0, 2].item() == 3 and rows[0, 3].item() >= 12
+
+
 def deterministic_sum_of_squares(g: torch.Tensor) -> float:
     """NOTE [Deterministic norm] re-derived: chunks of 65536, element i of a chunk in lane i % 512, each lane summing
     its finite squares in element order in double, a chunk its lanes in lane order, the tensor its chunks in order."""

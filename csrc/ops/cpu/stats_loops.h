@@ -69,10 +69,11 @@ void hist_bins(const VF& ax, const VD& ax_d, int pow2_exp, double inv, VI& bin) 
 
 // NOTE [Histogram by bit counts]
 // A scalar increment per element (load the bin, add, store) held the CPU loop to 13-19% of copy bandwidth. The
-// vector loop counts instead: each element becomes a one-hot 32-bit word, whose bit b < kWindowBins stands for bin
-// base + b of a window of kWindowBins consecutive bins; bit kZeroBit marks a zero and bit kNonFiniteBit an Inf/NaN
-// (except in the AVX-512 blocks of a power-of-two inv_scale, which count those by popcounts of mask registers). The
-// words of kWidth elements form a vector, and vectors of equal weight are added bitwise in carry-save form
+// vector loop counts instead: each live element (finite, non-zero) becomes a one-hot 32-bit word, whose bit
+// b < kWindowBins stands for bin base + b of a window of kWindowBins consecutive bins (bits kWindowBins and up are
+// never read: the AVX-512 blocks leave in them what falls just over the window). The loops count the finite
+// elements in vector counters; Inf/NaN are the others, and zeros the finite elements neither the window nor the
+// count of outside elements below took. The words of kWidth elements form a vector, and vectors of equal weight are added bitwise in carry-save form
 // (Harley-Seal): level i holds, for every bit position of every vector lane, the i-th binary digit of that counter,
 // so one carry-save adder (an XOR of three and a majority of three) adds kWidth * 32 counters at once. A chunk's
 // counts are read out of the levels once, at its end (or when the window moves).
@@ -88,8 +89,6 @@ void hist_bins(const VF& ax, const VD& ax_d, int pow2_exp, double inv, VI& bin) 
 // Counts do not depend on the order in which they are added, so the histogram is exactly the scalar one;
 // tests/python/test_cpu_isa_copies.py compares every copy of the loop (AMPKIT_CPU_ISA) bit for bit.
 constexpr int kWindowBins = 30;
-constexpr int kZeroBit = 30;
-constexpr int kNonFiniteBit = 31;
 constexpr int kWindowBelowTop = kWindowBins - 5;
 constexpr int kMoveWindowAfter = 64;
 constexpr int kWindowMoves = 2;  // per chunk: data wider than a window stops moving it (NOTE [Histogram by bit counts])
@@ -118,6 +117,14 @@ struct ChunkStats {
   int lowest_base = 0;  // the window's range (window_place)
   int highest_base = 0;
   float max_abs = 0.f;
+  VF vmax = {};  // the AVX-512 blocks' running maximum, lane by lane (joins max_abs at the chunk's end)
+  // Of the rows counted through the window (not stats_row_slots'): their elements, the finite ones, those the
+  // window counted and those count_outside counted. Zeros and Inf/NaN follow from these (NOTE [Histogram by bit
+  // counts]).
+  uint32_t window_elements = 0;
+  uint32_t finite = 0;
+  uint32_t window_counted = 0;
+  uint32_t outside_counted = 0;
 };
 
 // a + b + s, bit by bit: s keeps the sum's low bit, carry gets its high bit (twice the weight).
@@ -144,30 +151,31 @@ void count_vector(ChunkStats& cs, const VW& words, int first) {
   }
 }
 
-void add_bits(const VW& v, uint32_t weight, uint32_t* counts) {
-  for (int k = 0; k < kWidth; ++k) {
-    for (uint32_t u = v[k]; u != 0; u &= u - 1) {
-      counts[__builtin_ctz(u)] += weight;
-    }
-  }
-}
-
-// The levels' counts into the histogram slots (at the window's bins), and the levels emptied.
+// The levels' counts into the histogram slots (at the window's bins), and the levels emptied. Bit b of every lane of
+// level i (and of its pending vector) counts 2^i: summed lane by lane in one vector per bit, then across lanes.
 void read_window(ChunkStats& cs) {
-  uint32_t bits[32] = {};
+  VW sums[kWindowBins] = {};
   for (int i = 0; i < kLevels; ++i) {
-    add_bits(cs.level[i], uint32_t{1} << i, bits);
-    cs.level[i] = VW{};
-    if (cs.has_pending[i]) {
-      add_bits(cs.pending[i], uint32_t{1} << i, bits);
-      cs.has_pending[i] = false;
+    const VW level = cs.level[i];
+    const VW pending = cs.has_pending[i] ? cs.pending[i] : VW{};
+    for (int b = 0; b < kWindowBins; ++b) {
+      sums[b] += (((level >> b) & 1) + ((pending >> b) & 1)) << i;
     }
+    cs.level[i] = VW{};
+    cs.has_pending[i] = false;
+  }
+  uint32_t bits[kWindowBins];
+  for (int b = 0; b < kWindowBins; ++b) {
+    uint32_t total = 0;
+    for (int k = 0; k < kWidth; ++k) {
+      total += sums[b][k];
+    }
+    bits[b] = total;
   }
   for (int b = 0; b < kWindowBins; ++b) {
     cs.hist[cs.base + b] += bits[b];
+    cs.window_counted += bits[b];
   }
-  cs.hist[kZeroSlot] += bits[kZeroBit];
-  cs.hist[kNonFiniteSlot] += bits[kNonFiniteBit];
 }
 
 int window_base(const ChunkStats& cs, int top_bin) {
@@ -229,10 +237,11 @@ void window_range(int pow2_exp, ChunkStats& cs) {
 }
 
 // What an element contributes: its square to its lane, |x| to the maximum, its one-hot word (0 past the row's
-// end: `valid`), and its lane set in `outside` where it is live and its bin outside the window.
+// end, `valid`, and where it is not live or its bin is outside the window), its lane set in `outside` where it is
+// live and its bin outside the window, and -1 to its lane of `finite_lanes` where it is finite.
 template <BinPath kPath>
 [[gnu::always_inline]] inline void stats_vector(const VF& x, const VI& valid, int pow2_exp, double inv, int base,
-                                                VD& lane, VF& vmax, VW& word, VI& outside) {
+                                                VD& lane, VF& vmax, VW& word, VI& outside, VI& finite_lanes) {
   VI mag, finite, live;
   VF ax;
   VD ax_d;
@@ -240,16 +249,15 @@ template <BinPath kPath>
   lane += ax_d * ax_d;
   VI rel, in_window;
   window_place<kPath>(mag, ax_d, pow2_exp, inv, base, rel, in_window);
-  const VI bit = in_window ? rel : (finite ? VI{} + kZeroBit : VI{} + kNonFiniteBit);
-  const VI counted = valid & (in_window | ~live);
-  word = __builtin_bit_cast(VW, counted & (VI{} + 1) << (bit & 31));
+  word = __builtin_bit_cast(VW, valid & in_window & (VI{} + 1) << (rel & 31));
   outside |= valid & live & ~in_window;
+  finite_lanes += valid & finite;
 }
 
 // kRows consecutive rows of a chunk (each kNormLanes elements but the last, `len` of them), row element j adding its
 // square to lane j, so that every lane sums its elements in element order (NOTE [Deterministic norm]). A lane's
 // vector is loaded once for all kRows rows. No branch: a zero or an Inf/NaN adds +0.0 to its lane (which leaves a
-// lane of finite squares unchanged bit for bit) and sets its own bit of the one-hot word.
+// lane of finite squares unchanged bit for bit) and nothing to the one-hot words.
 template <BinPath kPath, int kRows>
 void stats_rows(const float* g, int len, int pow2_exp, double inv, ChunkStats& cs, VI& outside_out,
                 const float* next = nullptr) {
@@ -259,6 +267,7 @@ void stats_rows(const float* g, int len, int pow2_exp, double inv, ChunkStats& c
   VW ones = cs.level[0];
   VW twos = cs.level[1];
   VI outside = outside_out;
+  VI finite_lanes = {};
   VI all = VI{} - 1;
   const int last = kRows == 1 ? len : kernels::kNormLanes;
   for (int j = 0; j < last; j += kWidth) {
@@ -281,7 +290,7 @@ void stats_rows(const float* g, int len, int pow2_exp, double inv, ChunkStats& c
       } else {
         std::memcpy(&x, g + r * kernels::kNormLanes + j, sizeof(x));
       }
-      stats_vector<kPath>(x, valid, pow2_exp, inv, cs.base, lane, vmax, words[r], outside);
+      stats_vector<kPath>(x, valid, pow2_exp, inv, cs.base, lane, vmax, words[r], outside, finite_lanes);
     }
     std::memcpy(cs.lanes + j, &lane, sizeof(VD));
     if constexpr (kRows == kRowsPerBlock) {
@@ -295,6 +304,10 @@ void stats_rows(const float* g, int len, int pow2_exp, double inv, ChunkStats& c
     }
   }
   outside_out = outside;
+  cs.window_elements += kRows == 1 ? len : kRows * kernels::kNormLanes;
+  for (int k = 0; k < kWidth; ++k) {
+    cs.finite -= finite_lanes[k];
+  }
   if constexpr (kRows == kRowsPerBlock) {
     cs.level[0] = ones;
     cs.level[1] = twos;
@@ -308,23 +321,27 @@ void stats_rows(const float* g, int len, int pow2_exp, double inv, ChunkStats& c
 }
 
 #if defined(CPU_CAPABILITY_AVX512)
-// stats_rows<kPow2, kRowsPerBlock> in AVX-512 intrinsics, the same operations with fewer instructions: liveness in
-// mask registers, zeros and Inf/NaN counted by popcounts of them (so the one-hot word holds only window bins), the
-// squares of the live elements converted to FP64 straight from memory under a mask (0.0 elsewhere: +0.0 to the
-// lane, as there), and three-input logic for the carry-save adders.
-void stats_block_pow2(const float* g, int pow2_exp, ChunkStats& cs, VI& outside_out, const float* next) {
+// stats_rows<kPow2, kRowsPerBlock> in AVX-512 intrinsics, the same counts with fewer instructions, and one mask per
+// vector (on this loop the mask registers, not the vector units, set the pace): `finite`. It selects the squares
+// converted to FP64 (0.0 elsewhere: +0.0 to the lane, as there) and the elements of the running maximum (kept as
+// integers, across the chunk's blocks), and counts the finite elements. The one-hot word takes every element's bit
+// by an unmasked shift: a zero's or a subnormal's exponent field 0 and an Inf/NaN's 255 fall under the window or 30
+// and more over it (window_range), and a shift of 32 or more is 0, so no bit under kWindowBins is set but a live
+// element's in the window. Whether any live element is outside follows from the block's largest and smallest
+// non-zero magnitudes (bins grow with magnitudes). Three-input logic for the carry-save adders. Returns whether
+// any live element is outside the window.
+bool stats_block_pow2(const float* g, int pow2_exp, ChunkStats& cs, const float* next) {
   constexpr int kFirst = kernels::kGradHistMinExp - 1;
+  const int to_rel_scalar = pow2_exp - 127 - kFirst - cs.base;
   const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff);
   const __m512i inf = _mm512_set1_epi32(0x7f800000);
-  const __m512i to_rel = _mm512_set1_epi32(pow2_exp - 127 - kFirst - cs.base);
-  const __m512i window = _mm512_set1_epi32(kWindowBins);
+  const __m512i to_rel = _mm512_set1_epi32(to_rel_scalar);
   const __m512i one = _mm512_set1_epi32(1);
-  __m512 vmax = _mm512_setzero_ps();
+  __m512i vmax = _mm512_setzero_si512();  // the largest finite magnitude, lane by lane
+  __m512i vmin = _mm512_set1_epi32(-1);   // the smallest magnitude - 1 (unsigned: a zero's is the largest)
+  uint32_t non_finite = 0;
   __m512i ones = __builtin_bit_cast(__m512i, cs.level[0]);
   __m512i twos = __builtin_bit_cast(__m512i, cs.level[1]);
-  __mmask16 outside = 0;
-  uint32_t zeros = 0;
-  uint32_t non_finite = 0;
   auto carry_save = [](__m512i& sum, const __m512i a, const __m512i b) {
     const __m512i carry = _mm512_ternarylogic_epi32(sum, a, b, 0xe8);  // majority
     sum = _mm512_ternarylogic_epi32(sum, a, b, 0x96);                  // a ^ b ^ sum
@@ -336,29 +353,42 @@ void stats_block_pow2(const float* g, int pow2_exp, ChunkStats& cs, VI& outside_
         __builtin_prefetch(next + r * kernels::kNormLanes + j);
       }
     }
-    __m512d lane_lo = _mm512_load_pd(cs.lanes + j);
-    __m512d lane_hi = _mm512_load_pd(cs.lanes + j + 8);
+    const __m512d lane_lo_before = _mm512_load_pd(cs.lanes + j);
+    const __m512d lane_hi_before = _mm512_load_pd(cs.lanes + j + 8);
+    __m512d lane_lo = lane_lo_before;
+    __m512d lane_hi = lane_hi_before;
     __m512i words[kRowsPerBlock];
+    __m512i largest = _mm512_setzero_si512();
     for (int r = 0; r < kRowsPerBlock; ++r) {
       const float* x = g + r * kernels::kNormLanes + j;
       const __m512i mag = _mm512_and_si512(_mm512_loadu_si512(x), abs_mask);
-      const __mmask16 finite = _mm512_cmplt_epi32_mask(mag, inf);
-      const __mmask16 live = _mm512_mask_cmpneq_epi32_mask(finite, mag, _mm512_setzero_si512());
-      vmax = _mm512_mask_max_ps(vmax, live, vmax, _mm512_castsi512_ps(mag));
-      const __m512d lo = _mm512_maskz_cvtps_pd(static_cast<__mmask8>(live), _mm256_loadu_ps(x));
-      const __m512d hi =
-          _mm512_maskz_cvtps_pd(static_cast<__mmask8>(_cvtmask16_u32(live) >> 8), _mm256_loadu_ps(x + 8));
+      largest = _mm512_max_epu32(largest, mag);
+      vmin = _mm512_min_epu32(vmin, _mm512_sub_epi32(mag, one));
+      const __m512d lo = _mm512_cvtps_pd(_mm256_loadu_ps(x));
+      const __m512d hi = _mm512_cvtps_pd(_mm256_loadu_ps(x + 8));
       lane_lo = _mm512_add_pd(lane_lo, _mm512_mul_pd(lo, lo));
       lane_hi = _mm512_add_pd(lane_hi, _mm512_mul_pd(hi, hi));
-      const __m512i rel = _mm512_add_epi32(_mm512_srli_epi32(mag, 23), to_rel);
-      const __mmask16 in_window = _mm512_cmplt_epu32_mask(rel, window);
-      words[r] = _mm512_maskz_sllv_epi32(in_window, one, rel);
-      // Mask operations by intrinsics only: written as int expressions (`finite & ~live`), GCC 12 spilled a mask
-      // with kmovw (16 bits) and reloaded it with kmovd (32 bits), and the popcount counted the stack's bits.
-      outside = _kor_mask16(outside, _kandn_mask16(in_window, live));
-      zeros += __builtin_popcount(_cvtmask16_u32(_kandn_mask16(live, finite)));
-      non_finite += __builtin_popcount(_cvtmask16_u32(_knot_mask16(finite)));
+      words[r] = _mm512_sllv_epi32(one, _mm512_add_epi32(_mm512_srli_epi32(mag, 23), to_rel));
     }
+    if (_mm512_cmpge_epu32_mask(largest, inf) != 0) [[unlikely]] {
+      // An Inf/NaN among these rows: their squares again, the finite ones only, from the lanes as they were.
+      lane_lo = lane_lo_before;
+      lane_hi = lane_hi_before;
+      largest = _mm512_setzero_si512();
+      for (int r = 0; r < kRowsPerBlock; ++r) {
+        const float* x = g + r * kernels::kNormLanes + j;
+        const __m512i mag = _mm512_and_si512(_mm512_loadu_si512(x), abs_mask);
+        const __mmask16 finite = _mm512_cmplt_epu32_mask(mag, inf);
+        largest = _mm512_mask_max_epu32(largest, finite, largest, mag);
+        const __m512d lo = _mm512_maskz_cvtps_pd(static_cast<__mmask8>(finite), _mm256_loadu_ps(x));
+        const __m512d hi =
+            _mm512_maskz_cvtps_pd(static_cast<__mmask8>(_kshiftri_mask16(finite, 8)), _mm256_loadu_ps(x + 8));
+        lane_lo = _mm512_add_pd(lane_lo, _mm512_mul_pd(lo, lo));
+        lane_hi = _mm512_add_pd(lane_hi, _mm512_mul_pd(hi, hi));
+        non_finite += static_cast<uint32_t>(__builtin_popcount(_cvtmask16_u32(_knot_mask16(finite))));
+      }
+    }
+    vmax = _mm512_max_epu32(vmax, largest);
     _mm512_store_pd(cs.lanes + j, lane_lo);
     _mm512_store_pd(cs.lanes + j + 8, lane_hi);
     const __m512i twos_a = carry_save(ones, words[0], words[1]);
@@ -368,13 +398,17 @@ void stats_block_pow2(const float* g, int pow2_exp, ChunkStats& cs, VI& outside_
   }
   cs.level[0] = __builtin_bit_cast(VW, ones);
   cs.level[1] = __builtin_bit_cast(VW, twos);
-  cs.hist[kZeroSlot] += zeros;
-  cs.hist[kNonFiniteSlot] += non_finite;
-  cs.max_abs = std::max(cs.max_abs, _mm512_reduce_max_ps(vmax));
-  const uint32_t outside_bits = _cvtmask16_u32(outside);
-  for (int k = 0; k < kWidth; ++k) {
-    outside_out[k] |= (outside_bits >> k) & 1;
-  }
+  cs.window_elements += kRowsPerBlock * kernels::kNormLanes;
+  cs.finite += kRowsPerBlock * kernels::kNormLanes - non_finite;
+  cs.vmax = __builtin_bit_cast(VF, _mm512_max_epu32(__builtin_bit_cast(__m512i, cs.vmax), vmax));
+  // The largest finite magnitude and the smallest non-zero one (an Inf/NaN's is never the smallest where a live
+  // element is); a bin is the exponent field plus to_rel_scalar.
+  const uint32_t largest = _mm512_reduce_max_epu32(vmax);
+  const uint32_t smallest = _mm512_reduce_min_epu32(vmin) + 1u;  // 0: every element zero
+  const bool live_over = largest != 0 && static_cast<int>(largest >> 23) + to_rel_scalar >= kWindowBins;
+  const bool live_under =
+      smallest != 0 && smallest < 0x7f800000u && static_cast<int>(smallest >> 23) + to_rel_scalar < 0;
+  return live_over || live_under;
 }
 #endif
 
@@ -490,6 +524,7 @@ void stats_span(const T* g, int64_t n, float inv_scale, StatsItem& item) {
       cs.base = window_base(cs, first_top_bin(xs, std::min(len, kernels::kNormLanes), inv_scale));
     }
     VI outside = {};
+    bool block_outside = false;  // the AVX-512 block's answer
     if (cs.slots_only) {
       for (int r = 0; r < len; r += kernels::kNormLanes) {
         stats_row_slots<kPath>(xs + r, std::min(kernels::kNormLanes, len - r), pow2_exp, inv, cs);
@@ -498,7 +533,7 @@ void stats_span(const T* g, int64_t n, float inv_scale, StatsItem& item) {
       const bool prefetch = std::is_same_v<T, float> && n - row >= 2 * kBlock;  // staged spans are read in order
 #if defined(CPU_CAPABILITY_AVX512)
       if constexpr (kPath == BinPath::kPow2) {
-        stats_block_pow2(xs, pow2_exp, cs, outside, prefetch ? xs + kBlock : nullptr);
+        block_outside = stats_block_pow2(xs, pow2_exp, cs, prefetch ? xs + kBlock : nullptr);
       } else {
         stats_rows<kPath, kRowsPerBlock>(xs, len, pow2_exp, inv, cs, outside, prefetch ? xs + kBlock : nullptr);
       }
@@ -510,7 +545,7 @@ void stats_span(const T* g, int64_t n, float inv_scale, StatsItem& item) {
         stats_rows<kPath, 1>(xs + r, std::min(kernels::kNormLanes, len - r), pow2_exp, inv, cs, outside);
       }
     }
-    bool any_outside = false;
+    bool any_outside = block_outside;
     for (int k = 0; k < kWidth; ++k) {
       any_outside |= outside[k] != 0;
     }
@@ -518,6 +553,7 @@ void stats_span(const T* g, int64_t n, float inv_scale, StatsItem& item) {
       int live_count = 0;
       int top_bin = -1;
       const int outside_count = count_outside<kPath>(xs, len, pow2_exp, inv, cs, live_count, top_bin);
+      cs.outside_counted += outside_count;
       // Many outside, most of the block's: the window moves under their largest bin (a bounded number of times per
       // chunk). More than kMoveWindowAfter outside, and more than 1/kSlotsOnlyOver of the live elements, where it
       // cannot or will not move: the data is wider than a window, and the chunk's later rows count one element at
@@ -534,6 +570,11 @@ void stats_span(const T* g, int64_t n, float inv_scale, StatsItem& item) {
     }
   }
   read_window(cs);
+  cs.hist[kZeroSlot] += cs.finite - cs.window_counted - cs.outside_counted;
+  cs.hist[kNonFiniteSlot] += cs.window_elements - cs.finite;
+  for (int k = 0; k < kWidth; ++k) {
+    cs.max_abs = std::max(cs.max_abs, cs.vmax[k]);
+  }
   double chunk_sum = 0.0;
   for (const double lane : cs.lanes) {
     chunk_sum += lane;

@@ -5,6 +5,10 @@
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
 
+#if defined(CPU_CAPABILITY_AVX512)
+#include <immintrin.h>
+#endif
+
 #include <tuple>
 #include <type_traits>
 
@@ -56,11 +60,25 @@ void storen(T* p, const VecF* v) {
 }
 
 // An FP16, BF16 or FP32 span as FP32 in xs[0, len): 2 * VecF::size() elements at a time by load2 (F16C where the
-// loop's instruction set has it), then a scalar tail.
+// loop's instruction set has it; BF16 on AVX-512 by word permutations), then a scalar tail.
 template <typename T>
 void row_as_float(const T* g, int64_t len, float* xs) {
   constexpr int64_t kStep = 2 * VecF::size();
   int64_t j = 0;
+#if defined(CPU_CAPABILITY_AVX512)
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    // 32 BF16 elements as FP32 by two word permutations (each element to the high half of its 32-bit lane, zeros
+    // in the low halves): one instruction per 16 elements where the zero extension and shift take two.
+    const __m512i to_lo = _mm512_set_epi16(15, 0, 14, 0, 13, 0, 12, 0, 11, 0, 10, 0, 9, 0, 8, 0, 7, 0, 6, 0, 5, 0, 4, 0,
+                                           3, 0, 2, 0, 1, 0, 0, 0);
+    const __m512i to_hi = _mm512_add_epi16(to_lo, _mm512_set1_epi16(16));
+    for (; j + 32 <= len; j += 32) {
+      const __m512i x = _mm512_loadu_si512(g + j);
+      _mm512_storeu_si512(xs + j, _mm512_maskz_permutexvar_epi16(0xAAAAAAAAu, to_lo, x));
+      _mm512_storeu_si512(xs + j + 16, _mm512_maskz_permutexvar_epi16(0xAAAAAAAAu, to_hi, x));
+    }
+  }
+#endif
   for (; j + kStep <= len; j += kStep) {
     VecF lo, hi;
     load2(g + j, lo, hi);
