@@ -138,7 +138,7 @@ def test_histogram_of_chunks_whose_binades_move(device, dtype, inv):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("inv", [1.0, 2.0 ** -16, 1 / 3.0])
+@pytest.mark.parametrize("inv", [1.0, 2.0 ** -16, 1 / 3.0, 2.0 ** -126, 2.0 ** 127])  # the last two: at the ends
 def test_elements_at_the_windows_edges_are_counted_once(device, dtype, inv):
     """NOTE [Histogram by bit counts]: a chunk's window spans 25 bins under its first row's largest and 4 over it. A
     few elements (too few to move the window) in the window's first and last bins and in the bins just outside it
@@ -159,7 +159,12 @@ def test_elements_at_the_windows_edges_are_counted_once(device, dtype, inv):
     x[20 * 2048 + 9] = math.inf
     x[20 * 2048 + 700] = math.nan
     x[20 * 2048 + 701] = -math.inf
-    g = x.to(dtype).to(device)
+    x[21 * 2048 + 5:22 * 2048:512] = math.inf  # the same lane of a block's four rows
+    g = x.to(dtype)
+    bits = g.view(torch.int16 if dtype != torch.float32 else torch.int32)
+    bits[21 * 2048 + 6] = -1  # a negative NaN with every payload bit set
+    bits[21 * 2048 + 1000] = 0x7C01 if dtype == torch.float16 else (0x7F81 if dtype == torch.bfloat16 else 0x7F800001)
+    g = g.to(device)
     inv32 = torch.tensor(inv, dtype=torch.float32).item()
     tensors = [g, g[2048:]]
     rows = stats_rows(tensors, torch.full((1,), inv, device=device)).cpu()
@@ -167,7 +172,7 @@ def test_elements_at_the_windows_edges_are_counted_once(device, dtype, inv):
         ref = grad_stats_row(t, inv32)
         assert torch.equal(row[2:4], ref[2:4]) and row[0] == ref[0]
         assert torch.equal(row[FIRST:], ref[FIRST:]), (row[FIRST:] - ref[FIRST:]).nonzero()
-    assert rows[0, 2].item() == 3 and rows[0, 3].item() >= 12
+    assert rows[0, 2].item() == 9 and rows[0, 3].item() >= 12
 
 
 def deterministic_sum_of_squares(g: torch.Tensor) -> float:

@@ -321,6 +321,36 @@ void stats_rows(const float* g, int len, int pow2_exp, double inv, ChunkStats& c
 }
 
 #if defined(CPU_CAPABILITY_AVX512)
+// The FP32 bits of 16 elements of T, widened exactly in a register (BF16: each element to the high half of its
+// 32-bit lane by one word permutation).
+[[gnu::always_inline]] inline __m512i float_bits(const float* x) { return _mm512_loadu_si512(x); }
+[[gnu::always_inline]] inline __m512i float_bits(const c10::BFloat16* x) {
+  const __m512i to_high_halves = _mm512_set_epi16(15, 0, 14, 0, 13, 0, 12, 0, 11, 0, 10, 0, 9, 0, 8, 0, 7, 0, 6, 0, 5,
+                                                  0, 4, 0, 3, 0, 2, 0, 1, 0, 0, 0);
+  return _mm512_maskz_permutexvar_epi16(
+      0xAAAAAAAAu, to_high_halves, _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x))));
+}
+[[gnu::always_inline]] inline __m512i float_bits(const c10::Half* x) {
+  return _mm512_castps_si512(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x))));
+}
+
+// The halves of 16 elements as FP64 (`bits` their FP32 bits), where `keep` (bit k: element k) is set, 0.0
+// elsewhere. FP32 elements are converted from memory again: a load costs less than extracting the high half.
+template <typename T>
+[[gnu::always_inline]] inline void as_doubles(const T* x, __m512i bits, __mmask16 keep, __m512d& lo, __m512d& hi) {
+  __m256 x_lo;
+  __m256 x_hi;
+  if constexpr (std::is_same_v<T, float>) {
+    x_lo = _mm256_loadu_ps(x);
+    x_hi = _mm256_loadu_ps(x + 8);
+  } else {
+    x_lo = _mm512_castps512_ps256(_mm512_castsi512_ps(bits));
+    x_hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castsi512_pd(bits), 1));
+  }
+  lo = _mm512_maskz_cvtps_pd(static_cast<__mmask8>(keep), x_lo);
+  hi = _mm512_maskz_cvtps_pd(static_cast<__mmask8>(_kshiftri_mask16(keep, 8)), x_hi);
+}
+
 // stats_rows<kPow2, kRowsPerBlock> in AVX-512 intrinsics, the same counts with fewer instructions, and one mask per
 // vector (on this loop the mask registers, not the vector units, set the pace): `finite`. It selects the squares
 // converted to FP64 (0.0 elsewhere: +0.0 to the lane, as there) and the elements of the running maximum (kept as
@@ -329,8 +359,9 @@ void stats_rows(const float* g, int len, int pow2_exp, double inv, ChunkStats& c
 // and more over it (window_range), and a shift of 32 or more is 0, so no bit under kWindowBins is set but a live
 // element's in the window. Whether any live element is outside follows from the block's largest and smallest
 // non-zero magnitudes (bins grow with magnitudes). Three-input logic for the carry-save adders. Returns whether
-// any live element is outside the window.
-bool stats_block_pow2(const float* g, int pow2_exp, ChunkStats& cs, const float* next) {
+// any live element is outside the window. FP16/BF16 elements are widened in registers (no staged copy).
+template <typename T>
+bool stats_block_pow2(const T* g, int pow2_exp, ChunkStats& cs, const T* next) {
   constexpr int kFirst = kernels::kGradHistMinExp - 1;
   const int to_rel_scalar = pow2_exp - 127 - kFirst - cs.base;
   const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff);
@@ -360,12 +391,14 @@ bool stats_block_pow2(const float* g, int pow2_exp, ChunkStats& cs, const float*
     __m512i words[kRowsPerBlock];
     __m512i largest = _mm512_setzero_si512();
     for (int r = 0; r < kRowsPerBlock; ++r) {
-      const float* x = g + r * kernels::kNormLanes + j;
-      const __m512i mag = _mm512_and_si512(_mm512_loadu_si512(x), abs_mask);
+      const T* x = g + r * kernels::kNormLanes + j;
+      const __m512i bits = float_bits(x);
+      const __m512i mag = _mm512_and_si512(bits, abs_mask);
       largest = _mm512_max_epu32(largest, mag);
       vmin = _mm512_min_epu32(vmin, _mm512_sub_epi32(mag, one));
-      const __m512d lo = _mm512_cvtps_pd(_mm256_loadu_ps(x));
-      const __m512d hi = _mm512_cvtps_pd(_mm256_loadu_ps(x + 8));
+      __m512d lo;
+      __m512d hi;
+      as_doubles(x, bits, 0xffff, lo, hi);
       lane_lo = _mm512_add_pd(lane_lo, _mm512_mul_pd(lo, lo));
       lane_hi = _mm512_add_pd(lane_hi, _mm512_mul_pd(hi, hi));
       words[r] = _mm512_sllv_epi32(one, _mm512_add_epi32(_mm512_srli_epi32(mag, 23), to_rel));
@@ -376,13 +409,14 @@ bool stats_block_pow2(const float* g, int pow2_exp, ChunkStats& cs, const float*
       lane_hi = lane_hi_before;
       largest = _mm512_setzero_si512();
       for (int r = 0; r < kRowsPerBlock; ++r) {
-        const float* x = g + r * kernels::kNormLanes + j;
-        const __m512i mag = _mm512_and_si512(_mm512_loadu_si512(x), abs_mask);
+        const T* x = g + r * kernels::kNormLanes + j;
+        const __m512i bits = float_bits(x);
+        const __m512i mag = _mm512_and_si512(bits, abs_mask);
         const __mmask16 finite = _mm512_cmplt_epu32_mask(mag, inf);
         largest = _mm512_mask_max_epu32(largest, finite, largest, mag);
-        const __m512d lo = _mm512_maskz_cvtps_pd(static_cast<__mmask8>(finite), _mm256_loadu_ps(x));
-        const __m512d hi =
-            _mm512_maskz_cvtps_pd(static_cast<__mmask8>(_kshiftri_mask16(finite, 8)), _mm256_loadu_ps(x + 8));
+        __m512d lo;
+        __m512d hi;
+        as_doubles(x, bits, finite, lo, hi);
         lane_lo = _mm512_add_pd(lane_lo, _mm512_mul_pd(lo, lo));
         lane_hi = _mm512_add_pd(lane_hi, _mm512_mul_pd(hi, hi));
         non_finite += static_cast<uint32_t>(__builtin_popcount(_cvtmask16_u32(_knot_mask16(finite))));
@@ -512,37 +546,44 @@ void stats_span(const T* g, int64_t n, float inv_scale, StatsItem& item) {
   constexpr int kBlock = kRowsPerBlock * kernels::kNormLanes;
   for (int64_t row = 0; row < n; row += kBlock) {
     const int len = static_cast<int>(std::min<int64_t>(kBlock, n - row));
-    const float* xs;
+    // The block as FP32 for the loops that read FP32: FP16/BF16 staged in L1 when one of them runs (the AVX-512
+    // block widens its elements in registers).
     alignas(64) float staged[std::is_same_v<T, float> ? 1 : kBlock];
-    if constexpr (!std::is_same_v<T, float>) {
-      row_as_float(g + row, len, staged);
-      xs = staged;
-    } else {
-      xs = g + row;
-    }
+    const float* xs = nullptr;
+    auto as_float = [&]() {
+      if constexpr (std::is_same_v<T, float>) {
+        xs = g + row;
+      } else if (xs == nullptr) {
+        row_as_float(g + row, len, staged);
+        xs = staged;
+      }
+      return xs;
+    };
     if (row == 0) {
-      cs.base = window_base(cs, first_top_bin(xs, std::min(len, kernels::kNormLanes), inv_scale));
+      cs.base = window_base(cs, first_top_bin(as_float(), std::min(len, kernels::kNormLanes), inv_scale));
     }
     VI outside = {};
     bool block_outside = false;  // the AVX-512 block's answer
     if (cs.slots_only) {
       for (int r = 0; r < len; r += kernels::kNormLanes) {
-        stats_row_slots<kPath>(xs + r, std::min(kernels::kNormLanes, len - r), pow2_exp, inv, cs);
+        stats_row_slots<kPath>(as_float() + r, std::min(kernels::kNormLanes, len - r), pow2_exp, inv, cs);
       }
     } else if (len == kBlock) {
-      const bool prefetch = std::is_same_v<T, float> && n - row >= 2 * kBlock;  // staged spans are read in order
+      // The next block, prefetched (by the portable loop only where it reads FP32: staged spans are read in order).
+      const T* next = n - row >= 2 * kBlock ? g + row + kBlock : nullptr;
+      const float* next_f32 = std::is_same_v<T, float> ? reinterpret_cast<const float*>(next) : nullptr;
 #if defined(CPU_CAPABILITY_AVX512)
       if constexpr (kPath == BinPath::kPow2) {
-        block_outside = stats_block_pow2(xs, pow2_exp, cs, prefetch ? xs + kBlock : nullptr);
+        block_outside = stats_block_pow2(g + row, pow2_exp, cs, next);
       } else {
-        stats_rows<kPath, kRowsPerBlock>(xs, len, pow2_exp, inv, cs, outside, prefetch ? xs + kBlock : nullptr);
+        stats_rows<kPath, kRowsPerBlock>(as_float(), len, pow2_exp, inv, cs, outside, next_f32);
       }
 #else
-      stats_rows<kPath, kRowsPerBlock>(xs, len, pow2_exp, inv, cs, outside, prefetch ? xs + kBlock : nullptr);
+      stats_rows<kPath, kRowsPerBlock>(as_float(), len, pow2_exp, inv, cs, outside, next_f32);
 #endif
     } else {
       for (int r = 0; r < len; r += kernels::kNormLanes) {
-        stats_rows<kPath, 1>(xs + r, std::min(kernels::kNormLanes, len - r), pow2_exp, inv, cs, outside);
+        stats_rows<kPath, 1>(as_float() + r, std::min(kernels::kNormLanes, len - r), pow2_exp, inv, cs, outside);
       }
     }
     bool any_outside = block_outside;
@@ -552,7 +593,7 @@ void stats_span(const T* g, int64_t n, float inv_scale, StatsItem& item) {
     if (any_outside) {
       int live_count = 0;
       int top_bin = -1;
-      const int outside_count = count_outside<kPath>(xs, len, pow2_exp, inv, cs, live_count, top_bin);
+      const int outside_count = count_outside<kPath>(as_float(), len, pow2_exp, inv, cs, live_count, top_bin);
       cs.outside_counted += outside_count;
       // Many outside, most of the block's: the window moves under their largest bin (a bounded number of times per
       // chunk). More than kMoveWindowAfter outside, and more than 1/kSlotsOnlyOver of the live elements, where it
