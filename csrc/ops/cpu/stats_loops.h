@@ -72,8 +72,9 @@ void hist_bins(const VF& ax, const VD& ax_d, int pow2_exp, double inv, VI& bin) 
 // vector loop counts instead: each live element (finite, non-zero) becomes a one-hot 32-bit word, whose bit
 // b < kWindowBins stands for bin base + b of a window of kWindowBins consecutive bins (bits kWindowBins and up are
 // never read: the AVX-512 blocks leave in them what falls just over the window). The loops count the finite
-// elements in vector counters; Inf/NaN are the others, and zeros the finite elements neither the window nor the
-// count of outside elements below took. The words of kWidth elements form a vector, and vectors of equal weight are added bitwise in carry-save form
+// elements (the AVX-512 blocks the Inf/NaN, where a group of four rows has one); Inf/NaN are the others, and zeros
+// the finite elements neither the window nor the count of outside elements below took. The words of kWidth
+// elements form a vector, and vectors of equal weight are added bitwise in carry-save form
 // (Harley-Seal): level i holds, for every bit position of every vector lane, the i-th binary digit of that counter,
 // so one carry-save adder (an XOR of three and a majority of three) adds kWidth * 32 counters at once. A chunk's
 // counts are read out of the levels once, at its end (or when the window moves).
@@ -306,7 +307,7 @@ void stats_rows(const float* g, int len, int pow2_exp, double inv, ChunkStats& c
   outside_out = outside;
   cs.window_elements += kRows == 1 ? len : kRows * kernels::kNormLanes;
   for (int k = 0; k < kWidth; ++k) {
-    cs.finite -= finite_lanes[k];
+    cs.finite += static_cast<uint32_t>(-finite_lanes[k]);  // (a true comparison is -1)
   }
   if constexpr (kRows == kRowsPerBlock) {
     cs.level[0] = ones;
@@ -351,15 +352,17 @@ template <typename T>
   hi = _mm512_maskz_cvtps_pd(static_cast<__mmask8>(_kshiftri_mask16(keep, 8)), x_hi);
 }
 
-// stats_rows<kPow2, kRowsPerBlock> in AVX-512 intrinsics, the same counts with fewer instructions, and one mask per
-// vector (on this loop the mask registers, not the vector units, set the pace): `finite`. It selects the squares
-// converted to FP64 (0.0 elsewhere: +0.0 to the lane, as there) and the elements of the running maximum (kept as
-// integers, across the chunk's blocks), and counts the finite elements. The one-hot word takes every element's bit
-// by an unmasked shift: a zero's or a subnormal's exponent field 0 and an Inf/NaN's 255 fall under the window or 30
-// and more over it (window_range), and a shift of 32 or more is 0, so no bit under kWindowBins is set but a live
-// element's in the window. Whether any live element is outside follows from the block's largest and smallest
-// non-zero magnitudes (bins grow with magnitudes). Three-input logic for the carry-save adders. Returns whether
-// any live element is outside the window. FP16/BF16 elements are widened in registers (no staged copy).
+// stats_rows<kPow2, kRowsPerBlock> in AVX-512 intrinsics, the same counts with fewer instructions and without mask
+// registers (on this loop they, not the vector units, set the pace). Four rows (16 lanes each) at a time: their
+// squares join the FP64 lanes unmasked and their largest magnitude is taken as an integer; only where that is an
+// Inf/NaN are the four rows' squares added again from the lanes as they were, under a `finite` mask (0.0 elsewhere:
+// +0.0 to the lane, as there), their Inf/NaN counted and their largest finite magnitude taken. The one-hot word
+// takes every element's bit by an unmasked shift: a zero's or a subnormal's exponent field 0 and an Inf/NaN's 255
+// fall under the window or 30 and more over it (window_range), and a shift of 32 or more is 0, so no bit under
+// kWindowBins is set but a live element's in the window. Whether any live element is outside follows from the
+// block's largest finite and smallest non-zero magnitudes (bins grow with magnitudes). FP16/BF16 elements are
+// widened in registers (no staged copy); three-input logic for the carry-save adders. Returns whether any live
+// element is outside the window.
 template <typename T>
 bool stats_block_pow2(const T* g, int pow2_exp, ChunkStats& cs, const T* next) {
   constexpr int kFirst = kernels::kGradHistMinExp - 1;
