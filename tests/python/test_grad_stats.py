@@ -126,6 +126,12 @@ def test_histogram_of_chunks_whose_binades_move(device, dtype, inv):
         2 * 65536 + 100, generator=gen, dtype=torch.float64))
     clusters = torch.randn(65536 + 4096, generator=gen, dtype=torch.float64)
     clusters[torch.rand(clusters.numel(), generator=gen) < 0.1] *= 2.0 ** (12 if dtype == torch.float16 else 40)
+    # Zeros and Inf/NaN before and after the switch to counting element by element (rows counted both ways in one
+    # chunk: the zeros of the window's rows are derived from counts, the later rows' counted one by one).
+    for wide in (spread, clusters):
+        wide[torch.randint(wide.numel(), (300,), generator=gen)] = 0.0
+        wide[[5, 3000, 40000, 65536 + 1000, wide.numel() - 1]] = torch.tensor(
+            [math.inf, math.nan, -math.inf, math.nan, math.inf], dtype=torch.float64)
     tensors = [g, g[1:], g[513:], spread.to(dtype).to(device), clusters.to(dtype).to(device)]
     row = stats_rows(tensors, torch.full((1,), inv, device=device)).cpu()
     for r, t in zip(row, tensors):
