@@ -382,7 +382,7 @@ bool stats_block_pow2(const T* g, int pow2_exp, ChunkStats& cs, const T* next) {
     return carry;
   };
   for (int j = 0; j < kernels::kNormLanes; j += 16) {
-    if (next != nullptr) {
+    if (next != nullptr && (sizeof(T) == 4 || j % 32 == 0)) {  // a cache line of each row once
       for (int r = 0; r < kRowsPerBlock; ++r) {
         __builtin_prefetch(next + r * kernels::kNormLanes + j);
       }
