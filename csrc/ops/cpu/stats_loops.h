@@ -322,14 +322,10 @@ void stats_rows(const float* g, int len, int pow2_exp, double inv, ChunkStats& c
 }
 
 #if defined(CPU_CAPABILITY_AVX512)
-// The FP32 bits of 16 elements of T, widened exactly in a register (BF16: each element to the high half of its
-// 32-bit lane by one word permutation).
+// The FP32 bits of 16 elements of T, widened exactly in a register.
 [[gnu::always_inline]] inline __m512i float_bits(const float* x) { return _mm512_loadu_si512(x); }
 [[gnu::always_inline]] inline __m512i float_bits(const c10::BFloat16* x) {
-  const __m512i to_high_halves = _mm512_set_epi16(15, 0, 14, 0, 13, 0, 12, 0, 11, 0, 10, 0, 9, 0, 8, 0, 7, 0, 6, 0, 5,
-                                                  0, 4, 0, 3, 0, 2, 0, 1, 0, 0, 0);
-  return _mm512_maskz_permutexvar_epi16(
-      0xAAAAAAAAu, to_high_halves, _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x))));
+  return bf16_words_as_float_bits(_mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x))), 0);
 }
 [[gnu::always_inline]] inline __m512i float_bits(const c10::Half* x) {
   return _mm512_castps_si512(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x))));

@@ -59,6 +59,17 @@ void storen(T* p, const VecF* v) {
   }
 }
 
+#if defined(CPU_CAPABILITY_AVX512)
+// The FP32 bits of the BF16 words [first, first + 16) of `words` (first: 0 or 16): each word to the high half of its
+// 32-bit lane, zeros in the low halves, by one word permutation (where zero extension and a shift take two).
+inline __m512i bf16_words_as_float_bits(__m512i words, int first) {
+  const __m512i to_high_halves = _mm512_add_epi16(_mm512_set_epi16(15, 0, 14, 0, 13, 0, 12, 0, 11, 0, 10, 0, 9, 0, 8, 0,
+                                                                   7, 0, 6, 0, 5, 0, 4, 0, 3, 0, 2, 0, 1, 0, 0, 0),
+                                                  _mm512_set1_epi16(static_cast<int16_t>(first)));
+  return _mm512_maskz_permutexvar_epi16(0xAAAAAAAAu, to_high_halves, words);
+}
+#endif
+
 // An FP16, BF16 or FP32 span as FP32 in xs[0, len): 2 * VecF::size() elements at a time by load2 (F16C where the
 // loop's instruction set has it; BF16 on AVX-512 by word permutations), then a scalar tail.
 template <typename T>
@@ -67,15 +78,10 @@ void row_as_float(const T* g, int64_t len, float* xs) {
   int64_t j = 0;
 #if defined(CPU_CAPABILITY_AVX512)
   if constexpr (std::is_same_v<T, c10::BFloat16>) {
-    // 32 BF16 elements as FP32 by two word permutations (each element to the high half of its 32-bit lane, zeros
-    // in the low halves): one instruction per 16 elements where the zero extension and shift take two.
-    const __m512i to_lo = _mm512_set_epi16(15, 0, 14, 0, 13, 0, 12, 0, 11, 0, 10, 0, 9, 0, 8, 0, 7, 0, 6, 0, 5, 0, 4, 0,
-                                           3, 0, 2, 0, 1, 0, 0, 0);
-    const __m512i to_hi = _mm512_add_epi16(to_lo, _mm512_set1_epi16(16));
     for (; j + 32 <= len; j += 32) {
       const __m512i x = _mm512_loadu_si512(g + j);
-      _mm512_storeu_si512(xs + j, _mm512_maskz_permutexvar_epi16(0xAAAAAAAAu, to_lo, x));
-      _mm512_storeu_si512(xs + j + 16, _mm512_maskz_permutexvar_epi16(0xAAAAAAAAu, to_hi, x));
+      _mm512_storeu_si512(xs + j, bf16_words_as_float_bits(x, 0));
+      _mm512_storeu_si512(xs + j + 16, bf16_words_as_float_bits(x, 16));
     }
   }
 #endif
