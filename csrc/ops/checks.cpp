@@ -354,6 +354,37 @@ bool check_in_parts(const char* op, size_t n, AliasCheck& alias, std::vector<ker
   return true;
 }
 
+// NOTE [Metadata prefetch]
+// A pass over thousands of small tensors waits on memory more than it computes: each tensor's TensorImpl and
+// storage are allocations of their own, reached through pointers (list -> TensorImpl -> storage), so the hardware
+// cannot fetch them ahead, and after a forward and backward pass (anything that streams through the caches) each
+// one misses. The step's passes over its parameters (the binding's scan, the core's plan, these checks) therefore
+// prefetch what they will read a few parameters on: the objects kMetadataAhead positions ahead, and those reached
+// through them (a storage, a grad) kMetadataAhead / 2 ahead, whose pointers were prefetched by then. Measured on
+// 2,000 FP32 AdamW parameters of ~1,000 elements, 2 threads, each step after a 96 MiB write: these checks 0.85 ->
+// 0.52 ms, the whole step 3.4 -> 3.0 ms (docs/performance.md).
+constexpr size_t kMetadataAhead = 8;
+
+// Prefetches the TensorImpl of `ahead` and the storage of `half` (read from its TensorImpl: prefetched
+// kMetadataAhead / 2 parameters earlier), where defined.
+void prefetch_metadata(const at::Tensor* ahead, const at::Tensor* half) {
+  if (ahead != nullptr && ahead->defined()) {
+    const auto* impl = reinterpret_cast<const char*>(ahead->unsafeGetTensorImpl());
+    for (size_t offset = 0; offset < sizeof(c10::TensorImpl); offset += 64) {
+      __builtin_prefetch(impl + offset);
+    }
+    __builtin_prefetch(impl + sizeof(c10::TensorImpl) - 1);
+  }
+  if (half != nullptr && half->defined()) {
+    const c10::Storage& storage = half->unsafeGetTensorImpl()->unsafe_storage();
+    if (storage) {
+      const auto* impl = reinterpret_cast<const char*>(storage.unsafeGetStorageImpl());
+      __builtin_prefetch(impl);
+      __builtin_prefetch(impl + sizeof(c10::StorageImpl) - 1);
+    }
+  }
+}
+
 // NOTE [One pass per parameter]
 // A step over thousands of small tensors is bound by reading their metadata: every tensor's TensorImpl and storage
 // live in memory of their own, so each pass over the lists misses in the caches about once per tensor. A step's
@@ -386,10 +417,18 @@ void check_step_and_build_descriptors(const char* op, const OptimLists& l, const
     const at::Device device = l.params[0].device();
     // The checks of params[i] and its companions, their ranges recorded in `alias` and, in a real run, their
     // descriptor written to *out.
+    const at::TensorList all_lists[] = {l.params,   l.grads,       l.master_params,   l.param_remainders,
+                                        l.exp_avgs, l.exp_avg_sqs, l.max_exp_avg_sqs, l.state_steps};
     auto check_param = [&](size_t i, AliasCheck& ranges, kernels::OptimTensor* out) {
+      for (at::TensorList list : all_lists) {  // NOTE [Metadata prefetch]
+        if (!list.empty()) {                   // (lists are empty or of n tensors)
+          const size_t ahead = i + kMetadataAhead;
+          const size_t half = i + kMetadataAhead / 2;
+          prefetch_metadata(ahead < n ? &list[ahead] : nullptr, half < n ? &list[half] : nullptr);
+        }
+      }
       if (ranges.is_part()) {  // no Python on a worker thread (NOTE [Checks in parts])
-        for (at::TensorList list : {l.params, l.grads, l.master_params, l.param_remainders, l.exp_avgs, l.exp_avg_sqs,
-                                    l.max_exp_avg_sqs, l.state_steps}) {
+        for (at::TensorList list : all_lists) {
           if (!list.empty() && list[i].defined() && list[i].unsafeGetTensorImpl()->is_python_dispatch()) {
             throw AliasCheck::GiveUp{};
           }

@@ -363,6 +363,31 @@ bool check_param(const GroupConfig& c, const at::Tensor& p, const at::Tensor& g,
   return fused;
 }
 
+// The plan's pass prefetches (NOTE [Metadata prefetch] in csrc/ops/checks.cpp) the TensorImpl of params[i + 8]
+// and of params[i + 4]'s grad, read through its TensorImpl and autograd metadata (prefetched 4 parameters
+// earlier): check_one reads both.
+void prefetch_ahead(at::TensorList params, at::TensorList grads, size_t i) {
+  constexpr size_t kAhead = 8;
+  const auto prefetch = [](const at::Tensor& t) {
+    const auto* impl = reinterpret_cast<const char*>(t.unsafeGetTensorImpl());
+    for (size_t offset = 0; offset < sizeof(c10::TensorImpl); offset += 64) {
+      __builtin_prefetch(impl + offset);
+    }
+    __builtin_prefetch(impl + sizeof(c10::TensorImpl) - 1);
+  };
+  if (i + kAhead < params.size()) {
+    prefetch(params[i + kAhead]);
+  }
+  if (i + kAhead / 2 < params.size()) {
+    const at::Tensor& p = params[i + kAhead / 2];
+    // (TensorImpl::grad: no warning for a non-leaf tensor, no error for an undefined one, as Tensor::grad has)
+    const at::Tensor& grad = !grads.empty() ? grads[i + kAhead / 2] : p.defined() ? p.unsafeGetTensorImpl()->grad() : p;
+    if (grad.defined()) {
+      prefetch(grad);
+    }
+  }
+}
+
 // A parameter with a grad that passed check_param, and what the checks found.
 struct Checked {
   const at::Tensor* grad;
@@ -445,6 +470,7 @@ StepPlan plan_step(const GroupConfig& c, at::TensorList params, const std::vecto
   // parameter was checked before any was planned.
   std::optional<size_t> partial;
   for (size_t index = 0; index < params.size(); ++index) {
+    prefetch_ahead(params, grads, index);
     const Checked k = check_one(c, params, grads, index);
     if (k.grad == nullptr) {
       continue;
