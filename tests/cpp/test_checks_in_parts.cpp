@@ -125,3 +125,34 @@ TEST_CASE("checks in parts: a copy-on-write storage or a failed check gives up t
     CHECK_THAT(two, Catch::Contains("exp_avg_sqs[120]"));
   }
 }
+
+TEST_CASE("metadata prefetch: tensors read ahead change no error and no descriptor", "[ops][cpu]") {
+  // NOTE [Metadata prefetch]: the pass prefetches the tensors 8 parameters ahead and the storages 4 ahead.
+  at::manual_seed(20261207);
+  for (const int n : {12, 700}) {  // one pass; in parts on two threads
+    for (const int threads : {1, 2}) {
+      SECTION("n " + std::to_string(n) + ", " + std::to_string(threads) + " threads: an undefined grad ahead") {
+        Lists l = make_lists(n);
+        l.exp_avgs[3] = l.exp_avgs[3].to(at::kDouble);
+        l.grads[7] = at::Tensor();  // 4 ahead of the failing parameter, then 8 ahead of params[n - 1 - ...]
+        l.grads[11] = at::Tensor();
+        std::string error;
+        descriptors(l, threads, &error);
+        CHECK_THAT(error, Catch::Contains("exp_avgs[3] must be Float"));
+        l.exp_avgs[3] = at::zeros_like(l.params[3]);
+        error.clear();
+        descriptors(l, threads, &error);
+        CHECK_THAT(error, Catch::Contains("grads[7] is undefined"));
+      }
+      SECTION("n " + std::to_string(n) + ", " + std::to_string(threads) + " threads: the last parameters") {
+        const Lists l = make_lists(n);
+        const std::vector<OptimTensor> got = descriptors(l, threads);
+        REQUIRE(got.size() == static_cast<size_t>(n));
+        for (int i = n - 9; i < n; ++i) {  // none ahead of them
+          CHECK(got[i].param == l.params[i].const_data_ptr());
+          CHECK(got[i].step == l.steps[i].const_data_ptr());
+        }
+      }
+    }
+  }
+}

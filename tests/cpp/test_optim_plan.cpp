@@ -184,3 +184,53 @@ TEST_CASE("optim core: BorrowedStates borrows without a reference and steps like
   }
   CHECK(master.use_count() == uses);  // given back unreferenced
 }
+
+TEST_CASE("optim core: plan_step's look-ahead (metadata prefetch) changes no error, warning or plan", "[optim][cpu]") {
+  torch::manual_seed(11);
+  const core::GroupConfig c = config(core::Algorithm::kAdam);
+  std::vector<at::Tensor> params;
+  for (int i = 0; i < 16; ++i) {
+    params.push_back(with_grad(at::randn({3 + i % 3})));
+  }
+  const std::vector<const core::ParamState*> none(params.size(), nullptr);
+  SECTION("an undefined parameter and a non-leaf one without a grad, within reach of the look-ahead") {
+    // Read ahead from params[1] on; planned in their turn: the undefined one raises there, after the bad grad.
+    params[5] = torch::randn({3}, torch::requires_grad()).mul(2);  // non-leaf, no grad: Tensor::grad() warns
+    params[9] = at::Tensor();
+    params[2].mutable_grad() = at::randn({7});
+    CHECK_THROWS_WITH(core::plan_step(c, params, none), Catch::Contains("a parameter of shape [5] has a grad of "
+                                                                        "shape [7]"));
+    params[2].mutable_grad() = at::randn_like(params[2]);
+    struct Warnings : c10::WarningHandler {
+      int count = 0;
+      c10::WarningUtils::WarningHandlerGuard guard{this};
+      void process(const c10::Warning&) override { ++count; }
+    };
+    params[9] = with_grad(at::randn({3}));
+    const std::vector<at::Tensor> alone{params[5]};
+    int expected = 0;
+    {
+      Warnings w;
+      CHECK(core::plan_step(c, alone, {nullptr}).params.empty());
+      expected = w.count;
+      CHECK(expected == 1);
+    }
+    Warnings w;
+    const core::StepPlan plan = core::plan_step(c, params, none);
+    INFO("expected " << expected << " got " << w.count);
+    CHECK(w.count == expected);  // the look-ahead read params[5]'s grad without Tensor::grad()'s warning
+    REQUIRE(plan.params.size() == 15);
+    CHECK(plan.params[4].index == 4);
+    CHECK(plan.params[5].index == 6);  // params[5] has no grad: not planned
+  }
+  SECTION("grads given as a list: an undefined grad ahead is skipped in its turn, as without the look-ahead") {
+    std::vector<at::Tensor> grads;
+    for (const at::Tensor& p : params) {
+      grads.push_back(p.grad());
+    }
+    grads[7] = at::Tensor();
+    const core::StepPlan plan = core::plan_step(c, params, none, grads);
+    REQUIRE(plan.params.size() == 15);
+    CHECK(plan.params[7].index == 8);
+  }
+}
