@@ -34,8 +34,43 @@ void check_scalar_tensor(const char* op, const char* arg, const at::Tensor& t, a
   }
 }
 
+// NOTE [Metadata prefetch]
+// A pass over thousands of small tensors waits on memory more than it computes: each tensor's TensorImpl and
+// storage are allocations of their own, reached through pointers (list -> TensorImpl -> storage), so the hardware
+// cannot fetch them ahead, and after a forward and backward pass (anything that streams through the caches) each
+// one misses. The passes of a step over its tensors (the binding's scan, the core's plan, the fused step's checks,
+// the list checks of the scaler's unscale and inf check) therefore prefetch what they will read a few tensors on:
+// the objects kMetadataAhead positions ahead, and those reached through them (a storage, a grad) kMetadataAhead / 2
+// ahead, whose pointers were prefetched by then. Measured on 2,000 FP32 AdamW parameters of ~1,000 elements, 2
+// threads, each step after a 96 MiB write: these checks 0.85 -> 0.52 ms, the whole step 3.4 -> 3.0 ms
+// (docs/performance.md).
+constexpr size_t kMetadataAhead = 8;
+
+// Prefetches the TensorImpl of `ahead` and the storage of `half` (read from its TensorImpl: prefetched
+// kMetadataAhead / 2 parameters earlier), where defined.
+void prefetch_metadata(const at::Tensor* ahead, const at::Tensor* half) {
+  if (ahead != nullptr && ahead->defined()) {
+    const auto* impl = reinterpret_cast<const char*>(ahead->unsafeGetTensorImpl());
+    for (size_t offset = 0; offset < sizeof(c10::TensorImpl); offset += 64) {
+      __builtin_prefetch(impl + offset);
+    }
+    __builtin_prefetch(impl + sizeof(c10::TensorImpl) - 1);
+  }
+  if (half != nullptr && half->defined()) {
+    const c10::Storage& storage = half->unsafeGetTensorImpl()->unsafe_storage();
+    if (storage) {
+      const auto* impl = reinterpret_cast<const char*>(storage.unsafeGetStorageImpl());
+      __builtin_prefetch(impl);
+      __builtin_prefetch(impl + sizeof(c10::StorageImpl) - 1);
+    }
+  }
+}
+
 void check_float_list(const char* op, const char* arg, at::TensorList list, const at::Device& device, bool mutated) {
   for (size_t i = 0; i < list.size(); ++i) {
+    const size_t ahead = i + kMetadataAhead;
+    const size_t half = i + kMetadataAhead / 2;
+    prefetch_metadata(ahead < list.size() ? &list[ahead] : nullptr, half < list.size() ? &list[half] : nullptr);
     const at::Tensor& t = list[i];
     TORCH_CHECK(t.defined(), "ampkit::", op, ": ", arg, "[", i, "] is undefined");
     TORCH_CHECK(t.layout() == at::kStrided, "ampkit::", op, ": ", arg, "[", i,
@@ -352,37 +387,6 @@ bool check_in_parts(const char* op, size_t n, AliasCheck& alias, std::vector<ker
   }
   parts_ran.fetch_add(1, std::memory_order_relaxed);
   return true;
-}
-
-// NOTE [Metadata prefetch]
-// A pass over thousands of small tensors waits on memory more than it computes: each tensor's TensorImpl and
-// storage are allocations of their own, reached through pointers (list -> TensorImpl -> storage), so the hardware
-// cannot fetch them ahead, and after a forward and backward pass (anything that streams through the caches) each
-// one misses. The step's passes over its parameters (the binding's scan, the core's plan, these checks) therefore
-// prefetch what they will read a few parameters on: the objects kMetadataAhead positions ahead, and those reached
-// through them (a storage, a grad) kMetadataAhead / 2 ahead, whose pointers were prefetched by then. Measured on
-// 2,000 FP32 AdamW parameters of ~1,000 elements, 2 threads, each step after a 96 MiB write: these checks 0.85 ->
-// 0.52 ms, the whole step 3.4 -> 3.0 ms (docs/performance.md).
-constexpr size_t kMetadataAhead = 8;
-
-// Prefetches the TensorImpl of `ahead` and the storage of `half` (read from its TensorImpl: prefetched
-// kMetadataAhead / 2 parameters earlier), where defined.
-void prefetch_metadata(const at::Tensor* ahead, const at::Tensor* half) {
-  if (ahead != nullptr && ahead->defined()) {
-    const auto* impl = reinterpret_cast<const char*>(ahead->unsafeGetTensorImpl());
-    for (size_t offset = 0; offset < sizeof(c10::TensorImpl); offset += 64) {
-      __builtin_prefetch(impl + offset);
-    }
-    __builtin_prefetch(impl + sizeof(c10::TensorImpl) - 1);
-  }
-  if (half != nullptr && half->defined()) {
-    const c10::Storage& storage = half->unsafeGetTensorImpl()->unsafe_storage();
-    if (storage) {
-      const auto* impl = reinterpret_cast<const char*>(storage.unsafeGetStorageImpl());
-      __builtin_prefetch(impl);
-      __builtin_prefetch(impl + sizeof(c10::StorageImpl) - 1);
-    }
-  }
 }
 
 // NOTE [One pass per parameter]
