@@ -1,5 +1,6 @@
 // The fused steps' checks in parts (NOTE [Checks in parts] in csrc/ops/checks.cpp): when they run, that the
-// descriptors and errors are those of one pass, and that a part gives up on a copy-on-write storage and on errors.
+// descriptors and errors are those of one pass, and that a part gives up on a copy-on-write storage and on errors;
+// and that the pass's look-ahead (NOTE [Metadata prefetch]) changes no error and no descriptor.
 
 #include <ATen/Parallel.h>
 
