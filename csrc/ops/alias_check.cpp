@@ -1,5 +1,5 @@
 // The check of AliasCheck (alias_check.h, NOTE [Aliasing]): the recorded byte ranges sorted, candidate pairs
-// confirmed with ATen's overlap test, and the last passing verdict kept per thread (NOTE [Alias check memo]).
+// confirmed with ATen's overlap test, and the last passing verdicts kept per thread (NOTE [Alias check memo]).
 #include "alias_check.h"
 
 #include <ATen/MemoryOverlap.h>
@@ -13,25 +13,43 @@
 
 namespace ampkit::detail {
 
+namespace {
+thread_local uint64_t memo_hit_count = 0;
+}  // namespace
+
+uint64_t AliasCheck::memo_hits() { return memo_hit_count; }
+
 void AliasCheck::check() {
   // NOTE [Alias check memo]
   // An optimizer's lists are the same tensors step after step (and, with grads kept between steps or reused
   // by the allocator, the same memory). The verdict depends only on the ranges and which of them are read-only
   // when every tensor is contiguous (two contiguous tensors share an element iff their ranges overlap), so the
-  // last call that passed on this thread is kept: the same ranges in the same order pass again without the sort.
-  // Compared in place; the key is built (before the sort reorders the ranges) only when it differs.
-  thread_local std::vector<uintptr_t> passed;
-  thread_local const char* passed_op = nullptr;
+  // last calls that passed on this thread are kept, kMemoSlots of them, the least recently used replaced: the same
+  // ranges in the same order pass again without the sort. Several slots, so that the scaler's inf check and scale
+  // update between two steps (or a second optimizer's step) do not evict an optimizer's verdict. Compared in
+  // place; the key is built (before the sort reorders the ranges) only when no slot holds it.
+  struct Memo {
+    const char* op = nullptr;
+    std::vector<uintptr_t> key;  // (begin, end, read-only) per range, in the order they were added
+    uint64_t used = 0;           // the memo clock when it last passed
+  };
+  constexpr size_t kMemoSlots = 4;
+  thread_local Memo memos[kMemoSlots];
+  thread_local uint64_t clock = 0;
   std::vector<uintptr_t> key;
   if (all_contiguous_) {
-    bool same = passed_op == op_ && passed.size() == ranges_.size() * 3;
-    for (size_t i = 0; same && i < ranges_.size(); ++i) {
-      const Range& r = ranges_[i];
-      same = passed[3 * i] == r.begin && passed[3 * i + 1] == r.end &&
-             passed[3 * i + 2] == (entries_[r.entry].read_only ? 1u : 0u);
-    }
-    if (same) {
-      return;
+    for (Memo& memo : memos) {
+      bool same = memo.op == op_ && memo.key.size() == ranges_.size() * 3;
+      for (size_t i = 0; same && i < ranges_.size(); ++i) {
+        const Range& r = ranges_[i];
+        same = memo.key[3 * i] == r.begin && memo.key[3 * i + 1] == r.end &&
+               memo.key[3 * i + 2] == (entries_[r.entry].read_only ? 1u : 0u);
+      }
+      if (same) {
+        memo.used = ++clock;
+        ++memo_hit_count;
+        return;
+      }
     }
     key.reserve(ranges_.size() * 3);
     for (const Range& r : ranges_) {
@@ -67,8 +85,13 @@ void AliasCheck::check() {
     max_end = std::max(max_end, r.end);
   }
   if (all_contiguous_) {
-    passed = std::move(key);
-    passed_op = op_;
+    Memo* oldest = &memos[0];
+    for (Memo& memo : memos) {
+      oldest = memo.used < oldest->used ? &memo : oldest;
+    }
+    oldest->op = op_;
+    oldest->key = std::move(key);
+    oldest->used = ++clock;
   }
 }
 

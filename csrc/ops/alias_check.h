@@ -117,6 +117,9 @@ class AliasCheck {
   // others are compared with the ranges still open.
   void check();
 
+  // How many checks this thread passed from the memo (NOTE [Alias check memo] in alias_check.cpp), for tests.
+  static uint64_t memo_hits();
+
  private:
   struct Range {
     uintptr_t begin;

@@ -246,3 +246,54 @@ TEST_CASE("AliasCheck: parts appended in order check as one, and a part gives up
     CHECK(ptr == lazy.const_data_ptr());
   }
 }
+
+TEST_CASE("AliasCheck: the memo keeps a step's verdict while other ops check between two steps", "[ops][cpu]") {
+  // NOTE [Alias check memo]: several slots, the least recently used replaced. An optimizer step's ranges, then a
+  // scaler-like inf check and scale update (ops of their own) and a second optimizer: the first step's ranges
+  // still pass from the memo, and a refused set still raises.
+  at::manual_seed(20261208);
+  std::vector<at::Tensor> params;
+  std::vector<at::Tensor> moments;
+  for (int i = 0; i < 64; ++i) {
+    params.push_back(seeded({17}));
+    moments.push_back(seeded({17}));
+  }
+  const auto step = [&](const char* op, const std::vector<at::Tensor>& written) {
+    AliasCheck alias(op);
+    alias.add("params", written);
+    alias.add("exp_avgs", moments);
+    alias.check();
+  };
+  const at::Tensor found_inf = seeded({1});
+  const at::Tensor scale = seeded({1});
+  const auto other_ops = [&] {
+    AliasCheck inf("test_check_finite_");
+    inf.add("found_inf", found_inf);
+    inf.check();
+    AliasCheck update("test_update_scale_");
+    update.add("scale", scale);
+    update.add("found_inf", found_inf);
+    update.check();
+  };
+  std::vector<at::Tensor> second;
+  for (int i = 0; i < 8; ++i) {
+    second.push_back(seeded({5}));
+  }
+  step("test_step_", params);
+  const uint64_t hits = AliasCheck::memo_hits();
+  step("test_step_", params);
+  CHECK(AliasCheck::memo_hits() == hits + 1);
+  other_ops();
+  {
+    AliasCheck alias("test_step_");  // a second optimizer's step: another set under the same op
+    alias.add("params", second);
+    alias.check();
+  }
+  const uint64_t before = AliasCheck::memo_hits();
+  step("test_step_", params);
+  CHECK(AliasCheck::memo_hits() == before + 1);
+  // The same lists with a moment replaced by a view of a parameter: refused, memo or not.
+  std::vector<at::Tensor> aliased = params;
+  aliased[40] = moments[40].view({17});
+  CHECK_THROWS_WITH(step("test_step_", aliased), Catch::Contains("share memory"));
+}
