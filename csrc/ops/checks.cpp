@@ -42,8 +42,9 @@ void check_scalar_tensor(const char* op, const char* arg, const at::Tensor& t, a
 // the list checks of the scaler's unscale and inf check) therefore prefetch what they will read a few tensors on:
 // the objects kMetadataAhead positions ahead, and those reached through them (a storage, a grad) kMetadataAhead / 2
 // ahead, whose pointers were prefetched by then. Measured on 2,000 FP32 AdamW parameters of ~1,000 elements, 2
-// threads, each step after a 96 MiB write: these checks 0.85 -> 0.52 ms, the whole step 3.4 -> 3.0 ms
-// (docs/performance.md).
+// threads, each step after a 96 MiB write, the passes' prefetches toggled in one process: these checks 0.85 ->
+// 0.52 ms, the whole step 3.4 -> 3.0 ms; bench/many_small.py's figures against the build before are in
+// docs/performance.md.
 constexpr size_t kMetadataAhead = 8;
 
 // Prefetches the TensorImpl of `ahead` and the storage of `half` (read from its TensorImpl: prefetched

@@ -364,8 +364,8 @@ bool check_param(const GroupConfig& c, const at::Tensor& p, const at::Tensor& g,
 }
 
 // The plan's pass prefetches (NOTE [Metadata prefetch] in csrc/ops/checks.cpp) the TensorImpl of params[i + 8]
-// and of params[i + 4]'s grad, read through its TensorImpl and autograd metadata (prefetched 4 parameters
-// earlier): check_one reads both.
+// and the TensorImpl of params[i + 4]'s grad, found through params[i + 4]'s TensorImpl (prefetched 4 parameters
+// earlier) and its autograd metadata (read here: that miss comes 4 parameters before check_one reads the grad).
 void prefetch_ahead(at::TensorList params, at::TensorList grads, size_t i) {
   constexpr size_t kAhead = 8;
   const auto prefetch = [](const at::Tensor& t) {

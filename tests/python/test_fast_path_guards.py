@@ -86,6 +86,40 @@ def test_group_steps_find_states_by_the_hash_python_gives(monkeypatch, patch):
         assert bits_equal(p.detach().as_subclass(torch.Tensor), q.detach())
 
 
+class _ShrinksGroup(torch.Tensor):
+    """A parameter whose hash (taken when the step looks its state up) cuts its param group to 12 parameters."""
+
+    group = None
+
+    def __hash__(self):
+        if _ShrinksGroup.group is not None:
+            del _ShrinksGroup.group["params"][12:]
+            _ShrinksGroup.group = None
+        return id(self)
+
+
+def test_group_steps_read_a_group_list_that_shrinks_mid_step():
+    # The group step reads the list's length at every parameter, and so does its look-ahead (NOTE [Metadata
+    # prefetch] in csrc/ops/checks.cpp): a hash that removes, and frees, the later parameters while the step reads
+    # the list leaves a step over those that remain.
+    gen = torch.Generator().manual_seed(12)
+    params = [torch.nn.Parameter(torch.randn(5, generator=gen)) for _ in range(24)]
+    params[3] = torch.Tensor._make_subclass(_ShrinksGroup, torch.randn(5, generator=gen), True)
+    for p in params:
+        p.grad = torch.randn(5, generator=gen)
+    opt = ampkit.optim.AdamW(params, lr=1e-2)
+    kept = params[:12]
+    before = [p.detach().clone() for p in kept]
+    del params, p  # the last 12 are held by the group alone
+    _ShrinksGroup.group = opt.param_groups[0]
+    opt.step()
+    assert _ShrinksGroup.group is None
+    assert len(opt.param_groups[0]["params"]) == 12
+    assert all(not torch.equal(b, p.detach().as_subclass(torch.Tensor)) for b, p in zip(before, kept))
+    assert len(opt.state) == 12
+    assert all(opt.state[p]["step"].item() == 1.0 for p in kept)
+
+
 def test_group_steps_refuse_a_state_that_is_not_a_dict_and_change_nothing():
     params = make_params("cpu")
     for p in params:
