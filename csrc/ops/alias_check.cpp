@@ -22,9 +22,9 @@ uint64_t AliasCheck::memo_hits() { return memo_hit_count; }
 void AliasCheck::check() {
   // NOTE [Alias check memo]
   // An optimizer's lists are the same tensors step after step (and, with grads kept between steps or reused
-  // by the allocator, the same memory). Where every tensor is contiguous and no written range overlaps another
-  // range at all, the verdict (pass) depends only on the ranges and which of them are read-only, so such calls
-  // that passed on this thread are kept, kMemoSlots of them, the least recently used replaced: the same ranges in
+  // by the allocator, the same memory). Where every tensor is contiguous and no two ranges overlap, the verdict
+  // (pass) depends only on the ranges and which of them are read-only, so such calls that passed on this thread
+  // are kept, kMemoSlots of them, the least recently used replaced: the same ranges in
   // the same order pass again without the sort. A set that passed with overlapping ranges (read-only ones, or
   // memory that two storages share, which ATen's overlap test cannot see) is not kept: the same ranges as views
   // of one storage must be refused. Several slots, so that the scaler's inf check and scale update between two
@@ -41,8 +41,8 @@ void AliasCheck::check() {
   thread_local Memo memos[kMemoSlots];
   thread_local uint64_t clock = 0;
   std::vector<uintptr_t> key;
-  bool memo = all_contiguous_ && ranges_.size() <= kMemoMaxRanges;
-  if (memo) {
+  bool remember = all_contiguous_ && ranges_.size() <= kMemoMaxRanges;
+  if (remember) {
     for (Memo& memo : memos) {
       bool same = memo.op == op_ && memo.key.size() == ranges_.size() * 3;
       for (size_t i = 0; same && i < ranges_.size(); ++i) {
@@ -73,7 +73,7 @@ void AliasCheck::check() {
       open.erase(std::remove_if(open.begin(), open.end(), [&](const Range* o) { return o->end <= r.begin; }),
                  open.end());
       const Entry& e = entries_[r.entry];
-      memo = false;  // ranges that overlap, and may pass: not kept
+      remember = false;  // ranges that overlap, and may pass: not kept
       for (const Range* o : open) {
         const Entry& oe = entries_[o->entry];
         if (oe.read_only && e.read_only) {
@@ -90,7 +90,7 @@ void AliasCheck::check() {
     open.push_back(&r);
     max_end = std::max(max_end, r.end);
   }
-  if (memo) {
+  if (remember) {
     Memo* oldest = &memos[0];
     for (Memo& memo : memos) {
       oldest = memo.used < oldest->used ? &memo : oldest;

@@ -418,8 +418,9 @@ struct GroupScan {
 };
 
 // The scan's prefetch (NOTE [Metadata prefetch] in csrc/ops/checks.cpp) at item i of `list`: the object of item
-// i + 16, the TensorImpl of item i + 8 and the autograd metadata (which holds the grad) of item i + 4, reached
-// through the objects prefetched 8 items earlier. Plain tensors only: another type's object is not read here.
+// i + 16, the TensorImpl of item i + 8 (found in its object, prefetched 8 items earlier) and the autograd metadata,
+// which holds the grad, of item i + 4 (found in its TensorImpl, prefetched 4 items earlier). Plain tensors only:
+// another type's object is not read here.
 void prefetch_scan(PyObject* list, Py_ssize_t i) {
   constexpr Py_ssize_t kAhead = 8;
   const Py_ssize_t n = PyList_GET_SIZE(list);
