@@ -47,18 +47,21 @@ void check_scalar_tensor(const char* op, const char* arg, const at::Tensor& t, a
 // docs/performance.md.
 constexpr size_t kMetadataAhead = 8;
 
-// Prefetches the TensorImpl of `ahead` and the storage of `half` (read from its TensorImpl: prefetched
-// kMetadataAhead / 2 parameters earlier), where defined.
-void prefetch_metadata(const at::Tensor* ahead, const at::Tensor* half) {
-  if (ahead != nullptr && ahead->defined()) {
-    const auto* impl = reinterpret_cast<const char*>(ahead->unsafeGetTensorImpl());
+// At position i of a pass over `list`: prefetches the TensorImpl of list[i + kMetadataAhead] and the storage of
+// list[i + kMetadataAhead / 2] (read from its TensorImpl: prefetched kMetadataAhead / 2 positions earlier), where
+// they exist and are defined.
+void prefetch_metadata(at::TensorList list, size_t i) {
+  const size_t ahead = i + kMetadataAhead;
+  const size_t half = i + kMetadataAhead / 2;
+  if (ahead < list.size() && list[ahead].defined()) {
+    const auto* impl = reinterpret_cast<const char*>(list[ahead].unsafeGetTensorImpl());
     for (size_t offset = 0; offset < sizeof(c10::TensorImpl); offset += 64) {
       __builtin_prefetch(impl + offset);
     }
     __builtin_prefetch(impl + sizeof(c10::TensorImpl) - 1);
   }
-  if (half != nullptr && half->defined()) {
-    const c10::Storage& storage = half->unsafeGetTensorImpl()->unsafe_storage();
+  if (half < list.size() && list[half].defined()) {
+    const c10::Storage& storage = list[half].unsafeGetTensorImpl()->unsafe_storage();
     if (storage) {
       const auto* impl = reinterpret_cast<const char*>(storage.unsafeGetStorageImpl());
       __builtin_prefetch(impl);
@@ -69,9 +72,7 @@ void prefetch_metadata(const at::Tensor* ahead, const at::Tensor* half) {
 
 void check_float_list(const char* op, const char* arg, at::TensorList list, const at::Device& device, bool mutated) {
   for (size_t i = 0; i < list.size(); ++i) {
-    const size_t ahead = i + kMetadataAhead;
-    const size_t half = i + kMetadataAhead / 2;
-    prefetch_metadata(ahead < list.size() ? &list[ahead] : nullptr, half < list.size() ? &list[half] : nullptr);
+    prefetch_metadata(list, i);
     const at::Tensor& t = list[i];
     TORCH_CHECK(t.defined(), "ampkit::", op, ": ", arg, "[", i, "] is undefined");
     TORCH_CHECK(t.layout() == at::kStrided, "ampkit::", op, ": ", arg, "[", i,
@@ -426,11 +427,7 @@ void check_step_and_build_descriptors(const char* op, const OptimLists& l, const
                                         l.exp_avgs, l.exp_avg_sqs, l.max_exp_avg_sqs, l.state_steps};
     auto check_param = [&](size_t i, AliasCheck& ranges, kernels::OptimTensor* out) {
       for (at::TensorList list : all_lists) {  // NOTE [Metadata prefetch]
-        if (!list.empty()) {                   // (lists are empty or of n tensors)
-          const size_t ahead = i + kMetadataAhead;
-          const size_t half = i + kMetadataAhead / 2;
-          prefetch_metadata(ahead < n ? &list[ahead] : nullptr, half < n ? &list[half] : nullptr);
-        }
+        prefetch_metadata(list, i);
       }
       if (ranges.is_part()) {  // no Python on a worker thread (NOTE [Checks in parts])
         for (at::TensorList list : all_lists) {
